@@ -1,0 +1,21 @@
+"""kernel_scheduler: the pure scheduling core of rapidfire_nb (standard library only, no torch).
+
+Run states and their legal transitions, chunk maths, the fairness policy, IC Op rules and the loop
+thread that drives an :class:`Executor`.
+"""
+
+from .chunks import ChunkPlan, ChunkPlanError, plan_chunks
+from .executor import Executor, RunStart, SegmentResult
+from .loop import RunSnapshot, Scheduler, SchedulerListener
+from .ops import Decision, Op, OpAck, OpKind, OpState, decide, new_op_id
+from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
+from .status import TRANSITIONS, IllegalTransition, RunStatus, check_transition
+
+__all__ = [
+    "ChunkPlan", "ChunkPlanError", "plan_chunks",
+    "Executor", "RunStart", "SegmentResult",
+    "RunSnapshot", "Scheduler", "SchedulerListener",
+    "Decision", "Op", "OpAck", "OpKind", "OpState", "decide", "new_op_id",
+    "FurthestBehindFirst", "RunView", "SchedulingPolicy",
+    "TRANSITIONS", "IllegalTransition", "RunStatus", "check_transition",
+]

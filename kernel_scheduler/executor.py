@@ -1,0 +1,71 @@
+"""The interface between the scheduler and whatever trains runs (torch/TRL in rapidfire_nb.training)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from .chunks import ChunkPlan
+
+__all__ = ["Executor", "SegmentResult", "RunStart"]
+
+
+@dataclass(frozen=True)
+class SegmentResult:
+    """What a run reports at the end of a segment.
+
+    Attributes:
+        step: global optimizer steps done.
+        samples_seen: training rows consumed.
+        finished: True when the run made its last step.
+        error: the error text when the run failed (the run is then FAILED).
+    """
+
+    step: int
+    samples_seen: int
+    finished: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where a newly added run starts: its plan and position (a warm clone starts mid-way)."""
+
+    plan: ChunkPlan
+    step: int = 0
+    segments_done: int = 0
+    samples_seen: int = 0
+
+
+class Executor(ABC):
+    """Trains runs segment by segment. Called only from the scheduler thread.
+
+    At most one segment runs at a time. ``run_segment`` must not block: it returns a Future resolved with a
+    :class:`SegmentResult` (never with an exception: a failing run reports ``error``).
+    """
+
+    @abstractmethod
+    def add_run(self, run_id: int, spec: Any, warm_from: int | None = None) -> RunStart:
+        """Prepare a run (build its trainer, validate) and return its plan and start position.
+
+        ``warm_from``: parent run id to warm-start from (its latest completed chunk boundary).
+        Raises on bad input (the scheduler then rejects / fails the run).
+        """
+
+    @abstractmethod
+    def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
+        """Train ``run_id`` until global optimizer step ``stop_step`` (or its end)."""
+
+    @abstractmethod
+    def has_boundary(self, run_id: int) -> bool:
+        """True once the run has completed at least one chunk (a warm clone can start from it)."""
+
+    @abstractmethod
+    def on_status(self, run_id: int, status: str) -> None:
+        """The run's status changed (e.g. STOPPED/COMPLETED: save final weights; DELETED: release)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release everything (threads, models)."""

@@ -1,0 +1,538 @@
+"""The scheduler thread: the chunk loop that owns all run state.
+
+Only this thread changes run state and calls the :class:`~kernel_scheduler.executor.Executor`. Other
+threads (notebook cells, the panel, the magic, the ops inbox) call :meth:`Scheduler.submit` (which only
+enqueues) and read frozen :class:`RunSnapshot` objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .chunks import ChunkPlan
+from .executor import Executor, RunStart, SegmentResult
+from .ops import Op, OpAck, OpKind, OpState, decide
+from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
+from .status import RunStatus, check_transition
+
+__all__ = ["Scheduler", "RunSnapshot", "SchedulerListener"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """A frozen view of one run (safe to read from any thread).
+
+    Attributes:
+        run_id: 1..N, the same number everywhere.
+        status: :class:`RunStatus`.
+        step: optimizer steps done; ``total_steps`` the run's total (0 while not prepared).
+        segments_done: chunks completed over all epochs; ``num_segments`` the run's total.
+        position: ``(epoch, chunk)`` of the next chunk to train (1-based).
+        samples_seen: training rows consumed.
+        on_device: True while this run is training.
+        parent_id / warm_start: set for clones.
+        error: the failure text for FAILED runs (or a rejected warm start).
+        spec: the run's config object (opaque to the scheduler).
+    """
+
+    run_id: int
+    status: RunStatus
+    step: int
+    total_steps: int
+    segments_done: int
+    num_segments: int
+    position: tuple[int, int]
+    samples_seen: int
+    on_device: bool
+    parent_id: int | None
+    warm_start: bool
+    error: str | None
+    spec: Any
+    steps_per_epoch: int = 0
+
+    @property
+    def epoch(self) -> float:
+        """Fractional epoch (steps / steps per epoch), TRL's convention."""
+        return self.step / self.steps_per_epoch if self.steps_per_epoch else 0.0
+
+
+class SchedulerListener:
+    """Hooks called on the scheduler thread. Override what you need; defaults do nothing."""
+
+    def on_run(self, snap: RunSnapshot) -> None:
+        """A run's state changed (status, progress)."""
+
+    def on_op(self, op: Op, ack: OpAck) -> None:
+        """An op was queued, applied or rejected."""
+
+    def poll_ops(self) -> Sequence[Op]:
+        """Ops from another process (the ops inbox); called at chunk boundaries and ~1/s while idle."""
+        return ()
+
+    def on_heartbeat(self) -> None:
+        """Called at every loop turn (at most ~1/s while idle)."""
+
+
+@dataclass
+class _Run:
+    run_id: int
+    spec: Any
+    status: RunStatus = RunStatus.NEW
+    plan: ChunkPlan | None = None
+    step: int = 0
+    segments_done: int = 0
+    samples_seen: int = 0
+    parent_id: int | None = None
+    warm_start: bool = False
+    error: str | None = None
+    deferred: list[Op] = field(default_factory=list)
+    pending: bool = False  # a clone whose op is not applied yet
+    waiting_clone: Op | None = None  # a warm clone waiting for its parent's first boundary
+
+    def position(self) -> tuple[int, int]:
+        if self.plan is None:
+            return (1, 1)
+        return self.plan.label(self.segments_done)
+
+
+class Scheduler:
+    """Runs the chunk loop in a background thread.
+
+    Usage::
+
+        sched = Scheduler(executor, listener=..., policy=FurthestBehindFirst())
+        sched.add_run(1, spec)            # before start: prepares the run synchronously (validation)
+        sched.start()
+        ack = sched.submit(Op(OpKind.STOP, run_id=1))
+        sched.wait()                      # until no run is left to train
+        sched.close()
+
+    Thread-safety: ``submit``, ``snapshot``, ``wait`` may be called from any thread. ``add_run`` only before
+    ``start``. The executor and the listener are only called from the scheduler thread (after ``start``).
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        listener: SchedulerListener | None = None,
+        policy: SchedulingPolicy | None = None,
+        idle_poll_s: float = 1.0,
+        first_run_id: int = 1,
+    ) -> None:
+        self._executor = executor
+        self._listener = listener or SchedulerListener()
+        self._policy = policy or FurthestBehindFirst()
+        self._idle_poll_s = idle_poll_s
+        self._runs: dict[int, _Run] = {}
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._commands: queue.Queue[Op] = queue.Queue()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._current: tuple[int, Future[SegmentResult]] | None = None
+        self._acks: dict[str, OpAck] = {}
+        self._next_id = first_run_id
+        self._busy = False  # True while the loop has work (a segment or queued commands)
+        # Executor calls other than run_segment wait until no segment is running (they touch the shared model
+        # and the process-wide RNG): status notifications and clones queue here until the boundary.
+        self._at_boundary: list[Callable[[], None]] = []
+        self._loop_error: str | None = None
+        self.on_thread_start: Callable[[], None] | None = None
+
+    # ------------------------------------------------------------------ setup
+    def add_run(self, run_id: int, spec: Any, start: RunStart | None = None, status: RunStatus = RunStatus.NEW,
+                parent_id: int | None = None, warm_start: bool = False, error: str | None = None) -> None:
+        """Register a run before :meth:`start` (prepared synchronously through the executor).
+
+        Args:
+            run_id: its id; ids are unique and the next clone gets ``max + 1``.
+            spec: the run's config (passed to ``executor.add_run``).
+            start: an already known start (restored runs); else ``executor.add_run`` is called.
+            status: initial status (restored runs may be STOPPED, COMPLETED, ...).
+
+        Raises:
+            RuntimeError: after start. Whatever ``executor.add_run`` raises (bad input).
+        """
+        if self._thread is not None:
+            raise RuntimeError("add_run is only allowed before start(); use a clone op afterwards")
+        if start is None and not status.is_finished():
+            start = self._executor.add_run(run_id, spec)
+        run = _Run(run_id=run_id, spec=spec, status=status, parent_id=parent_id, warm_start=warm_start, error=error)
+        if start is not None:
+            run.plan, run.step, run.segments_done, run.samples_seen = (
+                start.plan, start.step, start.segments_done, start.samples_seen)
+        with self._lock:
+            self._runs[run_id] = run
+            self._next_id = max(self._next_id, run_id + 1)
+
+    def start(self) -> None:
+        """Start the scheduler thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._main, name="rapidfire-scheduler", daemon=True)
+        self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    # ------------------------------------------------------------------ public, any thread
+    def snapshot(self) -> list[RunSnapshot]:
+        """Frozen views of every run, ordered by run id."""
+        with self._lock:
+            return [self._snap(r) for r in sorted(self._runs.values(), key=lambda r: r.run_id)]
+
+    def run_snapshot(self, run_id: int) -> RunSnapshot | None:
+        with self._lock:
+            r = self._runs.get(run_id)
+            return self._snap(r) if r else None
+
+    def on_device(self) -> int | None:
+        """Run id training right now, or None."""
+        cur = self._current
+        return cur[0] if cur else None
+
+    def submit(self, op: Op) -> OpAck:
+        """Queue an op; returns its acknowledgement at once. The same ``op_id`` is applied once.
+
+        A clone op gets its child run id here (``ack.new_run_id``); the child exists from now on (NEW).
+        Rejections that need no run state (unknown run, DELETED run, illegal status) are answered at once.
+        """
+        with self._lock:
+            if op.op_id in self._acks:
+                return self._acks[op.op_id]
+            run = self._runs.get(op.run_id)
+            status = run.status if run else None
+            decision = decide(op.kind, status, False, op.run_id)
+            if decision.verdict == "reject":
+                ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.REJECTED.value, decision.reason)
+                self._acks[op.op_id] = ack
+                self._notify_op(op, ack)
+                return ack
+            child_id = None
+            if op.kind is OpKind.CLONE:
+                child_id = self._next_id
+                self._next_id += 1
+                op.payload["child_id"] = child_id
+                self._runs[child_id] = _Run(run_id=child_id, spec=op.payload.get("spec"), parent_id=op.run_id,
+                                            warm_start=bool(op.payload.get("warm_start")))
+                self._runs[child_id].pending = True  # not ready until the op is applied
+            ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.QUEUED.value, self._queued_message(op),
+                        new_run_id=child_id)
+            self._acks[op.op_id] = ack
+            self._busy = True
+        self._notify_op(op, ack)
+        self._commands.put(op)
+        self._wake.set()
+        return ack
+
+    def ack(self, op_id: str) -> OpAck | None:
+        with self._lock:
+            return self._acks.get(op_id)
+
+    def wait(self, timeout: float | None = None, chunks: int | None = None) -> bool:
+        """Block until no run is left to train (or, with ``chunks=k``, every active run has done k chunks).
+
+        Returns True when the condition holds, False on timeout.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while not self._done(chunks):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._changed.wait(timeout=min(0.5, remaining) if remaining is not None else 0.5)
+            return True
+
+    def is_idle(self) -> bool:
+        with self._lock:
+            return self._done(None)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the loop after the current segment and join the thread."""
+        self._closing.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def loop_error(self) -> str | None:
+        """Traceback of an unexpected scheduler error (the loop keeps going; shown to the user)."""
+        return self._loop_error
+
+    # ------------------------------------------------------------------ internals (scheduler thread)
+    def _done(self, chunks: int | None) -> bool:
+        if self._loop_error and self._thread is not None and not self._thread.is_alive():
+            return True
+        if chunks is not None:
+            return all(
+                r.segments_done >= min(chunks, r.plan.num_segments if r.plan else chunks)
+                for r in self._runs.values() if r.status.in_rotation() and not r.pending
+            ) and not self._commands.qsize()
+        if self._busy or self._current is not None or self._commands.qsize() or self._at_boundary:
+            return False
+        return self._choose() is None
+
+    def _choose(self) -> int | None:
+        views = [RunView(r.run_id, r.status, r.position(), ready=r.plan is not None and not r.pending)
+                 for r in self._runs.values()]
+        return self._policy.choose(views)
+
+    def _main(self) -> None:
+        if self.on_thread_start is not None:
+            self.on_thread_start()
+        while not self._closing.is_set():
+            try:
+                self._turn()
+            except Exception:  # never let the loop die
+                self._loop_error = traceback.format_exc()
+                log.exception("rapidfire scheduler error")
+                time.sleep(0.1)
+        with self._changed:
+            self._changed.notify_all()
+
+    def _turn(self) -> None:
+        self._listener.on_heartbeat()
+        self._drain_commands()
+        self._flush_boundary()
+        if self._current is None:
+            with self._lock:
+                run_id = self._choose()
+                if run_id is None:
+                    self._busy = False
+                    self._changed.notify_all()
+            if run_id is None:
+                self._wake.wait(self._idle_poll_s)
+                self._wake.clear()
+                self._poll_inbox()
+                return
+            self._begin(run_id)
+            return
+        run_id, fut = self._current
+        if not fut.done():
+            self._wake.wait(self._idle_poll_s)
+            self._wake.clear()
+            return
+        self._finish_segment(run_id, fut.result())
+
+    def _begin(self, run_id: int) -> None:
+        with self._lock:
+            run = self._runs[run_id]
+            assert run.plan is not None
+            if run.status is RunStatus.NEW:
+                self._set_status(run, RunStatus.ONGOING)
+            stop = run.plan.boundaries[run.segments_done]
+            self._busy = True
+        fut = self._executor.run_segment(run_id, stop)
+        fut.add_done_callback(lambda _f: self._wake.set())
+        self._current = (run_id, fut)
+        self._emit(run)
+
+    def _finish_segment(self, run_id: int, res: SegmentResult) -> None:
+        with self._lock:
+            self._current = None
+            run = self._runs[run_id]
+            run.step = res.step
+            run.samples_seen = res.samples_seen
+            if run.plan is not None:
+                run.segments_done = run.plan.segments_done_at(res.step)
+            if res.error is not None:
+                run.error = res.error
+                self._set_status(run, RunStatus.FAILED)
+            elif res.finished or (run.plan is not None and res.step >= run.plan.total_steps):
+                self._set_status(run, RunStatus.COMPLETED)
+            if run.status.is_finished():
+                self._at_boundary.append(lambda rid=run_id, st=run.status.value: self._executor.on_status(rid, st))
+            deferred, run.deferred = run.deferred, []
+        self._emit(run)
+        # the boundary: first warm clones that waited for this run, then the ops deferred to it
+        self._flush_boundary()
+        self._resolve_waiting_clones()
+        for op in deferred:
+            self._apply(op)
+        self._flush_boundary()
+        self._poll_inbox()
+        with self._changed:
+            self._changed.notify_all()
+
+    def _flush_boundary(self) -> None:
+        while self._current is None and self._at_boundary:
+            fn = self._at_boundary.pop(0)
+            try:
+                fn()
+            except Exception:
+                self._loop_error = traceback.format_exc()
+                log.exception("rapidfire scheduler: boundary action failed")
+
+    def _when_free(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` now if no segment is running, else at the end of the current segment."""
+        self._at_boundary.append(fn)
+        self._flush_boundary()
+
+    def _poll_inbox(self) -> None:
+        try:
+            ops = list(self._listener.poll_ops())
+        except Exception:
+            log.exception("ops inbox poll failed")
+            return
+        for op in ops:
+            self.submit(op)
+        if ops:
+            self._drain_commands()
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                op = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            self._apply(op)
+
+    def _apply(self, op: Op) -> None:
+        with self._lock:
+            run = self._runs.get(op.run_id)
+            on_device = self._current is not None and self._current[0] == op.run_id
+            decision = decide(op.kind, run.status if run else None, on_device, op.run_id)
+            if decision.verdict == "defer" and run is not None:
+                run.deferred.append(op)
+                return
+        if decision.verdict == "reject":
+            self._reject(op, decision.reason)
+            return
+        try:
+            self._apply_now(op)
+        except Exception as exc:  # a bad op never crashes the loop
+            log.debug("op %s failed", op.op_id, exc_info=True)
+            self._reject(op, f"{type(exc).__name__}: {exc}")
+
+    def _apply_now(self, op: Op) -> None:
+        assert op.kind in OpKind
+        with self._lock:
+            run = self._runs[op.run_id]
+        if op.kind is OpKind.STOP:
+            with self._lock:
+                self._set_status(run, RunStatus.STOPPED)
+            self._when_free(lambda rid=run.run_id: self._executor.on_status(rid, RunStatus.STOPPED.value))
+            self._resolved(op, f"run {run.run_id} stopped at step {run.step}")
+        elif op.kind is OpKind.RESUME:
+            with self._lock:
+                self._set_status(run, RunStatus.ONGOING)
+            self._when_free(lambda rid=run.run_id: self._executor.on_status(rid, RunStatus.ONGOING.value))
+            self._resolved(op, f"run {run.run_id} resumed from step {run.step}")
+        elif op.kind is OpKind.DELETE:
+            with self._lock:
+                self._set_status(run, RunStatus.DELETED)
+            self._when_free(lambda rid=run.run_id: self._executor.on_status(rid, RunStatus.DELETED.value))
+            self._resolved(op, f"run {run.run_id} deleted")
+        elif op.kind is OpKind.CLONE:
+            self._when_free(lambda: self._apply_clone(op))
+        self._emit(run)
+
+    def _apply_clone(self, op: Op) -> None:
+        child_id = int(op.payload["child_id"])
+        with self._lock:
+            child = self._runs[child_id]
+        warm = bool(op.payload.get("warm_start"))
+        if warm and not self._executor.has_boundary(op.run_id):
+            with self._lock:
+                parent = self._runs[op.run_id]
+                if parent.status.in_rotation():
+                    child.waiting_clone = op  # waits for the parent's first boundary
+                    self._notify_op(op, replace(self._acks[op.op_id], message=(
+                        f"run {child_id} waits for run {op.run_id} to finish its first chunk (warm start)")))
+                    return
+            self._fail_child(child, op, f"run {op.run_id} has no completed chunk to warm-start from and is "
+                                        f"{parent.status.value}; use a cold clone (warm_start=False)")
+            return
+        try:
+            start = self._executor.add_run(child_id, child.spec, warm_from=op.run_id if warm else None)
+        except Exception as exc:
+            self._fail_child(child, op, f"{type(exc).__name__}: {exc}")
+            return
+        with self._lock:
+            child.plan, child.step, child.segments_done, child.samples_seen = (
+                start.plan, start.step, start.segments_done, start.samples_seen)
+            child.waiting_clone = None
+            child.pending = False
+        how = f"warm from run {op.run_id} at step {start.step}" if warm else "from scratch"
+        self._resolved(op, f"run {child_id} created ({how})")
+        self._emit(child)
+
+    def _fail_child(self, child: _Run, op: Op, reason: str) -> None:
+        with self._lock:
+            child.waiting_clone = None
+            child.pending = False
+            child.error = reason
+            self._set_status(child, RunStatus.FAILED)
+        self._reject(op, reason)
+        self._emit(child)
+
+    def _resolve_waiting_clones(self) -> None:
+        with self._lock:
+            waiting = [r.waiting_clone for r in self._runs.values() if r.waiting_clone is not None]
+        for op in waiting:
+            assert op is not None
+            parent = self._runs[op.run_id]
+            if self._executor.has_boundary(op.run_id) or not parent.status.in_rotation():
+                self._runs[int(op.payload["child_id"])].waiting_clone = None
+                self._apply_clone(op)
+
+    def _set_status(self, run: _Run, new: RunStatus) -> None:
+        check_transition(run.status, new)
+        run.status = new
+
+    def _resolved(self, op: Op, message: str) -> None:
+        with self._lock:
+            ack = replace(self._acks[op.op_id], state=OpState.APPLIED.value, message=message)
+            self._acks[op.op_id] = ack
+        self._notify_op(op, ack)
+
+    def _reject(self, op: Op, reason: str) -> None:
+        with self._lock:
+            prev = self._acks.get(op.op_id)
+            ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.REJECTED.value, reason,
+                        new_run_id=prev.new_run_id if prev else None)
+            self._acks[op.op_id] = ack
+        self._notify_op(op, ack)
+
+    def _notify_op(self, op: Op, ack: OpAck) -> None:
+        try:
+            self._listener.on_op(op, ack)
+        except Exception:
+            log.exception("listener.on_op failed")
+
+    def _emit(self, run: _Run) -> None:
+        with self._lock:
+            snap = self._snap(run)
+            self._changed.notify_all()
+        try:
+            self._listener.on_run(snap)
+        except Exception:
+            log.exception("listener.on_run failed")
+
+    def _snap(self, r: _Run) -> RunSnapshot:
+        cur = self._current
+        return RunSnapshot(
+            run_id=r.run_id, status=r.status, step=r.step,
+            total_steps=r.plan.total_steps if r.plan else 0,
+            segments_done=r.segments_done, num_segments=r.plan.num_segments if r.plan else 0,
+            position=r.position(), samples_seen=r.samples_seen,
+            on_device=cur is not None and cur[0] == r.run_id,
+            parent_id=r.parent_id, warm_start=r.warm_start, error=r.error, spec=r.spec,
+            steps_per_epoch=r.plan.steps_per_epoch if r.plan else 0,
+        )
+
+    # test helper
+    def runs_iter(self) -> Iterable[RunSnapshot]:  # pragma: no cover - convenience
+        return iter(self.snapshot())

@@ -1,0 +1,23 @@
+"""rapidfire_nb: compare many TRL fine-tuning configs at once, chunk by chunk, inside a Jupyter kernel.
+
+``import rapidfire_nb`` is cheap: torch, TRL and PEFT are imported only when training starts.
+"""
+
+from __future__ import annotations
+
+from kernel_scheduler import OpAck, RunStatus
+
+from .errors import ConfigError, ExperimentError, OpError
+from .experiment import Experiment
+
+__version__ = "0.1.0"
+
+__all__ = ["Experiment", "RunStatus", "OpAck", "ConfigError", "ExperimentError", "OpError", "__version__",
+           "load_ipython_extension"]
+
+
+def load_ipython_extension(ipython):  # pragma: no cover - exercised through IPython
+    """``%load_ext rapidfire_nb`` registers the ``%rapidfire`` magic."""
+    from .magic import load_ipython_extension as _load
+
+    _load(ipython)

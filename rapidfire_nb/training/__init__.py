@@ -1,0 +1,1 @@
+"""The training layer: the only place that imports torch, transformers, trl and peft."""

@@ -1,0 +1,180 @@
+"""Chunk-boundary checkpoints: an in-memory snapshot, written in the background, atomically.
+
+Layout (what ``Trainer.train(resume_from_checkpoint=...)`` reads)::
+
+    <run_dir>/checkpoint-<step>/
+        adapter_model.safetensors, adapter_config.json     (LoRA runs)  | model.safetensors + config.json (full)
+        optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json, training_args.bin
+        COMPLETE                                            (written last; a folder without it is skipped)
+
+Only the latest boundary checkpoint of each run is kept; the final weights go to ``<run_dir>/final``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import queue
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from rapidfire_nb._atomic import atomic_dir, is_complete_dir
+
+from .rng import rng_for_checkpoint
+
+__all__ = ["BoundarySnapshot", "CheckpointWriter", "latest_checkpoint", "snapshot_trainer"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BoundarySnapshot:
+    """A run's resumable state at one chunk boundary (tensors are private copies)."""
+
+    run_id: int
+    step: int
+    weights: dict[str, torch.Tensor]  # adapter weights (PEFT key names) or the full model state dict
+    adapter_config: Any | None  # peft config object for LoRA runs, None for full fine-tuning
+    model_config: Any | None
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: dict[str, Any]
+    trainer_state_json: str
+    training_args: Any
+
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_clone(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def snapshot_trainer(run_id: int, trainer: Any, adapter_name: str | None, rng: dict[str, Any]) -> BoundarySnapshot:
+    """Copy a trainer's resumable state (cheap for LoRA: adapter + its AdamW moments)."""
+    model = trainer.model
+    if adapter_name is not None:
+        from peft import get_peft_model_state_dict
+
+        weights = {k: v.detach().clone() for k, v in
+                   get_peft_model_state_dict(model, adapter_name=adapter_name).items()}
+        adapter_config = copy.deepcopy(model.peft_config[adapter_name])
+        model_config = None
+    else:
+        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        adapter_config = None
+        model_config = copy.deepcopy(model.config)
+    return BoundarySnapshot(
+        run_id=run_id,
+        step=int(trainer.state.global_step),
+        weights=weights,
+        adapter_config=adapter_config,
+        model_config=model_config,
+        optimizer=_clone(trainer.optimizer.state_dict()),
+        scheduler=_clone(trainer.lr_scheduler.state_dict()),
+        rng=_clone(rng),
+        trainer_state_json=json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n",
+        training_args=copy.deepcopy(trainer.args),
+    )
+
+
+def write_snapshot(snap: BoundarySnapshot, target: Path) -> None:
+    """Write ``snap`` into ``target`` atomically (temp dir + rename, COMPLETE marker last)."""
+    with atomic_dir(target) as tmp:
+        tmp = Path(tmp)
+        if snap.adapter_config is not None:
+            save_file({k: v.contiguous() for k, v in snap.weights.items()}, str(tmp / "adapter_model.safetensors"))
+            snap.adapter_config.save_pretrained(str(tmp))
+        else:
+            # tied weights share storage: drop duplicates the way transformers does on save
+            seen: dict[int, str] = {}
+            tensors = {}
+            for k, v in snap.weights.items():
+                ptr = v.data_ptr()
+                if ptr in seen:
+                    continue
+                seen[ptr] = k
+                tensors[k] = v.contiguous()
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            snap.model_config.save_pretrained(str(tmp))
+        torch.save(snap.optimizer, tmp / "optimizer.pt")
+        torch.save(snap.scheduler, tmp / "scheduler.pt")
+        torch.save(rng_for_checkpoint(snap.rng), tmp / "rng_state.pth")
+        (tmp / "trainer_state.json").write_text(snap.trainer_state_json)
+        torch.save(snap.training_args, tmp / "training_args.bin")
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete ``checkpoint-<step>`` folder of a run (half-written ones are skipped)."""
+    best: tuple[int, Path] | None = None
+    if not run_dir.is_dir():
+        return None
+    for p in run_dir.glob("checkpoint-*"):
+        try:
+            step = int(p.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        if is_complete_dir(p) and (best is None or step > best[0]):
+            best = (step, p)
+    return best[1] if best else None
+
+
+class CheckpointWriter:
+    """Writes boundary snapshots in a background thread (training does not wait for the disk).
+
+    ``submit(snap, run_dir)`` returns at once; ``flush()`` waits for everything queued; ``close()`` joins.
+    After a successful write of ``checkpoint-<step>``, older checkpoints of that run are removed.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[BoundarySnapshot, Path] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._main, name="rapidfire-checkpoints", daemon=True)
+        self._thread.start()
+        self.last_error: str | None = None
+        self.written: dict[int, Path] = {}
+
+    def submit(self, snap: BoundarySnapshot, run_dir: Path) -> Path:
+        target = run_dir / f"checkpoint-{snap.step}"
+        self._queue.put((snap, run_dir))
+        return target
+
+    def flush(self) -> None:
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _main(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                snap, run_dir = item
+                target = run_dir / f"checkpoint-{snap.step}"
+                try:
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    write_snapshot(snap, target)
+                    self.written[snap.run_id] = target
+                    for old in run_dir.glob("checkpoint-*"):
+                        if old != target and not old.name.startswith("."):
+                            shutil.rmtree(old, ignore_errors=True)
+                except Exception as exc:  # pragma: no cover - disk errors
+                    self.last_error = f"checkpoint of run {snap.run_id} at step {snap.step} failed: {exc}"
+                    log.exception(self.last_error)
+            finally:
+                self._queue.task_done()

@@ -1,0 +1,311 @@
+"""TorchExecutor: trains runs with TRL, one shared base model per (model, model_kwargs, shared settings).
+
+Implements :class:`kernel_scheduler.Executor`. Every call comes from the scheduler thread (or, before the
+scheduler starts, from ``run_fit``'s thread); exactly one run's worker thread trains at any moment.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import set_seed
+
+from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult, plan_chunks
+from rapidfire_nb.errors import ConfigError
+
+from .build import build_lora_config, build_training_args
+from .checkpoint import BoundarySnapshot, CheckpointWriter, snapshot_trainer
+from .data import prepare_dataset
+from .quiet import quiet_libraries
+from .rng import capture_rng
+from .trainers import TrainerKind, step_geometry, trainer_kind
+from .worker import RunWorker
+
+__all__ = ["TorchExecutor", "MetricSink"]
+
+log = logging.getLogger(__name__)
+
+MetricSink = Callable[[int, int, int, dict[str, float]], None]
+"""``sink(run_id, step, samples_seen, logs)`` — called from the training thread for every TRL log."""
+
+# TrainingArguments fields that act on the shared model itself: runs on one base must agree on them.
+_SHARED_MODEL_FIELDS = ("gradient_checkpointing", "neftune_noise_alpha", "disable_dropout", "use_liger_kernel",
+                        "torch_compile")
+
+
+@dataclass
+class _Base:
+    key: str
+    model: Any  # the user's model; a PeftModel once the first adapter is added
+    tokenizer: Any
+    peft: bool = False
+    adapters: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    run_id: int
+    spec: Any
+    kind: TrainerKind
+    base: _Base | None
+    adapter: str | None
+    worker: RunWorker
+    plan: ChunkPlan
+    run_dir: Path
+    last: BoundarySnapshot | None = None
+    final_dir: Path | None = None
+    released: bool = False
+
+
+class TorchExecutor(Executor):
+    """Trains the runs of one experiment.
+
+    Args:
+        trainer_type: "SFT", "DPO" or "GRPO".
+        create_model_fn: ``create_model_fn(model_config: dict) -> (model, tokenizer)``; called once per distinct
+            base (``model_name`` + ``model_kwargs`` + settings that act on the shared model).
+        train_dataset / eval_dataset: ``datasets.Dataset`` (rows before ``formatting_func``).
+        num_chunks: chunks per epoch.
+        seed: the experiment seed (a run's own ``training_args.seed`` wins).
+        exp_dir: the experiment folder (``runs/<id>/`` holds checkpoints and final weights).
+        metric_sink: receives every TRL log line.
+        notes: receives user-facing notes (e.g. CPU adaptations), one string each.
+    """
+
+    def __init__(self, trainer_type: str, create_model_fn: Callable[[dict], Any], train_dataset: Any,
+                 eval_dataset: Any, num_chunks: int, seed: int, exp_dir: Path, metric_sink: MetricSink,
+                 notes: Callable[[str], None] | None = None) -> None:
+        self.kind = trainer_kind(trainer_type)
+        self.create_model_fn = create_model_fn
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.num_chunks = num_chunks
+        self.seed = seed
+        self.exp_dir = Path(exp_dir)
+        self.metric_sink = metric_sink
+        self.notes = notes or (lambda s: None)
+        self._bases: dict[str, _Base] = {}
+        self._runs: dict[int, _Run] = {}
+        self._writer = CheckpointWriter()
+        self._lock = threading.Lock()
+        self.switch_seconds = 0.0  # time spent in handovers + snapshots (benchmark)
+        self._noted: set[str] = set()
+
+    # ------------------------------------------------------------------ Executor API
+    def add_run(self, run_id: int, spec: Any, warm_from: int | None = None) -> RunStart:
+        with quiet_libraries():
+            return self._add_run(run_id, spec, warm_from)
+
+    def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
+        run = self._runs[run_id]
+        return run.worker.run_until(stop_step)
+
+    def has_boundary(self, run_id: int) -> bool:
+        run = self._runs.get(run_id)
+        return run is not None and run.last is not None
+
+    def on_status(self, run_id: int, status: str) -> None:
+        run = self._runs.get(run_id)
+        if run is None:
+            return
+        if status in ("COMPLETED", "STOPPED"):
+            self.save_final(run_id)
+        if status == "DELETED":
+            run.worker.release()
+
+    def close(self) -> None:
+        for run in self._runs.values():
+            run.worker.release(timeout=10)
+        self._writer.flush()
+        self._writer.close()
+
+    # ------------------------------------------------------------------ extras used by Experiment
+    def flush(self) -> None:
+        """Wait until every queued checkpoint is on disk."""
+        self._writer.flush()
+
+    def run_dir(self, run_id: int) -> Path:
+        return self.exp_dir / "runs" / str(run_id)
+
+    def final_dir(self, run_id: int) -> Path | None:
+        run = self._runs.get(run_id)
+        return run.final_dir if run else None
+
+    def checkpoint_dir(self, run_id: int) -> Path | None:
+        return self._writer.written.get(run_id)
+
+    def save_final(self, run_id: int) -> Path:
+        """Save the run's current weights + tokenizer with ``save_pretrained`` into ``runs/<id>/final``."""
+        from rapidfire_nb._atomic import atomic_dir
+
+        run = self._runs[run_id]
+        target = run.run_dir / "final"
+        model = run.worker.trainer.model
+        tok = run.worker.trainer.processing_class
+        with atomic_dir(target) as tmp:
+            if run.adapter is not None:
+                model.save_pretrained(str(tmp), selected_adapters=[run.adapter])
+                sub = Path(tmp) / run.adapter
+                if sub.is_dir():  # PEFT saves non-"default" adapters in a subfolder: flatten it
+                    for p in sub.iterdir():
+                        shutil.move(str(p), str(Path(tmp) / p.name))
+                    sub.rmdir()
+            else:
+                model.save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+        run.final_dir = target
+        return target
+
+    def load_model(self, run_id: int) -> tuple[Any, Any]:
+        """A fresh ``(model, tokenizer)`` with the run's trained weights (from its final folder)."""
+        run = self._runs[run_id]
+        if run.final_dir is None:
+            self.save_final(run_id)
+        assert run.final_dir is not None
+        model_config = run.spec.model_config_dict()
+        model, tok = self._call_create_model(model_config)
+        if run.adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(run.final_dir))
+        else:
+            model = type(model).from_pretrained(str(run.final_dir))
+        model.eval()
+        return model, tok
+
+    # ------------------------------------------------------------------ internals
+    def _note(self, text: str) -> None:
+        if text not in self._noted:
+            self._noted.add(text)
+            self.notes(text)
+
+    def _call_create_model(self, model_config: dict) -> tuple[Any, Any]:
+        try:
+            out = self.create_model_fn(copy.deepcopy(model_config))
+        except Exception as exc:
+            raise ConfigError(f"create_model_fn raised {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module)
+                and out[1] is not None and hasattr(out[1], "__call__")):
+            raise ConfigError(
+                "create_model_fn must return a (model, tokenizer) tuple, e.g. "
+                "`return AutoModelForCausalLM.from_pretrained(...), AutoTokenizer.from_pretrained(...)`; "
+                f"got {type(out).__name__}"
+            )
+        return out
+
+    def _base_for(self, spec: Any, args: Any) -> _Base:
+        shared = {f: getattr(args, f, None) for f in _SHARED_MODEL_FIELDS}
+        key = json.dumps({"model_name": spec.model_name, "model_kwargs": repr(sorted(spec.model_kwargs.items())),
+                          "tokenizer": repr(spec.tokenizer), "shared": repr(shared)}, sort_keys=True)
+        base = self._bases.get(key)
+        if base is None:
+            model, tok = self._call_create_model(spec.model_config_dict())
+            base = _Base(key=key, model=model, tokenizer=tok)
+            self._bases[key] = base
+            if len({b.key.split('"shared"')[0] for b in self._bases.values()}) < len(self._bases):
+                self._note("runs on the same base model disagree on settings that act on the shared model "
+                           f"({', '.join(_SHARED_MODEL_FIELDS)}); they get their own base copy")
+        return base
+
+    def _add_run(self, run_id: int, spec: Any, warm_from: int | None) -> RunStart:
+        run_dir = self.run_dir(run_id)
+        args, notes = build_training_args(spec, output_dir=str(run_dir / "trainer"), default_seed=self.seed)
+        for n in notes:
+            self._note(n)
+        train_ds = prepare_dataset(self.train_dataset, spec.formatting_func, self.kind, "train_dataset")
+        eval_ds = (prepare_dataset(self.eval_dataset, spec.formatting_func, self.kind, "eval_dataset")
+                   if self.eval_dataset is not None else None)
+        lora = build_lora_config(spec)
+        base = self._base_for(spec, args)
+        adapter: str | None = None
+        if lora is not None:
+            from peft import PeftModel, get_peft_model
+
+            adapter = f"run_{run_id}"
+            set_seed(args.seed)  # what TRL does right before get_peft_model: initial adapter weights match
+            if not isinstance(base.model, PeftModel):
+                base.model = get_peft_model(base.model, lora, adapter_name=adapter)
+                base.peft = True
+            else:
+                base.model.add_adapter(adapter, lora)
+            base.model.set_adapter(adapter)
+            base.adapters.append(adapter)
+            model = base.model
+        else:
+            if base.peft:
+                raise ConfigError("mixing LoRA and full fine-tuning runs on one base is not supported")
+            model = copy.deepcopy(base.model)  # full fine-tuning: each run its own copy
+        trainer = self._build_trainer(spec, model, base.tokenizer, args, train_ds, eval_ds)
+        initial_rng = capture_rng()
+        geo = step_geometry(trainer, self.kind)
+        try:
+            plan = plan_chunks(geo.rows_per_epoch, self.num_chunks, geo.rows_per_step, geo.total_steps,
+                               steps_per_epoch=geo.steps_per_epoch, step_multiple=geo.step_multiple)
+        except ChunkPlanError as exc:
+            raise ConfigError(f"num_chunks: {exc} (run {run_id})") from exc
+
+        def activate(run_id: int = run_id) -> None:
+            self._activate(run_id)
+
+        worker = RunWorker(
+            run_id, trainer, plan, activate=activate,
+            on_boundary=lambda step, rng, rid=run_id: self._on_boundary(rid, step, rng),
+            on_log=lambda step, logs, rid=run_id: self._on_log(rid, step, logs),
+            initial_rng=initial_rng, eval_at_boundaries=eval_ds is not None,
+        )
+        self._runs[run_id] = _Run(run_id, spec, self.kind, base, adapter, worker, plan, run_dir)
+        if warm_from is not None:
+            raise ConfigError("warm-start clones are not available yet")
+        return RunStart(plan=plan)
+
+    def _build_trainer(self, spec: Any, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any) -> Any:
+        cls = self.kind.trainer_class()
+        kwargs: dict[str, Any] = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                                      processing_class=tokenizer)
+        if spec.compute_metrics is not None:
+            kwargs["compute_metrics"] = spec.compute_metrics
+        if self.kind.name == "GRPO":
+            kwargs["reward_funcs"] = list(spec.reward_funcs or [])
+        try:
+            trainer = cls(**kwargs)
+        except ConfigError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{cls.__name__} rejected the config or data: {type(exc).__name__}: {exc}") from exc
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(PrinterCallback)  # rapidfire_nb prints one line per chunk instead
+        trainer.remove_callback(ProgressCallback)
+        return trainer
+
+    def _activate(self, run_id: int) -> None:
+        t0 = time.perf_counter()
+        run = self._runs[run_id]
+        if run.adapter is not None and run.base is not None:
+            run.base.model.set_adapter(run.adapter)
+            active = run.base.model.active_adapter
+            if active != run.adapter:  # a wrong active adapter raises nothing: it trains the wrong weights
+                raise RuntimeError(f"active adapter is {active!r}, expected {run.adapter!r}")
+        self.switch_seconds += time.perf_counter() - t0
+
+    def _on_boundary(self, run_id: int, step: int, rng: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        run = self._runs[run_id]
+        run.last = snapshot_trainer(run_id, run.worker.trainer, run.adapter, rng)
+        self._writer.submit(run.last, run.run_dir)
+        self.switch_seconds += time.perf_counter() - t0
+
+    def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:
+        run = self._runs[run_id]
+        self.metric_sink(run_id, step, run.plan.samples_seen(step), logs)

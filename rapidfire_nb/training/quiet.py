@@ -1,0 +1,35 @@
+"""Silence the libraries' per-step progress bars and chatter while rapidfire_nb drives them."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+
+__all__ = ["quiet_libraries", "silence_globally"]
+
+
+def silence_globally() -> None:
+    """Turn off datasets/transformers progress bars and info logs for this process (idempotent)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    for name in ("trl", "peft", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Context in which building trainers prints nothing but real warnings."""
+    silence_globally()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module="trl")
+        warnings.filterwarnings("ignore", category=UserWarning, module="transformers")
+        yield

@@ -1,0 +1,30 @@
+"""Factories the Experiment uses, so that ``rapidfire_nb.experiment`` never imports torch at module level."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .executor import TorchExecutor
+from .quiet import silence_globally
+
+__all__ = ["make_executor", "make_tracker", "silence_globally"]
+
+
+def make_executor(trainer_type: str, create_model_fn: Callable[[dict], Any], train_dataset: Any, eval_dataset: Any,
+                  num_chunks: int, seed: int, exp_dir: Path, metric_sink: Any,
+                  notes: Callable[[str], None]) -> TorchExecutor:
+    return TorchExecutor(trainer_type, create_model_fn, train_dataset, eval_dataset, num_chunks, seed, exp_dir,
+                         metric_sink, notes)
+
+
+def make_tracker(log_root: Path) -> Any:
+    try:
+        from rapidfire_nb.tracking.tensorboard import TensorBoardTracker
+
+        return TensorBoardTracker(log_root)
+    except Exception:  # tensorboard missing: a null tracker
+        from rapidfire_nb.tracking.tensorboard import NullTracker
+
+        return NullTracker()
