@@ -237,6 +237,19 @@ class Scheduler:
         self._wake.set()
         return ack
 
+    def _queued_message(self, op: Op) -> str:
+        on_device = self._current is not None and self._current[0] == op.run_id
+        when = "at the end of its current chunk" if on_device else "now"
+        if op.kind is OpKind.STOP:
+            return f"stop requested for run {op.run_id} — applies {when}"
+        if op.kind is OpKind.RESUME:
+            return f"resume requested for run {op.run_id} — it rejoins the rotation {when}"
+        if op.kind is OpKind.DELETE:
+            return f"delete requested for run {op.run_id} — applies {when}"
+        how = "warm start from its latest chunk boundary" if op.payload.get("warm_start") else "from scratch"
+        return (f"clone of run {op.run_id} requested ({how}) — run {op.payload.get('child_id')} joins the rotation "
+                "at the next chunk boundary")
+
     def ack(self, op_id: str) -> OpAck | None:
         with self._lock:
             return self._acks.get(op_id)

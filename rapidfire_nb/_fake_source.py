@@ -3,8 +3,8 @@
 ``FakeSource`` implements the panel-source contract of ``docs/ARCHITECTURE.md`` (``panel_snapshot``,
 ``metrics_since``, ``submit_op``) with a background thread that trains one run at a time, chunk by chunk in
 furthest-behind-first order, logging TRL-named metrics (``loss``, ``eval_loss``, ``learning_rate``,
-``grad_norm``, ...). Ops follow ``kernel_scheduler.ops.decide``: a stop/delete of the run on the device waits for
-the end of its current chunk; anything else is applied at the fake's next tick.
+``grad_norm``, ...). Ops follow ``kernel_scheduler.ops.decide``: a stop/delete of the run on the device waits
+for the end of its current chunk; anything else is applied at the fake's next tick.
 
 Run ``python -m rapidfire_nb._fake_source`` to watch the text progress of a short fake experiment.
 """
@@ -17,10 +17,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernel_scheduler.ops import OpAck, OpKind, decide
 from kernel_scheduler.status import RunStatus
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["FakeSource"]
 
@@ -53,7 +56,8 @@ class _Run:
     @property
     def batch(self) -> int:
         return int(self.hparams.get("per_device_train_batch_size", 4)) * int(
-            self.hparams.get("gradient_accumulation_steps", 1))
+            self.hparams.get("gradient_accumulation_steps", 1)
+        )
 
 
 class FakeSource:
@@ -73,10 +77,21 @@ class FakeSource:
         start: start the background thread now (else call :meth:`step` yourself).
     """
 
-    def __init__(self, num_runs: int = 3, *, total_steps: int = 200, num_chunks: int = 4, steps_per_tick: int = 1,
-                 tick_s: float = 0.05, eval_every: int = 20, fail_run: int | None = None,
-                 fail_at_step: int | None = None, experiment: str = "fake-sft", seed: int = 0,
-                 start: bool = True) -> None:
+    def __init__(
+        self,
+        num_runs: int = 3,
+        *,
+        total_steps: int = 200,
+        num_chunks: int = 4,
+        steps_per_tick: int = 1,
+        tick_s: float = 0.05,
+        eval_every: int = 20,
+        fail_run: int | None = None,
+        fail_at_step: int | None = None,
+        experiment: str = "fake-sft",
+        seed: int = 0,
+        start: bool = True,
+    ) -> None:
         self.experiment = experiment
         self.num_chunks = num_chunks
         self.steps_per_tick = steps_per_tick
@@ -96,13 +111,16 @@ class FakeSource:
         self._rngs: dict[int, random.Random] = {}
         self._next_id = 1
         for i in range(num_runs):
-            self._add_run({
-                "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
-                "learning_rate": _LRS[i % len(_LRS)],
-                "lora.r": _RANKS[i % len(_RANKS)],
-                "lora.lora_alpha": 32,
-                "per_device_train_batch_size": _BATCHES[i % len(_BATCHES)],
-            }, total_steps)
+            self._add_run(
+                {
+                    "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                    "learning_rate": _LRS[i % len(_LRS)],
+                    "lora.r": _RANKS[i % len(_RANKS)],
+                    "lora.lora_alpha": 32,
+                    "per_device_train_batch_size": _BATCHES[i % len(_BATCHES)],
+                },
+                total_steps,
+            )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fake-source", daemon=True)
         if start:
@@ -115,7 +133,7 @@ class FakeSource:
         if self._thread.is_alive():
             self._thread.join(5)
 
-    def __enter__(self) -> FakeSource:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -132,7 +150,9 @@ class FakeSource:
             hparam_columns = self._hparam_columns()
             on_device = self._runs.get(self._on_device) if self._on_device is not None else None
             if on_device is not None:
-                progress = f"chunk {min(on_device.chunks_done + 1, self.num_chunks)}/{self.num_chunks} of epoch 1"
+                progress = (
+                    f"chunk {min(on_device.chunks_done + 1, self.num_chunks)}/{self.num_chunks} of epoch 1"
+                )
             elif any(r.status.in_rotation() for r in runs):
                 progress = "waiting for the next chunk"
             else:
@@ -154,40 +174,64 @@ class FakeSource:
         with self._lock:
             return [dict(p) for p in self._points[cursor:]], len(self._points)
 
-    def submit_op(self, kind: str, run_id: int, op_id: str | None = None, changes: dict[str, Any] | None = None,
-                  warm_start: bool = False, source: str = "panel") -> OpAck:
+    def submit_op(
+        self,
+        kind: str,
+        run_id: int,
+        op_id: str | None = None,
+        changes: dict[str, Any] | None = None,
+        warm_start: bool = False,
+        source: str = "panel",
+    ) -> OpAck:
         with self._lock:
             op_id = op_id or uuid.uuid4().hex
             if op_id in self._ops_by_id:
                 op = self._ops_by_id[op_id]
-                return OpAck(op_id, op["run_id"], op["kind"], op["state"], op["message"], op.get("new_run_id"))
+                return OpAck(
+                    op_id, op["run_id"], op["kind"], op["state"], op["message"], op.get("new_run_id")
+                )
             try:
                 okind = OpKind(kind)
             except ValueError:
                 return OpAck(op_id, run_id, kind, "rejected", f"unknown op {kind!r}")
             run = self._runs.get(int(run_id))
             verdict = decide(okind, run.status if run else None, self._on_device == run_id, int(run_id))
-            op: dict[str, Any] = {"op_id": op_id, "run_id": int(run_id), "kind": okind.value, "state": "queued",
-                                  "message": "", "requested_at": time.time(), "applied_at": None,
-                                  "source": source, "changes": dict(changes or {}), "warm_start": bool(warm_start)}
+            op: dict[str, Any] = {
+                "op_id": op_id,
+                "run_id": int(run_id),
+                "kind": okind.value,
+                "state": "queued",
+                "message": "",
+                "requested_at": time.time(),
+                "applied_at": None,
+                "source": source,
+                "changes": dict(changes or {}),
+                "warm_start": bool(warm_start),
+            }
             if verdict.verdict == "reject":
                 op["state"], op["message"] = "rejected", verdict.reason
             elif okind is OpKind.CLONE:
                 op["new_run_id"] = self._next_id
                 self._next_id += 1
-                op["message"] = (f"clone of run {run_id} requested — run {op['new_run_id']} joins the rotation "
-                                 "at the next chunk boundary")
+                op["message"] = (
+                    f"clone of run {run_id} requested — run {op['new_run_id']} joins the rotation "
+                    "at the next chunk boundary"
+                )
             elif verdict.verdict == "defer":
-                op["message"] = f"{okind.value} requested for run {run_id} — applies at the end of its current chunk"
+                op["message"] = (
+                    f"{okind.value} requested for run {run_id} — applies at the end of its current chunk"
+                )
             else:
-                op["message"] = f"{okind.value} requested for run {run_id} — applies now (it is not on the device)"
+                op["message"] = (
+                    f"{okind.value} requested for run {run_id} — applies now (it is not on the device)"
+                )
             self._ops.append(op)
             self._ops_by_id[op_id] = op
             if op["state"] == "queued":
                 self._pending.append(op_id)
             return OpAck(op_id, int(run_id), okind.value, op["state"], op["message"], op.get("new_run_id"))
 
-    # -- simulation -------------------------------------------------------------------------------------------
+    # -- simulation --------------------------------------------------------------------------------------
     def step(self) -> None:
         """One tick: apply pending ops, then advance the run on the device by ``steps_per_tick`` steps."""
         with self._lock:
@@ -214,11 +258,20 @@ class FakeSource:
         with self._lock:
             return {r.run_id: self._run_dict(r) for r in self._runs.values()}
 
-    def _add_run(self, hparams: dict[str, Any], total_steps: int, *, run_id: int | None = None,
-                 parent: _Run | None = None, warm_start: bool = False) -> _Run:
+    def _add_run(
+        self,
+        hparams: dict[str, Any],
+        total_steps: int,
+        *,
+        run_id: int | None = None,
+        parent: _Run | None = None,
+        warm_start: bool = False,
+    ) -> _Run:
         rid = run_id if run_id is not None else self._next_id
         self._next_id = max(self._next_id, rid + 1)
-        run = _Run(rid, hparams, total_steps, parent_id=parent.run_id if parent else None, warm_start=warm_start)
+        run = _Run(
+            rid, hparams, total_steps, parent_id=parent.run_id if parent else None, warm_start=warm_start
+        )
         if parent is not None and warm_start and parent.loss is not None:
             run.start_loss = parent.loss
         self._runs[rid] = run
@@ -233,16 +286,29 @@ class FakeSource:
 
     def _run_dict(self, r: _Run) -> dict[str, Any]:
         ops = legal_ops(r.status)
-        pending_kinds = {self._ops_by_id[o]["kind"] for o in self._pending + r.deferred
-                         if self._ops_by_id[o]["run_id"] == r.run_id}
+        pending_kinds = {
+            self._ops_by_id[o]["kind"]
+            for o in self._pending + r.deferred
+            if self._ops_by_id[o]["run_id"] == r.run_id
+        }
         if pending_kinds & {"stop", "delete"}:
             ops = [o for o in ops if o not in ("stop", "delete", "resume")]
         return {
-            "run_id": r.run_id, "status": r.status.value, "on_device": self._on_device == r.run_id,
-            "hparams": dict(r.hparams), "completed_steps": r.completed_steps, "total_steps": r.total_steps,
-            "chunks_done": r.chunks_done, "epoch": round(r.completed_steps / r.total_steps, 4),
-            "samples_seen": r.completed_steps * r.batch, "loss": r.loss, "eval_loss": r.eval_loss,
-            "error": r.error, "parent_id": r.parent_id, "warm_start": r.warm_start, "legal_ops": ops,
+            "run_id": r.run_id,
+            "status": r.status.value,
+            "on_device": self._on_device == r.run_id,
+            "hparams": dict(r.hparams),
+            "completed_steps": r.completed_steps,
+            "total_steps": r.total_steps,
+            "chunks_done": r.chunks_done,
+            "epoch": round(r.completed_steps / r.total_steps, 4),
+            "samples_seen": r.completed_steps * r.batch,
+            "loss": r.loss,
+            "eval_loss": r.eval_loss,
+            "error": r.error,
+            "parent_id": r.parent_id,
+            "warm_start": r.warm_start,
+            "legal_ops": ops,
         }
 
     def _boundary(self, run: _Run) -> int:
@@ -263,8 +329,10 @@ class FakeSource:
         step = run.completed_steps
         if run.run_id == self.fail_run and step >= self.fail_at_step:
             run.status = RunStatus.FAILED
-            run.error = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
-                         "(GPU 0; 79.19 GiB total capacity; 77.02 GiB already allocated)")
+            run.error = (
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
+                "(GPU 0; 79.19 GiB total capacity; 77.02 GiB already allocated)"
+            )
             return
         lr = float(run.hparams.get("learning_rate", 1e-4))
         rank = float(run.hparams.get("lora.r", 8))
@@ -275,17 +343,32 @@ class FakeSource:
         run.loss = max(0.05, loss)
         samples = step * run.batch
         sched_lr = lr * (1 - (step - 1) / run.total_steps)
-        pts = [("loss", run.loss), ("learning_rate", sched_lr),
-               ("grad_norm", abs(1.8 * math.exp(-2 * frac) + rng.gauss(0, 0.15)) + 0.2),
-               ("mean_token_accuracy", min(0.99, 0.35 + 0.5 * (1 - math.exp(-speed * frac)) + rng.gauss(0, 0.01))),
-               ("entropy", max(0.1, 1.6 * math.exp(-1.5 * frac) + rng.gauss(0, 0.03)))]
+        pts = [
+            ("loss", run.loss),
+            ("learning_rate", sched_lr),
+            ("grad_norm", abs(1.8 * math.exp(-2 * frac) + rng.gauss(0, 0.15)) + 0.2),
+            (
+                "mean_token_accuracy",
+                min(0.99, 0.35 + 0.5 * (1 - math.exp(-speed * frac)) + rng.gauss(0, 0.01)),
+            ),
+            ("entropy", max(0.1, 1.6 * math.exp(-1.5 * frac) + rng.gauss(0, 0.03))),
+        ]
         if step % self.eval_every == 0 or step == run.total_steps:
             run.eval_loss = run.loss + 0.08 + abs(rng.gauss(0, 0.015))
-            pts += [("eval_loss", run.eval_loss),
-                    ("eval_mean_token_accuracy", min(0.99, 0.32 + 0.48 * (1 - math.exp(-speed * frac))))]
+            pts += [
+                ("eval_loss", run.eval_loss),
+                ("eval_mean_token_accuracy", min(0.99, 0.32 + 0.48 * (1 - math.exp(-speed * frac)))),
+            ]
         for name, value in pts:
-            self._points.append({"run_id": run.run_id, "step": step, "samples_seen": samples, "name": name,
-                                 "value": float(value)})
+            self._points.append(
+                {
+                    "run_id": run.run_id,
+                    "step": step,
+                    "samples_seen": samples,
+                    "name": name,
+                    "value": float(value),
+                }
+            )
 
     def _end_chunk(self, run: _Run) -> None:
         run.chunks_done += 1
@@ -302,8 +385,9 @@ class FakeSource:
         for op_id in pending:
             op = self._ops_by_id[op_id]
             run = self._runs.get(op["run_id"])
-            verdict = decide(OpKind(op["kind"]), run.status if run else None, self._on_device == op["run_id"],
-                             op["run_id"])
+            verdict = decide(
+                OpKind(op["kind"]), run.status if run else None, self._on_device == op["run_id"], op["run_id"]
+            )
             if verdict.verdict == "reject":
                 op.update(state="rejected", message=verdict.reason, applied_at=time.time())
             elif verdict.verdict == "defer" and run is not None:
@@ -325,10 +409,16 @@ class FakeSource:
             message = f"run {run.run_id} deleted"
         else:
             hparams = {**run.hparams, **op.get("changes", {})}
-            child = self._add_run(hparams, run.total_steps, run_id=op.get("new_run_id"), parent=run,
-                                  warm_start=bool(op.get("warm_start")))
-            message = f"run {child.run_id} created from run {run.run_id}" + (" (warm start)" if child.warm_start
-                                                                               else "")
+            child = self._add_run(
+                hparams,
+                run.total_steps,
+                run_id=op.get("new_run_id"),
+                parent=run,
+                warm_start=bool(op.get("warm_start")),
+            )
+            message = f"run {child.run_id} created from run {run.run_id}" + (
+                " (warm start)" if child.warm_start else ""
+            )
         if self._on_device == run.run_id and run.status is not RunStatus.ONGOING:
             self._on_device = None
         op.update(state="applied", message=message, applied_at=now)

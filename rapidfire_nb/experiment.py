@@ -67,12 +67,11 @@ class _Listener(SchedulerListener):
 
     def on_run(self, snap: RunSnapshot) -> None:
         exp = self.exp
-        final = exp._executor.final_dir(snap.run_id) if exp._executor is not None else None
         ckpt = exp._executor.checkpoint_dir(snap.run_id) if exp._executor is not None else None
         exp.store.upsert_run(
             snap.run_id, status=snap.status.value, total_steps=snap.total_steps, completed_steps=snap.step,
             chunks_done=snap.segments_done, epoch=snap.epoch, samples_seen=snap.samples_seen, error=snap.error,
-            checkpoint_dir=str(final) if final else None, last_checkpoint=str(ckpt) if ckpt else None,
+            last_checkpoint=str(ckpt) if ckpt else None,
         )
         prev = self._seen_segments.get(snap.run_id, 0)
         if snap.segments_done > prev or snap.status in (RunStatus.COMPLETED, RunStatus.FAILED):
@@ -146,7 +145,8 @@ class Experiment:
 
     # ================================================================== run_fit
     def run_fit(self, param_config: Any, create_model_fn: Callable[[dict], Any], train_dataset: Any,
-                eval_dataset: Any = None, num_chunks: int = 4, seed: int = 42) -> None:
+                eval_dataset: Any = None, num_chunks: int = 4, seed: int = 42, *,
+                background: bool | None = None) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
         Args:
@@ -159,6 +159,8 @@ class Experiment:
                 and at its own ``eval_steps``.
             num_chunks: chunks per epoch (1 .. a run's optimizer steps per epoch).
             seed: the experiment seed (random search, and each run's seed unless its config sets one).
+            background: train in the background and return once validated. Default: True in a Jupyter kernel,
+                False in a plain script (which then blocks until training ends).
 
         In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
         goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
@@ -203,7 +205,8 @@ class Experiment:
 
         runtime.silence_globally()
         executor = runtime.make_executor(trainer_type, create_model_fn, train_dataset, eval_dataset, num_chunks,
-                                         seed, self.path, self._on_metrics, self._say)
+                                         seed, self.path, self._on_metrics, self._say,
+                                         lambda rid, path: self.store.upsert_run(rid, checkpoint_dir=str(path)))
         scheduler = Scheduler(executor, listener=_Listener(self))
         self._executor = executor
         self._leaves = {}
@@ -246,12 +249,14 @@ class Experiment:
                                                                    lambda: None)()
             if parent and hasattr(ip, "set_thread_parent"):
                 scheduler.on_thread_start = lambda: ip.set_thread_parent(parent)
-        self._say(f"experiment {self.experiment_name!r}: {len(leaves)} runs × {num_chunks} chunks "
-                  f"({trainer_type}); training in the background" if _in_kernel() else
-                  f"experiment {self.experiment_name!r}: {len(leaves)} runs × {num_chunks} chunks ({trainer_type})")
+        if background is None:
+            background = _in_kernel()
+        self._say(f"experiment {self.experiment_name!r}: {len(leaves)} runs × {num_chunks} chunks ({trainer_type})"
+                  + ("; training in the background (experiment.wait() blocks)" if background else ""))
         scheduler.start()
-        if _in_kernel():
-            self._show_panel()
+        if background:
+            if _in_kernel():
+                self._show_panel()
             return
         self.wait()
 

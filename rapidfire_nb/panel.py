@@ -40,10 +40,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import anywidget
 import traitlets
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "PanelSource",
@@ -51,15 +54,15 @@ __all__ = [
     "TextProgress",
     "display_panel",
     "format_chunk_line",
-    "print_chunk_line",
     "plotly_js_path",
+    "print_chunk_line",
 ]
 
 _log = logging.getLogger(__name__)
 
 #: Seconds between two polls of the source while something changes.
 POLL_INTERVAL_S = 0.2
-#: Poll interval once nothing has changed for ``_IDLE_AFTER_S`` seconds (commands still wake the pump at once).
+#: Poll interval once nothing changed for ``_IDLE_AFTER_S`` seconds (commands still wake the pump at once).
 _IDLE_INTERVAL_S = 1.0
 _IDLE_AFTER_S = 30.0
 #: Minimum gap between two pump ticks, whatever wakes it: caps the message rate at ~10/s.
@@ -110,7 +113,9 @@ def plotly_js_path() -> Path:
         path = Path(location) / "package_data" / "plotly.min.js"
         if path.is_file():
             return path
-    raise ImportError("plotly is installed but plotly/package_data/plotly.min.js is missing; reinstall plotly")
+    raise ImportError(
+        "plotly is installed but plotly/package_data/plotly.min.js is missing; reinstall plotly"
+    )
 
 
 def _clean(value: Any) -> Any:
@@ -137,7 +142,14 @@ def encode_points(points: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
     """Columnar encoding of metric points (see the module docstring); keeps the order of ``points``."""
     names: list[str] = []
     index: dict[str, int] = {}
-    out: dict[str, list[Any]] = {"names": names, "run": [], "step": [], "samples": [], "name": [], "value": []}
+    out: dict[str, list[Any]] = {
+        "names": names,
+        "run": [],
+        "step": [],
+        "samples": [],
+        "name": [],
+        "value": [],
+    }
     for p in points:
         name = str(p["name"])
         i = index.get(name)
@@ -157,8 +169,14 @@ def decode_points(encoded: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
     names = encoded["names"]
     return [
         {"run_id": r, "step": s, "samples_seen": x, "name": names[n], "value": v}
-        for r, s, x, n, v in zip(encoded["run"], encoded["step"], encoded["samples"], encoded["name"],
-                                 encoded["value"])
+        for r, s, x, n, v in zip(
+            encoded["run"],
+            encoded["step"],
+            encoded["samples"],
+            encoded["name"],
+            encoded["value"],
+            strict=True,
+        )
     ]
 
 
@@ -177,17 +195,20 @@ def _summary(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     for run in runs:
         counts[str(run.get("status"))] = counts.get(str(run.get("status")), 0) + 1
     active = snapshot.get("on_device") is not None or any(
-        run.get("status") in ("NEW", "ONGOING") for run in runs)
-    return _clean({
-        "experiment": snapshot.get("experiment", ""),
-        "started_at": snapshot.get("started_at"),
-        "progress": snapshot.get("progress", ""),
-        "on_device": snapshot.get("on_device"),
-        "num_chunks": snapshot.get("num_chunks"),
-        "num_runs": len(runs),
-        "counts": counts,
-        "active": bool(active),
-    })
+        run.get("status") in ("NEW", "ONGOING") for run in runs
+    )
+    return _clean(
+        {
+            "experiment": snapshot.get("experiment", ""),
+            "started_at": snapshot.get("started_at"),
+            "progress": snapshot.get("progress", ""),
+            "on_device": snapshot.get("on_device"),
+            "num_chunks": snapshot.get("num_chunks"),
+            "num_runs": len(runs),
+            "counts": counts,
+            "active": bool(active),
+        }
+    )
 
 
 class _Pump:
@@ -203,7 +224,7 @@ class _Pump:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
-    def __enter__(self) -> _Pump:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -260,11 +281,17 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
     _esm = _widgets_dir() / "panel.js"
     _css = _widgets_dir() / "panel.css"
 
-    #: Small header state (experiment, progress, run on device, status counts); metric history never goes here.
+    #: Small header state (experiment, progress, run on device, status counts); never metric history.
     summary = traitlets.Dict().tag(sync=True)
 
-    def __init__(self, source: PanelSource, *, poll_interval: float = POLL_INTERVAL_S, start: bool = True,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        source: PanelSource,
+        *,
+        poll_interval: float = POLL_INTERVAL_S,
+        start: bool = True,
+        **kwargs: Any,
+    ) -> None:
         snapshot = _clean(source.panel_snapshot())
         summary = _summary(snapshot)
         summary["updated_at"] = _clean(snapshot.get("now") or time.time())
@@ -339,12 +366,26 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
         kind = str(cmd.get("kind", ""))
         run_id = cmd.get("run_id")
         try:
-            ack = _clean(_ack_dict(self._source.submit_op(
-                kind, run_id, op_id=op_id or None, changes=cmd.get("changes") or None,
-                warm_start=bool(cmd.get("warm_start", False)), source="panel")))
+            ack = _clean(
+                _ack_dict(
+                    self._source.submit_op(
+                        kind,
+                        run_id,
+                        op_id=op_id or None,
+                        changes=cmd.get("changes") or None,
+                        warm_start=bool(cmd.get("warm_start", False)),
+                        source="panel",
+                    )
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - an op error is shown in the panel, not raised
-            ack = {"op_id": op_id, "run_id": run_id, "kind": kind, "state": "rejected",
-                   "message": str(exc) or type(exc).__name__}
+            ack = {
+                "op_id": op_id,
+                "run_id": run_id,
+                "kind": kind,
+                "state": "rejected",
+                "message": str(exc) or type(exc).__name__,
+            }
         ack.setdefault("op_id", op_id)
         ack.setdefault("kind", kind)
         if op_id:
@@ -369,9 +410,18 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
             points, cursor = self._source.metrics_since(0)
             self._cursor = cursor
             self._last_snapshot_key = key
-            batches = [points[i:i + _POINTS_PER_MESSAGE] for i in range(0, len(points), _POINTS_PER_MESSAGE)]
-            self._emit({"type": "snapshot", "reset": True, "snapshot": snapshot, "now": now,
-                        "points": encode_points(batches[0] if batches else [])})
+            batches = [
+                points[i : i + _POINTS_PER_MESSAGE] for i in range(0, len(points), _POINTS_PER_MESSAGE)
+            ]
+            self._emit(
+                {
+                    "type": "snapshot",
+                    "reset": True,
+                    "snapshot": snapshot,
+                    "now": now,
+                    "points": encode_points(batches[0] if batches else []),
+                }
+            )
             for batch in batches[1:]:
                 self._emit({"type": "points", "points": encode_points(batch)})
             self._set_summary(snapshot)
@@ -382,8 +432,14 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
         if not points and not changed:
             return False
         self._last_snapshot_key = key
-        self._emit({"type": "update", "now": now, "snapshot": snapshot if changed else None,
-                    "points": encode_points(points) if points else None})
+        self._emit(
+            {
+                "type": "update",
+                "now": now,
+                "snapshot": snapshot if changed else None,
+                "points": encode_points(points) if points else None,
+            }
+        )
         if changed:
             self._set_summary(snapshot)
         return True
@@ -414,7 +470,7 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
                 self._closed = True
         super().close()
 
-    def __enter__(self) -> RunPanel:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -424,6 +480,7 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
 # ---------------------------------------------------------------------------------------------------------
 # Text fallback (scripts, terminals, front ends without widgets)
 # ---------------------------------------------------------------------------------------------------------
+
 
 def _fmt_num(value: Any) -> str:
     """4 significant digits; small/large numbers as ``1e-4`` / ``2.5e+06``; ints unchanged."""
@@ -443,18 +500,31 @@ def _fmt_num(value: Any) -> str:
 
 
 def _short_col(name: str) -> str:
-    short = {"learning_rate": "lr", "per_device_train_batch_size": "bs", "gradient_accumulation_steps": "ga",
-             "num_train_epochs": "epochs", "lora.r": "r", "lora.lora_alpha": "alpha", "lora.lora_dropout": "dropout"}
+    short = {
+        "learning_rate": "lr",
+        "per_device_train_batch_size": "bs",
+        "gradient_accumulation_steps": "ga",
+        "num_train_epochs": "epochs",
+        "lora.r": "r",
+        "lora.lora_alpha": "alpha",
+        "lora.lora_dropout": "dropout",
+    }
     if name in short:
         return short[name]
     return name.split(".")[-1]
 
 
-def format_chunk_line(run: Mapping[str, Any], *, num_chunks: int | None = None,
-                      hparam_columns: Iterable[str] = (), experiment: str = "", elapsed: float | None = None) -> str:
+def format_chunk_line(
+    run: Mapping[str, Any],
+    *,
+    num_chunks: int | None = None,
+    hparam_columns: Iterable[str] = (),
+    experiment: str = "",
+    elapsed: float | None = None,
+) -> str:
     """One compact line describing a run after a chunk (or a status change).
 
-    Example: ``[demo 0:01:23] run 2  chunk 3/4  step 60/80  loss 0.8123  eval_loss 0.9012  samples 480  lr=1e-4``
+    Example: ``[demo 0:01:23]  run 2  chunk 3/4  step 60/80  loss 0.8123  eval_loss 0.9012  lr=1e-4``
     """
     prefix = experiment
     if elapsed is not None:
@@ -495,13 +565,14 @@ def print_chunk_line(run: Mapping[str, Any], *, file: IO[str] | None = None, **k
 class TextProgress:
     """Compact text progress for scripts and terminals: one line per finished chunk or status change.
 
-    A pump thread polls ``source.panel_snapshot()`` (every ``interval`` seconds) and prints a line for each run
+    A pump thread polls ``source.panel_snapshot()`` (every ``interval`` seconds) and prints a line per run
     whose ``chunks_done`` or status changed since the last poll. Use as a context manager or call
     :meth:`close`; :meth:`poll` does one round synchronously.
     """
 
-    def __init__(self, source: PanelSource, *, interval: float = 0.5, file: IO[str] | None = None,
-                 start: bool = True) -> None:
+    def __init__(
+        self, source: PanelSource, *, interval: float = 0.5, file: IO[str] | None = None, start: bool = True
+    ) -> None:
         self._source = source
         self._file = file
         self._seen: dict[Any, tuple[Any, Any]] = {}
@@ -517,21 +588,33 @@ class TextProgress:
         printed = False
         if not self._header_done:
             runs = snap.get("runs") or []
-            print(f"[{snap.get('experiment', '')}] {len(runs)} runs, {snap.get('num_chunks')} chunks per epoch"
-                  " (text progress: one line per chunk)", file=out, flush=True)
+            print(
+                f"[{snap.get('experiment', '')}] {len(runs)} run{'' if len(runs) == 1 else 's'}, "
+                f"{snap.get('num_chunks')} chunks per epoch"
+                " (text progress: one line per chunk)",
+                file=out,
+                flush=True,
+            )
             self._header_done = True
             printed = True
         started = snap.get("started_at")
         elapsed = (snap.get("now") or time.time()) - started if started else None
         for run in snap.get("runs") or []:
             key = (run.get("chunks_done"), run.get("status"))
-            old = self._seen.get(run.get("run_id"))
+            old = self._seen.get(run.get("run_id"), (0, "NEW"))
             self._seen[run.get("run_id")] = key
-            if old == key or (old is None and key[0] in (0, None) and key[1] == "NEW"):
+            chunk_done = (key[0] or 0) > (old[0] or 0)
+            status_news = key[1] != old[1] and key[1] not in ("NEW", "ONGOING")
+            if not (chunk_done or status_news):
                 continue
-            print_chunk_line(run, file=out, num_chunks=snap.get("num_chunks"),
-                             hparam_columns=snap.get("hparam_columns") or (), experiment=snap.get("experiment", ""),
-                             elapsed=elapsed)
+            print_chunk_line(
+                run,
+                file=out,
+                num_chunks=snap.get("num_chunks"),
+                hparam_columns=snap.get("hparam_columns") or (),
+                experiment=snap.get("experiment", ""),
+                elapsed=elapsed,
+            )
             printed = True
         return printed
 
@@ -539,7 +622,7 @@ class TextProgress:
         """Stop the polling thread (joined)."""
         self._pump.stop()
 
-    def __enter__(self) -> TextProgress:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -550,8 +633,10 @@ class TextProgress:
 # Choosing the view
 # ---------------------------------------------------------------------------------------------------------
 
-COLAB_FALLBACK_HINT = ("If the panel below stays blank, widgets are not rendering here: run "
-                       "`%rapidfire tensorboard` for the curves (TensorBoard).")
+COLAB_FALLBACK_HINT = (
+    "If the panel below stays blank, widgets are not rendering here: run "
+    "`%rapidfire tensorboard` for the curves (TensorBoard)."
+)
 
 
 def _ipython_kernel() -> Any | None:
@@ -571,7 +656,7 @@ def _ipython_kernel() -> Any | None:
 def display_panel(source: PanelSource, *, file: IO[str] | None = None) -> RunPanel | TextProgress:
     """Show the experiment where the user looks: the widget in a kernel, text progress elsewhere.
 
-    * In an IPython kernel (JupyterLab, Notebook 7, VS Code, Colab): displays a :class:`RunPanel` and returns it.
+    * In an IPython kernel (JupyterLab, Notebook 7, VS Code, Colab): displays a :class:`RunPanel`, returns it.
       In Colab it also prints one line naming ``%rapidfire tensorboard`` as the fallback.
     * Outside a kernel (scripts, terminal IPython): returns a started :class:`TextProgress`.
 
@@ -579,7 +664,7 @@ def display_panel(source: PanelSource, *, file: IO[str] | None = None) -> RunPan
     """
     if _ipython_kernel() is None:
         return TextProgress(source, file=file)
-    from IPython.display import display  # noqa: PLC0415 - only in a kernel
+    from IPython.display import display
 
     panel = RunPanel(source)
     if "google.colab" in sys.modules:

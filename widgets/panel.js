@@ -181,7 +181,7 @@ function h(tag, attrs = {}, ...kids) {
 
 /**
  * @typedef {{promise: Promise<any>, resolve: (p: any) => void, reject: (e: any) => void,
- *   requestedAt: number, loading: boolean, done: boolean}} PlotlyLoader
+ *   requestedAt: number, loading: boolean, done: boolean, askedBy: WeakSet<object>}} PlotlyLoader
  * @returns {PlotlyLoader}
  */
 function plotlyLoader() {
@@ -189,7 +189,7 @@ function plotlyLoader() {
   if (!g[PLOTLY_KEY]) {
     /** @type {any} */ let resolve, reject;
     const promise = new Promise((res, rej) => { resolve = res; reject = rej; });
-    g[PLOTLY_KEY] = { promise, resolve, reject, requestedAt: 0, loading: false, done: false };
+    g[PLOTLY_KEY] = { promise, resolve, reject, requestedAt: 0, loading: false, done: false, askedBy: new WeakSet() };
     if (g.Plotly && g.Plotly.newPlot) { g[PLOTLY_KEY].done = true; resolve(g.Plotly); }
   }
   return g[PLOTLY_KEY];
@@ -454,7 +454,12 @@ class PanelView {
     const opId = newOpId(); // once per click: the kernel applies an op_id at most once
     const key = `${kind}:${runId}`;
     this.pending.set(key, opId);
-    this.model.send({ type: "op", op_id: opId, kind, run_id: runId, changes, warm_start: warm });
+    if (!safeSend(this.model, { type: "op", op_id: opId, kind, run_id: runId, changes, warm_start: warm })) {
+      this.pending.delete(key);
+      this.notice(opId, `✗ could not send ${kind} for run ${runId}: the kernel is not connected`, "rejected");
+      this.renderTable();
+      return;
+    }
     this.notice(opId, requestedText(kind, runId), "sent");
     this.renderTable();
     setTimeout(() => {
@@ -893,6 +898,18 @@ function setText(el, text, title) {
   if (title !== undefined && el.title !== title) el.title = title;
 }
 
+/** Send a custom message; false when the widget has no live kernel connection (e.g. a reopened notebook).
+ * @param {Model} model @param {any} content */
+function safeSend(model, content) {
+  try {
+    model.send(content);
+    return true;
+  } catch (e) {
+    console.warn("rapidfire_nb: could not reach the kernel", e);
+    return false;
+  }
+}
+
 function themeKey() {
   const b = document.body;
   return `${b.dataset.jpThemeLight ?? ""}|${b.dataset.jpThemeName ?? ""}|${b.className.includes("vscode-dark")}`;
@@ -907,15 +924,17 @@ export default {
     const onSummary = () => view.renderHeader();
     model.on("msg:custom", onMsg);
     model.on("change:summary", onSummary);
-    model.send({ type: "hello" });
+    safeSend(model, { type: "hello" });
 
     // plotly.js: one load per page, shared by every panel through a promise on globalThis
     const L = plotlyLoader();
+    // each model asks at most once; another panel asks only if the pending request is old (its kernel may be gone)
     const askPlotly = () => {
-      if (L.done || view.disposed) return;
-      if (!L.loading && Date.now() - L.requestedAt > 15000) {
+      if (L.done || L.loading || view.disposed || L.askedBy.has(model)) return;
+      if (Date.now() - L.requestedAt > 15000) {
         L.requestedAt = Date.now();
-        model.send({ type: "need_plotly" });
+        L.askedBy.add(model);
+        safeSend(model, { type: "need_plotly" });
       }
     };
     askPlotly();

@@ -81,6 +81,12 @@ def _is_true(value: Any) -> bool:
     return value is True or (value is not None and not isinstance(value, str) and bool(value))
 
 
+def _accelerate_state_configured() -> bool:
+    from accelerate.state import AcceleratorState, PartialState
+
+    return bool(PartialState._shared_state) and bool(AcceleratorState._shared_state)
+
+
 def build_training_args(
     leaf: LeafConfig,
     output_dir: str,
@@ -220,6 +226,10 @@ def build_training_args(
         set_field("dataloader_num_workers", 0)
     if "logging_steps" not in user:
         set_field("logging_steps", 1)
+    if "accelerator_config" not in user and _accelerate_state_configured():
+        # Building TrainingArguments otherwise resets accelerate's process-wide state, which breaks the parked
+        # trainers of runs that are training in this process (one device per process: they share it).
+        set_field("accelerator_config", {"use_configured_state": True})
 
     try:
         config = cls(**kwargs)

@@ -81,11 +81,13 @@ class TorchExecutor(Executor):
         exp_dir: the experiment folder (``runs/<id>/`` holds checkpoints and final weights).
         metric_sink: receives every TRL log line.
         notes: receives user-facing notes (e.g. CPU adaptations), one string each.
+        on_final: ``on_final(run_id, folder)`` after a run's final weights were saved.
     """
 
     def __init__(self, trainer_type: str, create_model_fn: Callable[[dict], Any], train_dataset: Any,
                  eval_dataset: Any, num_chunks: int, seed: int, exp_dir: Path, metric_sink: MetricSink,
-                 notes: Callable[[str], None] | None = None) -> None:
+                 notes: Callable[[str], None] | None = None,
+                 on_final: Callable[[int, Path], None] | None = None) -> None:
         self.kind = trainer_kind(trainer_type)
         self.create_model_fn = create_model_fn
         self.train_dataset = train_dataset
@@ -95,6 +97,7 @@ class TorchExecutor(Executor):
         self.exp_dir = Path(exp_dir)
         self.metric_sink = metric_sink
         self.notes = notes or (lambda s: None)
+        self.on_final = on_final or (lambda run_id, path: None)
         self._bases: dict[str, _Base] = {}
         self._runs: dict[int, _Run] = {}
         self._writer = CheckpointWriter()
@@ -165,6 +168,7 @@ class TorchExecutor(Executor):
                 model.save_pretrained(str(tmp))
             tok.save_pretrained(str(tmp))
         run.final_dir = target
+        self.on_final(run_id, target)
         return target
 
     def load_model(self, run_id: int) -> tuple[Any, Any]:
@@ -258,16 +262,51 @@ class TorchExecutor(Executor):
         def activate(run_id: int = run_id) -> None:
             self._activate(run_id)
 
+        start = RunStart(plan=plan)
+        resume: str | None = None
+        if warm_from is not None:
+            resume, start = self._warm_start(run_id, warm_from, trainer, adapter, plan, run_dir)
         worker = RunWorker(
             run_id, trainer, plan, activate=activate,
             on_boundary=lambda step, rng, rid=run_id: self._on_boundary(rid, step, rng),
             on_log=lambda step, logs, rid=run_id: self._on_log(rid, step, logs),
-            initial_rng=initial_rng, eval_at_boundaries=eval_ds is not None,
+            initial_rng=initial_rng, eval_at_boundaries=eval_ds is not None, resume_from_checkpoint=resume,
         )
         self._runs[run_id] = _Run(run_id, spec, self.kind, base, adapter, worker, plan, run_dir)
-        if warm_from is not None:
-            raise ConfigError("warm-start clones are not available yet")
-        return RunStart(plan=plan)
+        return start
+
+    def _warm_start(self, run_id: int, parent_id: int, trainer: Any, adapter: str | None, plan: ChunkPlan,
+                    run_dir: Path) -> tuple[str, RunStart]:
+        """Prepare a warm clone: a resumable checkpoint holding the parent's state at its latest boundary.
+
+        The clone's trainer resumes from it (TRL/transformers' own resume: data position, global step, RNG,
+        adapter weights, AdamW moments) and keeps its OWN hyperparameters: learning rate schedule, weight decay,
+        betas (see ``_keep_own_hyperparameters``).
+        """
+        from .checkpoint import write_snapshot
+
+        parent = self._runs.get(parent_id)
+        if parent is None or parent.last is None:
+            raise ConfigError(f"run {parent_id} has no completed chunk to warm-start from")
+        snap = parent.last
+        if (parent.adapter is None) != (adapter is None):
+            raise ConfigError("a warm start needs the same kind of training (LoRA or full) as the parent")
+        if snap.step >= plan.total_steps:
+            raise ConfigError(f"the clone's total steps ({plan.total_steps}) must exceed the parent's position "
+                              f"(step {snap.step}); raise max_steps")
+        if (plan.rows_per_step, plan.steps_per_epoch) != (parent.plan.rows_per_step, parent.plan.steps_per_epoch):
+            raise ConfigError("the clone batches data differently from its parent; use a cold clone")
+        if adapter is not None:
+            own = trainer.model.peft_config[adapter]
+            snap = copy.copy(snap)
+            snap.adapter_config = copy.deepcopy(own)  # the clone's own lora_alpha / lora_dropout
+        target = run_dir / f"warm-start-from-run-{parent_id}-step-{snap.step}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_snapshot(snap, target)
+        _keep_own_hyperparameters(trainer)
+        start = RunStart(plan=plan, step=snap.step, segments_done=plan.segments_done_at(snap.step),
+                         samples_seen=plan.samples_seen(snap.step))
+        return str(target), start
 
     def _build_trainer(self, spec: Any, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any) -> Any:
         cls = self.kind.trainer_class()
@@ -309,3 +348,28 @@ class TorchExecutor(Executor):
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:
         run = self._runs[run_id]
         self.metric_sink(run_id, step, run.plan.samples_seen(step), logs)
+
+
+def _keep_own_hyperparameters(trainer: Any) -> None:
+    """After transformers loads a parent's optimizer/scheduler state, put back the clone's own hyperparameters.
+
+    ``Optimizer.load_state_dict`` also loads the parent's param-group values (lr, weight_decay, betas, eps) and
+    ``LambdaLR.load_state_dict`` the parent's ``base_lrs``; the clone must train with its own config, so the
+    learning rate at step s is the clone's schedule at step s: ``base_lr_clone * lambda_clone(s)``.
+    """
+    original = trainer._load_optimizer_and_scheduler
+
+    def load_then_restore(checkpoint: Any) -> None:
+        opt, sched = trainer.optimizer, trainer.lr_scheduler
+        own_groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        own_base = list(getattr(sched, "base_lrs", []))
+        original(checkpoint)
+        for group, own in zip(opt.param_groups, own_groups):
+            group.update(own)
+        if own_base and hasattr(sched, "lr_lambdas"):
+            sched.base_lrs = own_base
+            for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
+                group["lr"] = base * lam(sched.last_epoch)
+            sched._last_lr = [g["lr"] for g in opt.param_groups]
+
+    trainer._load_optimizer_and_scheduler = load_then_restore

@@ -2,12 +2,12 @@
 
 Reusable pieces (see ``test_panel_browser.py`` for an example):
 
-* ``chromium_path`` — ``/usr/bin/chromium`` (or ``$RF_CHROMIUM``); skips the test with a message when missing, and
-  fails instead under ``CI=true``. Never ``playwright install``: it would download a browser.
-* ``jupyter_lab`` (module scope) — a :class:`JupyterLab` on 127.0.0.1, random port and token, ``--allow-root``,
-  ``--LabApp.expose_app_in_browser=True`` (gives ``window.jupyterapp``), throwaway runtime/settings/workspace/
-  config dirs, the repository on ``PYTHONPATH`` (kernels import ``rapidfire_nb`` from the working tree); stopped
-  by its process group.
+* ``chromium_path`` — ``/usr/bin/chromium`` (or ``$RF_CHROMIUM``); skips the test with a message when
+  missing, and fails instead under ``CI=true``. Never ``playwright install``: it would download a browser.
+* ``jupyter_lab`` (module scope) — a :class:`JupyterLab` on 127.0.0.1, random port and token,
+  ``--allow-root``, ``--LabApp.expose_app_in_browser=True`` (gives ``window.jupyterapp``), throwaway
+  runtime/settings/workspace/config dirs, the repository on ``PYTHONPATH`` (kernels import ``rapidfire_nb``
+  from the working tree); stopped by its process group.
 * ``browser_context`` (module scope) — a persistent Chromium context on a fresh profile, headless.
 * ``lab`` — a :class:`LabPage` on a new page: ``open_notebook(name, cells)``, ``run_cell(i)``, ``run_all()``,
   ``set_theme(dark)``, ``screenshot(name, locator)`` (into ``artifacts/browser/``).
@@ -35,12 +35,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "browser"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
 # Settings for a quiet, reproducible Lab: no news/update toasts.
 LAB_SETTINGS = {
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                       "checkForUpdates": False},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
 }
 
 
@@ -57,7 +66,7 @@ def chromium_path() -> str:
     if not Path(path).exists():
         _unavailable("Debian's chromium is not installed")
     try:
-        import playwright.sync_api  # noqa: F401, PLC0415
+        import playwright.sync_api  # noqa: F401
     except ImportError:
         _unavailable("the playwright Python package is not installed")
     return path
@@ -86,23 +95,41 @@ class JupyterLab:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(value))
         env = dict(os.environ)
-        env.update({
-            "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-            "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"),
-            "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
-            "JUPYTER_CONFIG_DIR": str(base / "config"),
-            "IPYTHONDIR": str(base / "ipython"),
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+                "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"),
+                "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
+                "JUPYTER_CONFIG_DIR": str(base / "config"),
+                "IPYTHONDIR": str(base / "ipython"),
+                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         env.update(extra_env or {})
-        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
-               "--port-retries=0", f"--IdentityProvider.token={self.token}", "--allow-root",
-               "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={self.root_dir}",
-               "--ServerApp.open_browser=False"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={self.port}",
+            "--port-retries=0",
+            f"--IdentityProvider.token={self.token}",
+            "--allow-root",
+            "--LabApp.expose_app_in_browser=True",
+            f"--ServerApp.root_dir={self.root_dir}",
+            "--ServerApp.open_browser=False",
+        ]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, cwd=self.root_dir, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.root_dir,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -151,12 +178,17 @@ def jupyter_lab(tmp_path_factory: pytest.TempPathFactory, chromium_path: str) ->
 
 @pytest.fixture(scope="module")
 def browser_context(tmp_path_factory: pytest.TempPathFactory, chromium_path: str) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=chromium_path, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1060, "height": 1150}, device_scale_factor=1)
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=chromium_path,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1060, "height": 1150},
+            device_scale_factor=1,
+        )
         try:
             yield context
         finally:
@@ -175,11 +207,23 @@ class LabPage:
 
     def write_notebook(self, name: str, cells: list[str]) -> Path:
         nb = {
-            "cells": [{"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {},
-                       "outputs": [], "source": src} for i, src in enumerate(cells)],
-            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                         "language_info": {"name": "python"}},
-            "nbformat": 4, "nbformat_minor": 5,
+            "cells": [
+                {
+                    "cell_type": "code",
+                    "execution_count": None,
+                    "id": f"cell-{i}",
+                    "metadata": {},
+                    "outputs": [],
+                    "source": src,
+                }
+                for i, src in enumerate(cells)
+            ],
+            "metadata": {
+                "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                "language_info": {"name": "python"},
+            },
+            "nbformat": 4,
+            "nbformat_minor": 5,
         }
         path = self.server.root_dir / name
         path.write_text(json.dumps(nb, indent=1))
@@ -197,26 +241,35 @@ class LabPage:
                 if (!w || !w.sessionContext || !w.context || !w.context.path.endsWith(name)) return false;
                 const k = w.sessionContext.session && w.sessionContext.session.kernel;
                 return !!k && k.status === 'idle' && k.connectionStatus === 'connected';
-            }""", arg=name, timeout=timeout * 1000)
+            }""",
+            arg=name,
+            timeout=timeout * 1000,
+        )
         self.collapse_sidebars()
 
     def collapse_sidebars(self) -> None:
         """Collapse Lab's left and right side areas (more room for outputs)."""
-        self.page.evaluate("() => { const s = window.jupyterapp.shell; s.collapseLeft(); s.collapseRight(); }")
+        self.page.evaluate(
+            "() => { const s = window.jupyterapp.shell; s.collapseLeft(); s.collapseRight(); }"
+        )
         self.page.wait_for_function("() => window.jupyterapp.shell.leftCollapsed")
 
     def run_cell(self, index: int = 0) -> None:
         """Select cell ``index`` and run it (without awaiting the command's promise)."""
         self.page.evaluate(
             """(i) => { const w = window.jupyterapp.shell.currentWidget; w.content.activeCellIndex = i;
-                        void window.jupyterapp.commands.execute('notebook:run-cell'); }""", index)
+                        void window.jupyterapp.commands.execute('notebook:run-cell'); }""",
+            index,
+        )
 
     def run_all(self) -> None:
         self.page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
     def set_theme(self, dark: bool) -> None:
         theme = "JupyterLab Dark" if dark else "JupyterLab Light"
-        self.page.evaluate("(t) => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", theme)
+        self.page.evaluate(
+            "(t) => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", theme
+        )
         self.page.wait_for_function("(d) => document.body.dataset.jpThemeLight === String(!d)", arg=dark)
 
     def screenshot(self, name: str, locator: Any | None = None) -> Path:

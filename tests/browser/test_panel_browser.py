@@ -52,8 +52,13 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     _wait(lambda: _points(panel) > 0, 20, "first plotted points")
     first = _points(panel)
     _wait(lambda: _points(panel) > first + 20, 10, "more plotted points")
-    assert panel.locator('tr[data-run-id="1"][data-on-device="true"], tr[data-run-id="2"][data-on-device="true"],'
-                         ' tr[data-run-id="3"][data-on-device="true"]').count() == 1
+    assert (
+        panel.locator(
+            'tr[data-run-id="1"][data-on-device="true"], tr[data-run-id="2"][data-on-device="true"],'
+            ' tr[data-run-id="3"][data-on-device="true"]'
+        ).count()
+        == 1
+    )
 
     # Stop on run 2: acknowledged at once, then STOPPED in the table and applied in the ops log
     row2 = panel.locator('tr[data-run-id="2"]')
@@ -88,8 +93,9 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     lab.screenshot("panel_page.png")
     width = panel.evaluate("el => el.getBoundingClientRect().width")
     assert 700 < width < 1000, f"panel width {width}px; the screenshot is meant to show ~900 px"
-    overflow = panel.evaluate("el => { const w = el.querySelector('.rf-table-wrap');"
-                              " return w.scrollWidth - w.clientWidth; }")
+    overflow = panel.evaluate(
+        "el => { const w = el.querySelector('.rf-table-wrap'); return w.scrollWidth - w.clientWidth; }"
+    )
     assert overflow <= 0, f"the run table overflows its {width}px panel by {overflow}px"
     light = lab.screenshot("panel_light.png", panel)
     lab.set_theme(dark=True)
@@ -100,6 +106,27 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
         dest = REPO / "docs" / "screenshots" / "panel.png"
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(light, dest)
+
+    # x axis: samples seen
+    panel.locator('button[data-x="samples"]').click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-rf-panel] .rf-plot .xtitle')]"
+        ".every(t => t.textContent === 'samples seen')"
+    )
+    assert _points(panel) > 0
+
+    # delete run 5: hidden by default, back (greyed) with "show deleted"
+    panel.locator('tr[data-run-id="5"] button[data-op="delete"]').click()
+    page.wait_for_selector('[data-rf-panel] tr[data-run-id="5"]', state="detached", timeout=10_000)
+    assert panel.locator('.rf-legend-item[data-run-id="5"]').count() == 0
+    panel.locator("input[data-rf-show-deleted]").check()
+    page.wait_for_selector('[data-rf-panel] tr[data-run-id="5"][data-status="DELETED"].rf-deleted', timeout=2_000)
+    assert panel.locator('.rf-legend-item.rf-legend-deleted[data-run-id="5"]').count() == 1
+
+    # a narrow output area still lays out (table scrolls, plots stack)
+    page.set_viewport_size({"width": 760, "height": 1400})
+    time.sleep(0.5)
+    lab.screenshot("panel_narrow.png", panel)
 
     errors = [m for m in lab.console if m.startswith("pageerror") or "rapidfire" in m.lower()]
     assert not errors, errors
