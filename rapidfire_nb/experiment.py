@@ -13,6 +13,7 @@ import shutil
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,21 @@ from .errors import ConfigError, ExperimentError, OpError
 from .paths import experiment_dir, experiments_root, validate_experiment_name
 from .store import Store
 
-__all__ = ["Experiment"]
+__all__ = ["Experiment", "current_experiment", "live_experiment"]
+
+_LIVE: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_CURRENT: list[Any] = [None]
+
+
+def current_experiment() -> Experiment | None:
+    """The experiment most recently created or trained in this process (what ``%rapidfire`` addresses)."""
+    ref = _CURRENT[0]
+    return ref() if ref is not None else None
+
+
+def live_experiment(name: str) -> Experiment | None:
+    """The live Experiment object of that name in this process, if any."""
+    return _LIVE.get(name)
 
 #: trainer fields that change how data is batched or sampled, or the adapter's shape: no warm start.
 WARM_FORBIDDEN = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed", "num_generations",
@@ -139,6 +154,8 @@ class Experiment:
         self._printer: Callable[[str], None] = print
         self._quiet = False
         self._lock = threading.Lock()
+        _LIVE[self.experiment_name] = self
+        _CURRENT[0] = weakref.ref(self)
 
     def __repr__(self) -> str:
         return f"Experiment({self.experiment_name!r}, path={str(self.path)!r})"
@@ -238,6 +255,7 @@ class Experiment:
                                       total_steps=snap.total_steps, completed_steps=0, chunks_done=0, epoch=0.0,
                                       samples_seen=0)
         self._scheduler = scheduler
+        _CURRENT[0] = weakref.ref(self)
         self._num_chunks = num_chunks
         self._started_at = time.time()
         self._tracker = runtime.make_tracker(self.path / "tensorboard")

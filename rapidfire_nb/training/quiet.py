@@ -32,4 +32,5 @@ def quiet_libraries() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=UserWarning, module="trl")
         warnings.filterwarnings("ignore", category=UserWarning, module="transformers")
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         yield

@@ -42,12 +42,14 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 def test_panel_streams_and_stops_run_2(lab: Any) -> None:
+    import time as _t; _T=_t.monotonic()
     page = lab.page
     lab.open_notebook("panel_demo.ipynb", [CELL])
     lab.run_cell(0)
     panel = page.locator("[data-rf-panel]")
     panel.wait_for(timeout=30_000)
 
+    print(f"\n{_t.monotonic()-_T:.1f} # curves arrive and keep growing")
     # curves arrive and keep growing
     _wait(lambda: _points(panel) > 0, 20, "first plotted points")
     first = _points(panel)
@@ -60,6 +62,7 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
         == 1
     )
 
+    print(f"\n{_t.monotonic()-_T:.1f} # Stop on run 2: acknowledged at once, t")
     # Stop on run 2: acknowledged at once, then STOPPED in the table and applied in the ops log
     row2 = panel.locator('tr[data-run-id="2"]')
     assert row2.get_attribute("data-status") in ("NEW", "ONGOING")
@@ -73,10 +76,12 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     assert row2.locator('button[data-op="resume"]').is_enabled()
     assert row2.locator('button[data-op="stop"]').is_disabled()
 
+    print(f"\n{_t.monotonic()-_T:.1f} # the failing run shows its error in red")
     # the failing run shows its error in red
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="4"][data-status="FAILED"]', timeout=20_000)
     assert "out of memory" in panel.locator('tr[data-error-for="4"]').inner_text()
 
+    print(f"\n{_t.monotonic()-_T:.1f} # clone form: lists the run's hyperparam")
     # clone form: lists the run's hyperparameters, warm start, submit -> a new run 5
     panel.locator('tr[data-run-id="1"] button[data-op="clone"]').click()
     form = panel.locator('form[data-clone-form="1"]')
@@ -88,6 +93,7 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     form.locator('button[data-op="clone-submit"]').click()
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="5"]', timeout=10_000)
 
+    print(f"\n{_t.monotonic()-_T:.1f} # let curves accumulate a little, then t")
     # let curves accumulate a little, then the screenshots (light and dark)
     _wait(lambda: _points(panel) > first + 400, 15, "curves to fill in")
     lab.screenshot("panel_page.png")
@@ -107,6 +113,7 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(light, dest)
 
+    print(f"\n{_t.monotonic()-_T:.1f} # x axis: samples seen")
     # x axis: samples seen
     panel.locator('button[data-x="samples"]').click()
     page.wait_for_function(
@@ -115,6 +122,7 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     )
     assert _points(panel) > 0
 
+    print(f"\n{_t.monotonic()-_T:.1f} # delete run 5: hidden by default, back ")
     # delete run 5: hidden by default, back (greyed) with "show deleted"
     panel.locator('tr[data-run-id="5"] button[data-op="delete"]').click()
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="5"]', state="detached", timeout=10_000)
@@ -123,6 +131,7 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="5"][data-status="DELETED"].rf-deleted', timeout=2_000)
     assert panel.locator('.rf-legend-item.rf-legend-deleted[data-run-id="5"]').count() == 1
 
+    print(f"\n{_t.monotonic()-_T:.1f} # a narrow output area still lays out (t")
     # a narrow output area still lays out (table scrolls, plots stack)
     page.set_viewport_size({"width": 760, "height": 1400})
     time.sleep(0.5)

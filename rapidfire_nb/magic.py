@@ -1,0 +1,203 @@
+"""``%rapidfire``: the IC Ops and views of rapidfire_nb from a notebook cell.
+
+Load with ``%load_ext rapidfire_nb``. Usage::
+
+    %rapidfire                         status table of the current experiment
+    %rapidfire panel                   display the live panel (full history)
+    %rapidfire list                    experiments in the store (the experiments root)
+    %rapidfire stop 2 3                stop runs 2 and 3 at the end of their current chunk
+    %rapidfire resume 2                put run 2 back into the rotation
+    %rapidfire delete 4                delete run 4
+    %rapidfire clone 1 --warm learning_rate=5e-5     warm-start clone of run 1 with a new learning rate
+    %rapidfire clone 1 lora.r=16       cold clone (fresh adapter) with another LoRA rank
+    %rapidfire tensorboard             start (or reuse) TensorBoard on this experiment's logs, inline
+    %rapidfire -e NAME ...             address another experiment
+
+``key=value`` values are parsed as Python literals (``ast.literal_eval``), never evaluated as code; a value
+that is not a literal is kept as a string. The current experiment is the one most recently created or
+trained in this kernel.
+"""
+
+from __future__ import annotations
+
+import ast
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from .errors import ConfigError, ExperimentError, OpError
+
+__all__ = ["RapidfireMagics", "load_ipython_extension", "parse_changes"]
+
+USAGE = ("%rapidfire [-e NAME] [status | panel | list | stop IDS | resume IDS | delete IDS | "
+         "clone ID [--warm] key=value ... | tensorboard]")
+
+
+def parse_changes(items: list[str]) -> dict[str, Any]:
+    """``["learning_rate=5e-5", "lora.r=16"]`` -> ``{"learning_rate": 5e-05, "lora.r": 16}`` (literals only)."""
+    changes: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"expected key=value, got {item!r}\nusage: {USAGE}")
+        try:
+            value: Any = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        changes[key.strip()] = value
+    return changes
+
+
+def _ids(items: list[str]) -> list[int]:
+    try:
+        ids = [int(x) for x in items]
+    except ValueError:
+        raise UsageError(f"run ids must be integers, got {items}\nusage: {USAGE}") from None
+    if not ids:
+        raise UsageError(f"give at least one run id\nusage: {USAGE}")
+    return ids
+
+
+@magics_class
+class RapidfireMagics(Magics):
+    """The ``%rapidfire`` line magic."""
+
+    @magic_arguments()
+    @argument("-e", "--experiment", default=None, help="experiment name (default: the current one)")
+    @argument("--warm", action="store_true", help="clone: warm start from the parent's latest chunk boundary")
+    @argument("command", nargs="?", default="status",
+              help="status | panel | list | stop | resume | delete | clone | tensorboard")
+    @argument("args", nargs="*", help="run ids, or for clone: ID key=value ...")
+    @line_magic
+    def rapidfire(self, line: str) -> Any:
+        """Control and inspect rapidfire_nb experiments (see the module docstring for every command)."""
+        a = _parse(line)
+        cmd = a.command
+        try:
+            if cmd == "list":
+                return _list_experiments()
+            exp = _find_experiment(a.experiment)
+            if cmd == "status":
+                return _status(exp)
+            if cmd == "panel":
+                return exp.panel()
+            if cmd in ("stop", "resume", "delete"):
+                acks = getattr(exp, cmd)(_ids(a.args))
+                for ack in acks:
+                    print(f"[rapidfire] {ack.kind} run {ack.run_id}: {ack.state} — {ack.message}")
+                return None
+            if cmd == "clone":
+                if not a.args:
+                    raise UsageError(f"clone needs a run id\nusage: {USAGE}")
+                parent = _ids(a.args[:1])[0]
+                new_id = exp.clone_modify(parent, parse_changes(a.args[1:]), warm_start=a.warm)
+                print(f"[rapidfire] run {new_id} created from run {parent}")
+                return None
+            if cmd == "tensorboard":
+                return _tensorboard(exp)
+        except (ConfigError, ExperimentError, OpError) as exc:
+            raise UsageError(str(exc)) from None
+        raise UsageError(f"unknown command {cmd!r}\nusage: {USAGE}")
+
+
+class _Args:
+    def __init__(self, command: str, args: list[str], experiment: str | None, warm: bool) -> None:
+        self.command, self.args, self.experiment, self.warm = command, args, experiment, warm
+
+
+def _parse(line: str) -> _Args:
+    """Parse the magic's line; options may stand anywhere (``clone 1 --warm lr=1e-4``)."""
+    try:
+        tokens = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"{exc}\nusage: {USAGE}") from None
+    rest: list[str] = []
+    experiment = None
+    warm = False
+    it = iter(tokens)
+    for tok in it:
+        if tok == "--warm":
+            warm = True
+        elif tok in ("-e", "--experiment"):
+            experiment = next(it, None)
+            if experiment is None:
+                raise UsageError(f"-e needs an experiment name\nusage: {USAGE}")
+        elif tok.startswith("--experiment="):
+            experiment = tok.split("=", 1)[1]
+        elif tok.startswith("-") and not _is_number(tok):
+            raise UsageError(f"unknown option {tok!r}\nusage: {USAGE}")
+        else:
+            rest.append(tok)
+    command = rest[0] if rest else "status"
+    if warm and command != "clone":
+        raise UsageError(f"--warm only applies to clone\nusage: {USAGE}")
+    return _Args(command, rest[1:], experiment, warm)
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+    except ValueError:
+        return False
+    return True
+
+
+def _find_experiment(name: str | None) -> Any:
+    from . import experiment as experiment_mod
+
+    if name is None:
+        exp = experiment_mod.current_experiment()
+        if exp is None:
+            raise UsageError("no experiment in this kernel yet: create Experiment(name) or use -e NAME")
+        return exp
+    exp = experiment_mod.live_experiment(name)
+    if exp is not None:
+        return exp
+    from .paths import experiment_dir, experiments_root
+
+    if not (experiment_dir(experiments_root(), name) / "store.sqlite").exists():
+        raise UsageError(f"no experiment named {name!r} under {experiments_root()}")
+    return experiment_mod.Experiment(name)
+
+
+def _status(exp: Any) -> Any:
+    df = exp.get_runs_info()
+    return df.drop(columns=["config"], errors="ignore")
+
+
+def _list_experiments() -> Any:
+    import pandas as pd
+
+    from .paths import experiment_dir, experiments_root, list_experiments
+    from .store import Store
+
+    root = experiments_root()
+    rows = []
+    for name in list_experiments(root):
+        with Store(experiment_dir(root, name), read_only=True) as store:
+            runs = store.runs()
+            meta = store.meta()
+        counts: dict[str, int] = {}
+        for r in runs:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        rows.append({"experiment": name, "runs": len(runs), "trainer_type": meta.get("trainer_type"),
+                     "statuses": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+                     "created_at": pd.to_datetime(meta.get("created_at"), unit="s") if meta.get("created_at") else None})
+    return pd.DataFrame(rows, columns=["experiment", "runs", "trainer_type", "statuses", "created_at"])
+
+
+def _tensorboard(exp: Any) -> Any:
+    logdir = exp.path / "tensorboard"
+    logdir.mkdir(parents=True, exist_ok=True)
+    from tensorboard import notebook
+
+    notebook.start(f"--logdir {logdir} --host 127.0.0.1")
+    return None
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%rapidfire`` (called by ``%load_ext rapidfire_nb``)."""
+    ipython.register_magics(RapidfireMagics)
