@@ -48,6 +48,10 @@ WARM_FORBIDDEN = ("per_device_train_batch_size", "gradient_accumulation_steps", 
                   "group_by_length", "data_seed", "num_train_epochs")
 
 
+#: hyperparameter columns that the panel, the magic and the server cannot change (functions: API only).
+NOT_EDITABLE = ("formatting_func", "compute_metrics", "reward_funcs", "model_type")
+
+
 def _in_kernel() -> bool:
     """True inside a Jupyter kernel (not a plain script or terminal IPython)."""
     ip = _ipython()
@@ -246,6 +250,7 @@ class Experiment:
             raise
         self.store.update_meta({"fingerprint": fingerprint, "trainer_type": trainer_type, "num_chunks": num_chunks,
                                 "seed": seed, "hparam_columns": self._hparam_cols})
+        self._store_editable_fields()
         for run_id, leaf in self._leaves.items():
             snap = scheduler.run_snapshot(run_id)
             assert snap is not None
@@ -409,7 +414,29 @@ class Experiment:
             for k in changes or {}:
                 if k not in self._hparam_cols and not callable((changes or {})[k]):
                     self._hparam_cols.append(k)
+            self._store_editable_fields()
         return ack
+
+    def _store_editable_fields(self) -> None:
+        """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""
+        def type_name(v: Any) -> str:
+            if isinstance(v, bool):
+                return "bool"
+            if isinstance(v, int):
+                return "int"
+            if isinstance(v, float):
+                return "float"
+            if isinstance(v, str):
+                return "str"
+            if isinstance(v, (list, tuple)):
+                return "list"
+            if v is None:
+                return "null"
+            return "other"
+
+        fields = {str(rid): {k: type_name(v) for k, v in leaf.hparams().items() if k not in NOT_EDITABLE}
+                  for rid, leaf in self._leaves.items()}
+        self.store.set_meta("editable_fields", fields)
 
     def _ops(self, kind: OpKind, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
         if isinstance(run_id, Iterable) and not isinstance(run_id, (str, bytes)):
@@ -517,7 +544,7 @@ class Experiment:
             runs.append({
                 "run_id": r["run_id"], "status": status.value, "on_device": bool(s and s.on_device),
                 "hparams": {c: hp.get(c) for c in self._hparam_cols} or hp,
-                "editable": {k: v for k, v in hp.items() if not str(v).startswith("<function")},
+                "editable": {k: v for k, v in hp.items() if k not in NOT_EDITABLE},
                 "completed_steps": s.step if s else r.get("completed_steps"),
                 "total_steps": s.total_steps if s else r.get("total_steps"),
                 "chunks_done": s.segments_done if s else r.get("chunks_done"),

@@ -248,10 +248,12 @@ class PanelView {
     /** @type {Map<string, Notice>} */ this.notices = new Map();
     /** @type {Map<string, string>} "kind:run" -> op_id of a click not yet acknowledged */ this.pending = new Map();
     /** @type {Map<number, {tr: HTMLElement, cells: Record<string, HTMLElement>, buttons: Record<string,
-     *   HTMLButtonElement>, errorTr: HTMLElement, formTr: HTMLElement|null}>} */
+     *   HTMLButtonElement>, errorTr: HTMLElement, stepText: HTMLElement, stepFill: HTMLElement, runKey: string,
+     *   statusKey: string, formTr: HTMLElement|null}>} */
     this.rows = new Map();
     this.hparamKey = "";
     this.legendKey = "";
+    this.opsKey = null;
     /** @type {any} */ this.Plotly = null;
     this.plotFrame = 0;
     this.themeKey = "";
@@ -409,7 +411,7 @@ class PanelView {
   onAck(ack) {
     this.pending.delete(`${ack.kind}:${ack.run_id}`);
     const opInLog = (this.snapshot?.ops || []).find((o) => o.op_id === ack.op_id);
-    if (opInLog && opInLog.state === "applied") return; // already confirmed
+    if (opInLog && opInLog.state !== "queued") return; // its outcome is already shown
     if (ack.state === "rejected") {
       this.notice(ack.op_id, `✗ ${ack.kind} for run ${ack.run_id} rejected: ${ack.message}`, "rejected");
     } else if (ack.state === "applied") {
@@ -660,7 +662,11 @@ class PanelView {
     }
     const errorTr = h("tr", { class: "rf-error-row", "data-error-for": run.run_id },
       h("td", { colspan: this.colCount() }));
-    return { tr, cells, buttons, errorTr, formTr: /** @type {HTMLElement|null} */ (null) };
+    const stepText = h("span");
+    const stepFill = h("span", { class: "rf-bar-fill" });
+    cells.step.append(stepText, h("span", { class: "rf-bar" }, stepFill));
+    return { tr, cells, buttons, errorTr, stepText, stepFill, runKey: "", statusKey: "",
+      formTr: /** @type {HTMLElement|null} */ (null) };
   }
 
   /** @param {any} row @param {Run} run @param {string[]} cols */
@@ -672,23 +678,31 @@ class PanelView {
     tr.classList.toggle("rf-deleted", run.status === "DELETED");
     tr.classList.toggle("rf-failed", run.status === "FAILED");
     tr.classList.toggle("rf-active", !!run.on_device);
-    const color = runColor(run.run_id);
-    const origin = run.parent_id !== null && run.parent_id !== undefined
-      ? h("span", { class: "rf-origin", title: run.warm_start ? "cloned with warm start" : "cloned from scratch",
-        text: `↳ run ${run.parent_id}${run.warm_start ? " · warm" : ""}` }) : null;
-    setKids(cells.run, h("span", { class: "rf-swatch", style: { background: color } }),
-      h("span", { class: "rf-run-id", text: `run ${run.run_id}` }), origin);
-    setKids(cells.status,
-      h("span", { class: `rf-badge rf-st-${run.status.toLowerCase()}`, "data-badge": run.status, text: run.status }),
-      run.on_device ? h("span", { class: "rf-badge rf-on-device", "data-badge": "on-device", text: "on device" }) : null);
+    const runKey = `${run.parent_id}|${run.warm_start}`;
+    if (row.runKey !== runKey) {
+      row.runKey = runKey;
+      const origin = run.parent_id !== null && run.parent_id !== undefined
+        ? h("span", { class: "rf-origin", title: run.warm_start ? "cloned with warm start" : "cloned from scratch",
+          text: `↳ run ${run.parent_id}${run.warm_start ? " · warm" : ""}` }) : null;
+      setKids(cells.run, h("span", { class: "rf-swatch", style: { background: runColor(run.run_id) } }),
+        h("span", { class: "rf-run-id", text: `run ${run.run_id}` }), origin);
+    }
+    const statusKey = `${run.status}|${!!run.on_device}`;
+    if (row.statusKey !== statusKey) {
+      row.statusKey = statusKey;
+      setKids(cells.status,
+        h("span", { class: `rf-badge rf-st-${run.status.toLowerCase()}`, "data-badge": run.status, text: run.status }),
+        run.on_device ? h("span", { class: "rf-badge rf-on-device", "data-badge": "on-device", text: "on device" })
+          : null);
+    }
     for (const c of cols) {
       const v = run.hparams ? run.hparams[c] : undefined;
       const text = fmtHparam(v);
       setText(cells[`hp:${c}`], text, typeof v === "string" && v.length > 14 ? v : `${c} = ${JSON.stringify(v)}`);
     }
     const frac = run.total_steps ? Math.min(1, run.completed_steps / run.total_steps) : 0;
-    setKids(cells.step, h("span", { text: `${fmtInt(run.completed_steps)}/${fmtInt(run.total_steps)}` }),
-      h("span", { class: "rf-bar" }, h("span", { class: "rf-bar-fill", style: { width: `${(frac * 100).toFixed(1)}%` } })));
+    setText(row.stepText, `${fmtInt(run.completed_steps)}/${fmtInt(run.total_steps)}`);
+    row.stepFill.style.width = `${(frac * 100).toFixed(1)}%`;
     cells.step.classList.toggle("rf-bar-failed", run.status === "FAILED");
     cells.step.classList.toggle("rf-bar-done", run.status === "COMPLETED");
     const nChunks = this.snapshot?.num_chunks;
@@ -735,6 +749,9 @@ class PanelView {
 
   renderOps() {
     const ops = [...(this.snapshot?.ops || [])];
+    const key = ops.map((o) => `${o.op_id}:${o.state}:${o.message}`).join("|");
+    if (key === this.opsKey) return; // unchanged: keep the list (scroll position, selection)
+    this.opsKey = key;
     this.opsCount.textContent = String(ops.length);
     this.opsEl.hidden = ops.length === 0;
     const items = ops.slice(-100).reverse().map((op) => h("li", { class: `rf-op-item rf-op-${op.state}`,
@@ -803,8 +820,11 @@ class PanelView {
       const st = runInfo.get(id)?.status;
       return (this.showDeleted || st !== "DELETED") && !this.hiddenRuns.has(id);
     }).sort((a, b) => a - b);
+    const isEval = slot.metric.startsWith("eval_");
+    // markers for sparse series (eval metrics, or the first points of a run); the mode is part of the key
+    const withMarkers = (/** @type {number} */ id) => isEval || /** @type {Series} */ (byRun.get(id)).value.length < 3;
     const traceKey = `${this.xAxis}|${slot.metric}|${this.themeKey}|` + runIds.map((id) =>
-      `${id}:${runInfo.get(id)?.status === "DELETED" ? "d" : ""}`).join(",");
+      `${id}:${runInfo.get(id)?.status === "DELETED" ? "d" : ""}:${withMarkers(id) ? "m" : ""}`).join(",");
     const xKey = this.xAxis === "step" ? "step" : "samples";
     let total = 0;
     for (const id of runIds) total += /** @type {Series} */ (byRun.get(id)).value.length;
@@ -829,7 +849,6 @@ class PanelView {
     }
     // structure changed: full redraw (Plotly.react keeps zoom through uirevision)
     const t = this.themeColors();
-    const isEval = slot.metric.startsWith("eval_");
     const xTitle = this.xAxis === "step" ? "optimizer step" : "samples seen";
     const fmtY = slot.metric === "learning_rate" ? ".2~e" : ".4~g";
     const data = runIds.map((id) => {
@@ -837,7 +856,7 @@ class PanelView {
       const deleted = runInfo.get(id)?.status === "DELETED";
       slot.drawn.set(id, s.value.length);
       return {
-        type: "scatter", mode: isEval || s.value.length < 3 ? "lines+markers" : "lines",
+        type: "scatter", mode: withMarkers(id) ? "lines+markers" : "lines",
         name: deleted ? `run ${id} (deleted)` : `run ${id}`,
         x: s[xKey].slice(), y: s.value.slice(), customdata: s.step.map((st, j) => [st, s.samples[j]]),
         line: { color: runColor(id), width: 2, dash: deleted ? "dot" : "solid" },

@@ -142,12 +142,14 @@ def load_tech_support_preferences(
 
     * ``"generate"``: the model's own greedy reply to the same prompt (see :func:`generate_replies`). The
       corpus has only 10 distinct questions, so only the distinct questions of the split are generated
-      (~1-2 s each for SmolLM2 on a CPU), once: the replies are cached as JSON in
-      ``<cache>/preferences/`` keyed by (model name and weight fingerprint, ``n_train``, ``n_eval``,
-      ``seed``, ``split``, ``max_new_tokens``), written atomically; a later call with the same key reads the
-      file and loads no model. When ``model`` is ``None`` SmolLM2-135M-Instruct is loaded with
-      :func:`rapidfire_nb.data.smollm2.create_smollm2` (only on a cache miss). If a reply is empty or
-      equal to the gold answer, that row falls back to the ``"shuffle"`` choice.
+      (~2 s each for SmolLM2 on a quiet 2-core CPU, 10-40 s on a busy one), once: a reply depends only on
+      (model, question, ``max_new_tokens``), so replies are cached as JSON in
+      ``<cache>/preferences/tech_support-replies-<model name>-<weight fingerprint>-tok<max_new_tokens>.json``
+      (written atomically) and shared by every ``n_train``/``n_eval``/``seed``/``split``; a later call
+      whose questions are all cached reads the file and loads no model. When ``model`` is ``None``,
+      SmolLM2-135M-Instruct is loaded with :func:`rapidfire_nb.data.smollm2.create_smollm2` (only on a
+      cache miss) and the fingerprint is ``default``. If a reply is empty or equal to the gold answer,
+      that row falls back to the ``"shuffle"`` choice.
     * ``"shuffle"``: the answer of another question, drawn with ``random.Random(seed)`` over the distinct
       answers; never equal to ``chosen``. No model, no cache.
 
@@ -187,7 +189,7 @@ def load_tech_support_preferences(
             model=model,
             tokenizer=tokenizer,
             cache_dir=cache_dir,
-            key={"n_train": n_train, "n_eval": n_eval, "seed": seed, "split": split, "max_new_tokens": max_new_tokens},
+            max_new_tokens=max_new_tokens,
         )
         fallbacks = 0
         for i, (question, chosen) in enumerate(rows):
@@ -216,50 +218,48 @@ def load_tech_support_preferences(
 
 
 def _cached_replies(
-    questions: list[str], model: Any, tokenizer: Any, cache_dir: str | os.PathLike[str] | None, key: dict[str, Any]
+    questions: list[str], model: Any, tokenizer: Any, cache_dir: str | os.PathLike[str] | None, max_new_tokens: int
 ) -> dict[str, str]:
-    """Read the replies from the cache, or generate them once and write the cache atomically."""
+    """Read the replies from the cache; generate the missing ones once and rewrite the cache atomically."""
     if model is None:
         model_name, fingerprint = SMOLLM2_NAME, "default"
     else:
         model_name = str(getattr(model, "name_or_path", "") or type(model).__name__)
         fingerprint = _fingerprint(model)
-    k = key
     path = (
         resolve_cache_dir(cache_dir)
         / "preferences"
-        / (
-            f"tech_support-{_safe(Path(model_name).name)}-{fingerprint}-n{k['n_train']}-{k['n_eval']}"
-            f"-seed{k['seed']}-{k['split']}-tok{k['max_new_tokens']}.json"
-        )
+        / f"tech_support-replies-{_safe(Path(model_name).name)}-{fingerprint}-tok{max_new_tokens}.json"
     )
+    replies: dict[str, str] = {}
     try:
         cached = json.loads(path.read_text(encoding="utf-8"))
-        if (
-            cached.get("format") == _CACHE_FORMAT
-            and cached.get("system_prompt") == SYSTEM_PROMPT
-            and all(isinstance(cached.get("replies", {}).get(q), str) for q in questions)
-        ):
-            return {q: cached["replies"][q] for q in questions}
-    except (OSError, ValueError, AttributeError):
+        if cached.get("format") == _CACHE_FORMAT and cached.get("system_prompt") == SYSTEM_PROMPT:
+            replies = {str(q): r for q, r in dict(cached.get("replies", {})).items() if isinstance(r, str)}
+    except (OSError, ValueError, TypeError, AttributeError):
         pass
+    missing = [q for q in questions if q not in replies]
+    if missing:
+        if model is None:
+            from rapidfire_nb.data.smollm2 import create_smollm2
 
-    if model is None:
-        from rapidfire_nb.data.smollm2 import create_smollm2
-
-        model, tokenizer = create_smollm2()
-    logger.warning("Generating %d greedy replies with %s for DPO 'rejected' (cached in %s).",
-                   len(questions), model_name, path)
-    replies = generate_replies(model, tokenizer, questions, max_new_tokens=k["max_new_tokens"])
-    atomic_write_json(
-        path,
-        {
-            "format": _CACHE_FORMAT,
-            "model": model_name,
-            "fingerprint": fingerprint,
-            "system_prompt": SYSTEM_PROMPT,
-            **key,
-            "replies": replies,
-        },
-    )
-    return replies
+            model, tokenizer = create_smollm2()
+        logger.warning(
+            "Generating %d greedy replies with %s for DPO 'rejected' (once; cached in %s).",
+            len(missing),
+            model_name,
+            path,
+        )
+        replies.update(generate_replies(model, tokenizer, missing, max_new_tokens=max_new_tokens))
+        atomic_write_json(
+            path,
+            {
+                "format": _CACHE_FORMAT,
+                "model": model_name,
+                "fingerprint": fingerprint,
+                "system_prompt": SYSTEM_PROMPT,
+                "max_new_tokens": max_new_tokens,
+                "replies": replies,
+            },
+        )
+    return {q: replies[q] for q in questions}

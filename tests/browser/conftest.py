@@ -44,12 +44,14 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-dev-shm-usage",
 ]
-# Settings for a quiet, reproducible Lab: no news/update toasts.
+# Settings for a quiet, reproducible Lab: no news/update toasts; notebooks saved with their widget state (so a
+# test can check what a user's saved notebook weighs).
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "fetchNews": "false",
         "checkForUpdates": False,
     },
+    "@jupyter-widgets/jupyterlab-manager/plugin.jupyterlab-settings": {"saveState": True},
 }
 
 
@@ -88,6 +90,7 @@ class JupyterLab:
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = base / "jupyterlab.log"
+        self._ready = False
         for d in ("root", "runtime", "settings", "workspaces", "config", "ipython"):
             (base / d).mkdir(parents=True, exist_ok=True)
         for rel, value in LAB_SETTINGS.items():
@@ -132,6 +135,9 @@ class JupyterLab:
         )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until ``/api/status`` answers (returns at once when it did before)."""
+        if self._ready:
+            return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -139,6 +145,7 @@ class JupyterLab:
             try:
                 with urllib.request.urlopen(f"{self.url}/api/status?token={self.token}", timeout=2) as r:
                     if r.status == 200:
+                        self._ready = True
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
@@ -170,10 +177,11 @@ class JupyterLab:
 def jupyter_lab(tmp_path_factory: pytest.TempPathFactory, chromium_path: str) -> Iterator[JupyterLab]:
     server = JupyterLab(tmp_path_factory.mktemp("jupyterlab"))
     try:
-        server.wait_ready()
-        yield server
+        yield server  # ``lab`` waits until it is ready (Chromium starts meanwhile)
     finally:
         server.stop()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(server.log_path, ARTIFACTS / "jupyterlab.log")
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +273,17 @@ class LabPage:
     def run_all(self) -> None:
         self.page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
+    def save(self) -> Path:
+        """Save the current notebook (``docmanager:save``) and return its path once written."""
+        path = self.page.evaluate(
+            "async () => { const w = window.jupyterapp.shell.currentWidget;"
+            " await window.jupyterapp.commands.execute('docmanager:save'); return w.context.path; }"
+        )
+        self.page.wait_for_function(
+            "() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=10_000
+        )
+        return self.server.root_dir / path
+
     def set_theme(self, dark: bool) -> None:
         theme = "JupyterLab Dark" if dark else "JupyterLab Light"
         self.page.evaluate(
@@ -280,7 +299,8 @@ class LabPage:
 
 
 @pytest.fixture()
-def lab(browser_context: Any, jupyter_lab: JupyterLab) -> Iterator[LabPage]:
+def lab(request: pytest.FixtureRequest, jupyter_lab: JupyterLab, browser_context: Any) -> Iterator[LabPage]:
+    jupyter_lab.wait_ready()
     page = browser_context.new_page()
     helper = LabPage(page, jupyter_lab)
     try:
@@ -288,5 +308,5 @@ def lab(browser_context: Any, jupyter_lab: JupyterLab) -> Iterator[LabPage]:
     finally:
         if helper.console:
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            (ARTIFACTS / "console.log").write_text("\n".join(helper.console))
+            (ARTIFACTS / f"{request.node.name}.console.log").write_text("\n".join(helper.console))
         page.close()

@@ -7,6 +7,7 @@ Screenshots go to ``artifacts/browser/``; with ``RF_UPDATE_SCREENSHOTS=1`` the l
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -42,14 +43,12 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 def test_panel_streams_and_stops_run_2(lab: Any) -> None:
-    import time as _t; _T=_t.monotonic()
     page = lab.page
     lab.open_notebook("panel_demo.ipynb", [CELL])
     lab.run_cell(0)
     panel = page.locator("[data-rf-panel]")
     panel.wait_for(timeout=30_000)
 
-    print(f"\n{_t.monotonic()-_T:.1f} # curves arrive and keep growing")
     # curves arrive and keep growing
     _wait(lambda: _points(panel) > 0, 20, "first plotted points")
     first = _points(panel)
@@ -62,7 +61,6 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
         == 1
     )
 
-    print(f"\n{_t.monotonic()-_T:.1f} # Stop on run 2: acknowledged at once, t")
     # Stop on run 2: acknowledged at once, then STOPPED in the table and applied in the ops log
     row2 = panel.locator('tr[data-run-id="2"]')
     assert row2.get_attribute("data-status") in ("NEW", "ONGOING")
@@ -70,18 +68,18 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     assert stop.is_enabled()
     assert row2.locator('button[data-op="resume"]').is_disabled()
     stop.click()
-    panel.locator(".rf-notice", has_text="stop requested for run 2").wait_for(timeout=2_000)
+    # the click's notice is there at once; the op may already be applied (then it says so)
+    notice = panel.locator(".rf-notice").first
+    assert re.search(r"stop requested for run 2|run 2 stopped", notice.inner_text(timeout=1_000))
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="2"][data-status="STOPPED"]', timeout=15_000)
     panel.locator('.rf-op-item[data-state="applied"]', has_text="stop run 2").wait_for(timeout=5_000)
     assert row2.locator('button[data-op="resume"]').is_enabled()
     assert row2.locator('button[data-op="stop"]').is_disabled()
 
-    print(f"\n{_t.monotonic()-_T:.1f} # the failing run shows its error in red")
     # the failing run shows its error in red
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="4"][data-status="FAILED"]', timeout=20_000)
     assert "out of memory" in panel.locator('tr[data-error-for="4"]').inner_text()
 
-    print(f"\n{_t.monotonic()-_T:.1f} # clone form: lists the run's hyperparam")
     # clone form: lists the run's hyperparameters, warm start, submit -> a new run 5
     panel.locator('tr[data-run-id="1"] button[data-op="clone"]').click()
     form = panel.locator('form[data-clone-form="1"]')
@@ -93,7 +91,6 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     form.locator('button[data-op="clone-submit"]').click()
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="5"]', timeout=10_000)
 
-    print(f"\n{_t.monotonic()-_T:.1f} # let curves accumulate a little, then t")
     # let curves accumulate a little, then the screenshots (light and dark)
     _wait(lambda: _points(panel) > first + 400, 15, "curves to fill in")
     lab.screenshot("panel_page.png")
@@ -113,7 +110,6 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(light, dest)
 
-    print(f"\n{_t.monotonic()-_T:.1f} # x axis: samples seen")
     # x axis: samples seen
     panel.locator('button[data-x="samples"]').click()
     page.wait_for_function(
@@ -122,16 +118,22 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     )
     assert _points(panel) > 0
 
-    print(f"\n{_t.monotonic()-_T:.1f} # delete run 5: hidden by default, back ")
     # delete run 5: hidden by default, back (greyed) with "show deleted"
     panel.locator('tr[data-run-id="5"] button[data-op="delete"]').click()
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="5"]', state="detached", timeout=10_000)
     assert panel.locator('.rf-legend-item[data-run-id="5"]').count() == 0
     panel.locator("input[data-rf-show-deleted]").check()
-    page.wait_for_selector('[data-rf-panel] tr[data-run-id="5"][data-status="DELETED"].rf-deleted', timeout=2_000)
+    page.wait_for_selector(
+        '[data-rf-panel] tr[data-run-id="5"][data-status="DELETED"].rf-deleted', timeout=2_000
+    )
     assert panel.locator('.rf-legend-item.rf-legend-deleted[data-run-id="5"]').count() == 1
 
-    print(f"\n{_t.monotonic()-_T:.1f} # a narrow output area still lays out (t")
+    # the notebook saved with its widget state stays small (metric history is never in synced traits)
+    saved = lab.save()
+    text = saved.read_text()
+    assert "application/vnd.jupyter.widget-state+json" in text
+    assert len(text.encode()) < 200_000, len(text.encode())
+
     # a narrow output area still lays out (table scrolls, plots stack)
     page.set_viewport_size({"width": 760, "height": 1400})
     time.sleep(0.5)

@@ -87,6 +87,7 @@ class FakeExecutor(Executor):
         self.boundary_override: dict[int, bool] = {}
         self.inflight: tuple[int, int, Future[SegmentResult]] | None = None
         self.on_segment: Callable[[int, int], None] | None = None  # hook run inside run_segment
+        self.on_add_run: Callable[[int, int | None], None] | None = None  # hook run inside add_run
         self.add_run_delay = 0.0
         self.closed = False
 
@@ -95,6 +96,8 @@ class FakeExecutor(Executor):
         self._guard("add_run", run_id)
         with self.cond:
             self.events.append(("add_run", run_id, warm_from))
+        if self.on_add_run is not None:
+            self.on_add_run(run_id, warm_from)
         if self.add_run_delay:
             time.sleep(self.add_run_delay)
         assert isinstance(spec, FakeSpec), spec
@@ -286,9 +289,10 @@ class Harness:
         self.settle()
         return out
 
-    def run_to_idle(self, max_segments: int = 500) -> None:
+    def run_to_idle(self, timeout: float = TIMEOUT) -> None:
         """Manual mode: finish segments until nothing is left to train."""
-        for _ in range(max_segments):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             self.settle()
             if self.fake.inflight is None and self.sched.is_idle():
                 return

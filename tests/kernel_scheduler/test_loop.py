@@ -203,8 +203,8 @@ def test_resumed_run_catches_up_furthest_behind_first(make) -> None:  # type: ig
     for _ in range(4):
         h.step()
     assert h.status(3) is S.STOPPED
-    assert h.fake.calls == [(1, 2), (2, 2), (1, 4), (2, 4)]
     assert h.fake.wait_inflight() == (1, 6)
+    assert h.fake.calls == [(1, 2), (2, 2), (1, 4), (2, 4), (1, 6)]
     h.sched.submit(Op(OpKind.RESUME, 3))
     h.run_to_idle()
     assert h.fake.calls[4:] == [
@@ -266,8 +266,8 @@ def test_cold_clone_gets_max_plus_one_and_catches_up(make) -> None:  # type: ign
     h = make([FOUR, FOUR, FOUR], num_chunks=4, mode="manual")
     for _ in range(6):
         h.step()
-    assert h.fake.calls == [(r, s) for s in (2, 4) for r in (1, 2, 3)]
     assert h.fake.wait_inflight() == (1, 6)
+    assert h.fake.calls == [(r, s) for s in (2, 4) for r in (1, 2, 3)] + [(1, 6)]
     ack = h.sched.submit(clone(2, FOUR))
     assert ack.state == "queued" and ack.new_run_id == 4
     snap = h.sched.run_snapshot(4)

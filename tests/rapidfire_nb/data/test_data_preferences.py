@@ -42,7 +42,7 @@ def test_generate_mode_with_tiny_model_is_cached(tmp_path, tiny_model_fn) -> Non
     files = list((tmp_path / "preferences").glob("*.json"))
     assert len(files) == 1
     cached = json.loads(files[0].read_text())
-    assert cached["max_new_tokens"] == 6 and cached["seed"] == 42
+    assert cached["max_new_tokens"] == 6 and cached["system_prompt"] == SYSTEM_PROMPT
     questions = {row["prompt"][1]["content"] for row in list(train) + list(eval_)}
     assert set(cached["replies"]) == questions
     for row in list(train) + list(eval_):
@@ -59,6 +59,11 @@ def test_generate_mode_with_tiny_model_is_cached(tmp_path, tiny_model_fn) -> Non
         n_train=8, n_eval=4, rejected="generate", model=model, tokenizer=tok, cache_dir=tmp_path, max_new_tokens=6
     )
     assert again_train.to_list() == train.to_list() and again_eval.to_list() == eval_.to_list()
+    # Replies depend only on (model, question, max_new_tokens): another split reuses the same file.
+    load_tech_support_preferences(
+        n_train=16, n_eval=2, seed=7, model=model, tokenizer=tok, cache_dir=tmp_path, max_new_tokens=6
+    )
+    assert list((tmp_path / "preferences").glob("*.json")) == files
 
 
 def test_generate_mode_falls_back_when_reply_is_gold_or_empty(tmp_path, monkeypatch, tiny_model_fn) -> None:
