@@ -210,7 +210,8 @@ def _child_base(w: dict[str, Any], out: dict[str, Any]) -> None:
             evald = evald.map(fmt, remove_columns=evald.column_names) if evald is not None else None
         first_eval: list[float | None] = []
         losses: dict[str, dict[int, float]] = {}
-        setup = fit = save = 0.0
+        setup = fit = save = excluded = 0.0
+        excluded_before_last = 0.0
         for i, leaf in enumerate(leaves, start=1):
             ta = time.time()
             args, _notes = build_training_args(leaf, output_dir=str(Path(root) / f"run{i}"), default_seed=SEED)
@@ -227,12 +228,18 @@ def _child_base(w: dict[str, Any], out: dict[str, Any]) -> None:
             setup, fit, save = setup + tb - ta, fit + tc - tb, save + td - tc
             first_eval.append(clock.first_eval)
             losses[str(i)] = clock.losses
+            excluded_before_last = excluded
+            # Free the run before the next one (lowest peak RSS for the baseline). gc.collect() takes 0.4-0.7 s
+            # here and a user need not call it, so its time is left out of the baseline's times.
+            te = time.time()
             del trainer, model, tok
             gc.collect()
+            excluded += time.time() - te
         t_end = time.time()
         last = first_eval[-1]
-        out.update(total_s=t_end - t0, setup_s=setup, train_s=fit, save_s=save,
-                   first_eval_all_s=(last - t0) if last is not None else None, runs=len(leaves), losses=losses)
+        out.update(total_s=t_end - t0 - excluded, setup_s=setup, train_s=fit, save_s=save, gc_excluded_s=excluded,
+                   first_eval_all_s=(last - t0 - excluded_before_last) if last is not None else None,
+                   runs=len(leaves), losses=losses)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -272,6 +279,8 @@ def _spawn(side: str, model: str, steps: int, a: argparse.Namespace, configs: in
         cmd += ["--profile-out", str(profile_out)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                PYTHONUNBUFFERED="1")
+    if a.omp_wait_policy != "inherit":
+        env["OMP_WAIT_POLICY"] = a.omp_wait_policy.upper()
     t0 = time.time()
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO), env=env)
@@ -401,6 +410,7 @@ def parent_main(a: argparse.Namespace) -> None:
             f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {vers}",
             f"load average 1 min: {load0[0]:.1f} at start, {load1[0]:.1f} at end (other work on the machine adds noise)",
             "each side in its own child process; ratios are medians over repeats of rf/sequential pairs, order alternated",
+            f"OMP_WAIT_POLICY of both sides: {a.omp_wait_policy if a.omp_wait_policy != 'inherit' else os.environ.get('OMP_WAIT_POLICY', 'unset (libgomp default: active)')}",
             ""]
     tail = [f"benchmark wall time: {time.time() - started:.0f} s; child logs in {log_dir}"]
     if a.profile:
@@ -427,6 +437,11 @@ def main() -> None:
     ap.add_argument("--skip-memory", action="store_true", help="skip the 1-config rf run (memory N vs 1)")
     ap.add_argument("--profile", action="store_true",
                     help="also run one cProfiled rf child per model (all threads) into benchmarks/results/profiles/")
+    ap.add_argument("--omp-wait-policy", default="passive", choices=("passive", "active", "inherit"),
+                    help="OMP_WAIT_POLICY of both children (default passive; see README: with libgomp's default "
+                         "spin-waiting, torch in the main thread of a loaded machine is up to 10-100x slower on "
+                         "small ops than in a worker thread, which would credit rapidfire_nb's worker threads "
+                         "with a speed-up it did not earn); 'inherit' leaves the environment as it is")
     ap.add_argument("--out", default=str(RESULTS / "latest.txt"))
     # child-only
     ap.add_argument("--child", choices=("rf", "base"), help=argparse.SUPPRESS)

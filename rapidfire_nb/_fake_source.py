@@ -186,9 +186,9 @@ class FakeSource:
         with self._lock:
             op_id = op_id or uuid.uuid4().hex
             if op_id in self._ops_by_id:
-                op = self._ops_by_id[op_id]
+                old = self._ops_by_id[op_id]
                 return OpAck(
-                    op_id, op["run_id"], op["kind"], op["state"], op["message"], op.get("new_run_id")
+                    op_id, old["run_id"], old["kind"], old["state"], old["message"], old.get("new_run_id")
                 )
             try:
                 okind = OpKind(kind)

@@ -160,6 +160,19 @@ class Experiment:
         self._lock = threading.Lock()
         _LIVE[self.experiment_name] = self
         _CURRENT[0] = weakref.ref(self)
+        self._reconcile()
+
+    def _reconcile(self) -> None:
+        """Runs left ONGOING by a dead process (stale heartbeat, pid gone) become INTERRUPTED (resumable)."""
+        beat = self.store.heartbeat()
+        if beat is None or self.store.writer_alive():
+            if beat is not None and beat.get("pid") != os.getpid():
+                self._say(f"experiment {self.experiment_name!r} is being trained by process {beat.get('pid')}; "
+                          "its state is shown read-only here")
+            return
+        for r in self.store.runs():
+            if r["status"] == RunStatus.ONGOING.value:
+                self.store.upsert_run(r["run_id"], status=RunStatus.INTERRUPTED.value)
 
     def __repr__(self) -> str:
         return f"Experiment({self.experiment_name!r}, path={str(self.path)!r})"
@@ -210,7 +223,7 @@ class Experiment:
             raise ConfigError("the config group expands to no run")
         trainer_type = str(param_config.trainer_type).upper()
         fingerprint = json.dumps([leaf.fingerprint() for leaf in leaves])
-        existing = {r["run_id"]: r for r in self.store.runs() if r.get("source", "fit") == "fit"}
+        existing = {r["run_id"]: r for r in self.store.runs() if r.get("source") in (None, "fit")}
         if existing:
             if self.store.get_meta("fingerprint") != fingerprint:
                 raise ExperimentError(
@@ -236,25 +249,36 @@ class Experiment:
             for k, v in leaf.hparams().items():
                 hp_values.setdefault(k, set()).add(json.dumps(v, sort_keys=True, default=str))
         self._hparam_cols = [k for k, vs in hp_values.items() if len(vs) > 1]
+        resumed: list[str] = []
         try:
             for run_id, leaf in enumerate(leaves, start=1):
-                prior = existing.get(run_id)
-                if prior is not None and RunStatus(prior["status"]).is_finished():
-                    scheduler.add_run(run_id, leaf, status=RunStatus(prior["status"]), error=prior.get("error"))
-                else:
-                    scheduler.add_run(run_id, leaf)
                 self._leaves[run_id] = leaf
+                self._add_run(scheduler, executor, run_id, leaf, existing.get(run_id), resumed)
+            clones = self.store.get_meta("clones", {}) or {}
+            for r in self.store.runs():
+                info = clones.get(str(r["run_id"]))
+                if r.get("source") != "clone" or info is None:
+                    continue
+                parent = self._leaves.get(int(info["parent"]))
+                if parent is None:
+                    continue
+                leaf = parent.with_changes(info.get("changes") or {})
+                self._leaves[r["run_id"]] = leaf
+                self._add_run(scheduler, executor, r["run_id"], leaf, r, resumed)
         except BaseException:
             executor.close()
             self._executor = None
             raise
+        if resumed:
+            self._say("continuing from the last chunk checkpoints: " + ", ".join(resumed))
         self.store.update_meta({"fingerprint": fingerprint, "trainer_type": trainer_type, "num_chunks": num_chunks,
                                 "seed": seed, "hparam_columns": self._hparam_cols})
         self._store_editable_fields()
+        known = {r["run_id"] for r in self.store.runs()}
         for run_id, leaf in self._leaves.items():
             snap = scheduler.run_snapshot(run_id)
             assert snap is not None
-            if run_id not in existing:
+            if run_id not in known:
                 self.store.upsert_run(run_id, status=snap.status.value, config=leaf.to_json(),
                                       hparams=leaf.hparams(), fingerprint=leaf.fingerprint(), source="fit",
                                       total_steps=snap.total_steps, completed_steps=0, chunks_done=0, epoch=0.0,
@@ -415,7 +439,46 @@ class Experiment:
                 if k not in self._hparam_cols and not callable((changes or {})[k]):
                     self._hparam_cols.append(k)
             self._store_editable_fields()
+            clones = self.store.get_meta("clones", {}) or {}
+            clones[str(ack.new_run_id)] = {"parent": int(run_id), "changes": payload["changes"],
+                                           "warm": bool(warm_start)}
+            self.store.set_meta("clones", clones)
         return ack
+
+    def _add_run(self, scheduler: Scheduler, executor: Any, run_id: int, leaf: Any, prior: dict[str, Any] | None,
+                 resumed: list[str]) -> None:
+        """Register one run: new, finished (shown, not retrained) or continued from its last chunk checkpoint."""
+        from .training.checkpoint import latest_checkpoint
+
+        status = RunStatus(prior["status"]) if prior else RunStatus.NEW
+        if status.is_finished():
+            scheduler.add_run(run_id, leaf, status=status, error=prior.get("error") if prior else None,
+                              parent_id=prior.get("parent_id") if prior else None)
+            return
+        ckpt = latest_checkpoint(executor.run_dir(run_id)) if prior else None
+        if prior and prior.get("warm_start") and ckpt is None:
+            scheduler.add_run(run_id, leaf, status=RunStatus.FAILED, parent_id=prior.get("parent_id"),
+                              error="interrupted before its first chunk; clone it again")
+            self.store.upsert_run(run_id, status=RunStatus.FAILED.value,
+                                  error="interrupted before its first chunk; clone it again")
+            return
+        start = executor.add_run(run_id, leaf, resume_from=ckpt)
+        if status is RunStatus.STOPPED:
+            new_status = RunStatus.STOPPED
+        elif ckpt is not None:
+            new_status = RunStatus.ONGOING
+        else:
+            new_status = RunStatus.NEW
+        scheduler.add_run(run_id, leaf, start=start, status=new_status,
+                          parent_id=prior.get("parent_id") if prior else None,
+                          warm_start=bool(prior.get("warm_start")) if prior else False)
+        if prior is not None:
+            self.store.delete_metrics_after(run_id, start.step)
+            self.store.upsert_run(run_id, status=new_status.value, completed_steps=start.step,
+                                  chunks_done=start.segments_done, samples_seen=start.samples_seen,
+                                  total_steps=start.plan.total_steps)
+            if ckpt is not None:
+                resumed.append(f"run {run_id} at step {start.step}")
 
     def _store_editable_fields(self) -> None:
         """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""

@@ -366,6 +366,8 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
         kind = str(cmd.get("kind", ""))
         run_id = cmd.get("run_id")
         try:
+            if not isinstance(run_id, int) or isinstance(run_id, bool):
+                raise ValueError(f"bad run id {run_id!r}")
             ack = _clean(
                 _ack_dict(
                     self._source.submit_op(

@@ -516,6 +516,13 @@ class Store:
         points = [self._decode_metric(r) for r in self._query(sql, params)]
         return points, (points[-1]["id"] if points else int(cursor))
 
+    def delete_metrics_after(self, run_id: int, step: int) -> int:
+        """Drop run ``run_id``'s metric rows logged after optimizer step ``step`` (a run resumed from an older
+        checkpoint logs those steps again). Returns the number of rows removed."""
+        with self._write() as conn:
+            cur = conn.execute("DELETE FROM metrics WHERE run_id = ? AND step > ?", (int(run_id), int(step)))
+            return int(cur.rowcount)
+
     def latest_metrics(self, names: Iterable[str]) -> dict[int, dict[str, float]]:
         """The most recent value of each of ``names`` for every run that logged it.
 

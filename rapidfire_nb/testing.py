@@ -185,7 +185,9 @@ def tiny_model(seed: int = 0, arch: str = "llama") -> PreTrainedModel:
     return model
 
 
-def tiny_create_model(model_config: dict[str, Any] | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+def tiny_create_model(
+    model_config: dict[str, Any] | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A ``create_model_fn`` for ``Experiment.run_fit`` that returns the tiny model and tokenizer.
 
     Every call with the same ``model_config`` returns a new model with identical weights (seed 0).

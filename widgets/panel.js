@@ -861,6 +861,7 @@ class PanelView {
         x: s[xKey].slice(), y: s.value.slice(), customdata: s.step.map((st, j) => [st, s.samples[j]]),
         line: { color: runColor(id), width: 2, dash: deleted ? "dot" : "solid" },
         marker: { size: 5, color: runColor(id) }, opacity: deleted ? 0.35 : 1, connectgaps: true,
+        hoverlabel: { bordercolor: runColor(id) },
         hovertemplate: `<b>run ${id}</b><br>step %{customdata[0]:,}` +
           (this.xAxis === "samples" ? " · %{customdata[1]:,} samples" : "") +
           `<br>${slot.metric} %{y:${fmtY}}<extra></extra>`,

@@ -46,10 +46,14 @@ _INSTALL_HINT = "pip install chatterbot-corpus==1.3.3 pyyaml"
 def _corpus_file() -> Path:
     spec = importlib.util.find_spec("chatterbot_corpus")
     if spec is None or spec.origin is None:
-        raise ImportError(f"The tech-support data comes from 'chatterbot-corpus'. Install it with: {_INSTALL_HINT}")
+        raise ImportError(
+            f"The tech-support data comes from 'chatterbot-corpus'. Install it with: {_INSTALL_HINT}"
+        )
     path = Path(spec.origin).parent / TECH_SUPPORT_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the 'chatterbot-corpus' installation ({_INSTALL_HINT}).")
+        raise FileNotFoundError(
+            f"{path} is missing from the 'chatterbot-corpus' installation ({_INSTALL_HINT})."
+        )
     return path
 
 
@@ -58,7 +62,9 @@ def _pairs() -> tuple[tuple[str, str], ...]:
     try:
         import yaml
     except ImportError as err:  # pragma: no cover - pyyaml is a dependency of the assets extra
-        raise ImportError(f"Reading the ChatterBot corpus needs PyYAML. Install it with: {_INSTALL_HINT}") from err
+        raise ImportError(
+            f"Reading the ChatterBot corpus needs PyYAML. Install it with: {_INSTALL_HINT}"
+        ) from err
     with open(_corpus_file(), encoding="utf-8") as handle:
         doc = yaml.safe_load(handle)
     pairs: list[tuple[str, str]] = []

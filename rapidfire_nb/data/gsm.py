@@ -48,7 +48,9 @@ def _import_reasoning_gym() -> Any:
     try:
         import reasoning_gym
     except ImportError as err:
-        raise ImportError(f"The gsm_symbolic data comes from 'reasoning-gym'. Install it with: {_INSTALL_HINT}") from err
+        raise ImportError(
+            f"The gsm_symbolic data comes from 'reasoning-gym'. Install it with: {_INSTALL_HINT}"
+        ) from err
     return reasoning_gym
 
 

@@ -199,8 +199,11 @@ def load_tech_support_preferences(
             else:
                 fallbacks += 1
         if fallbacks:
-            logger.info("%d of %d rows: greedy reply empty or equal to the gold answer; used another answer.",
-                        fallbacks, len(rows))
+            logger.info(
+                "%d of %d rows: greedy reply empty or equal to the gold answer; used another answer.",
+                fallbacks,
+                len(rows),
+            )
 
     def to_dataset(part: list[tuple[str, str]], part_rejects: list[str]) -> Dataset:
         return Dataset.from_dict(
@@ -218,7 +221,11 @@ def load_tech_support_preferences(
 
 
 def _cached_replies(
-    questions: list[str], model: Any, tokenizer: Any, cache_dir: str | os.PathLike[str] | None, max_new_tokens: int
+    questions: list[str],
+    model: Any,
+    tokenizer: Any,
+    cache_dir: str | os.PathLike[str] | None,
+    max_new_tokens: int,
 ) -> dict[str, str]:
     """Read the replies from the cache; generate the missing ones once and rewrite the cache atomically."""
     if model is None:

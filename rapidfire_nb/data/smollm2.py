@@ -141,8 +141,8 @@ def _convert(gguf: Path, target: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses a model that still carries the GGUF quantizer's marks; the weights are
     # already de-quantised float32 tensors, so clearing the marks is all that is needed.
-    model.hf_quantizer = None
-    model.is_quantized = False
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - nn.Module.__setattr__ typing
+    setattr(model, "is_quantized", False)  # noqa: B010
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config._name_or_path = SMOLLM2_NAME

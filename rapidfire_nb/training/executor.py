@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import set_seed
 
-from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult, plan_chunks
+from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult
 from rapidfire_nb.errors import ConfigError
 
 from .build import build_lora_config, build_training_args
@@ -29,7 +29,8 @@ from .checkpoint import BoundarySnapshot, CheckpointWriter, snapshot_trainer
 from .data import prepare_dataset
 from .quiet import quiet_libraries
 from .rng import capture_rng
-from .trainers import TrainerKind, step_geometry, trainer_kind
+from . import rl
+from .trainers import TrainerKind, plan_run, step_geometry, trainer_kind
 from .worker import RunWorker
 
 __all__ = ["TorchExecutor", "MetricSink"]
@@ -106,9 +107,22 @@ class TorchExecutor(Executor):
         self._noted: set[str] = set()
 
     # ------------------------------------------------------------------ Executor API
-    def add_run(self, run_id: int, spec: Any, warm_from: int | None = None) -> RunStart:
+    def add_run(self, run_id: int, spec: Any, warm_from: int | None = None,
+                resume_from: Path | None = None) -> RunStart:
+        """Build the run's trainer (validation happens here) and return its plan and start position.
+
+        Args:
+            run_id: the run's id.
+            spec: its ``LeafConfig``.
+            warm_from: parent run id for a warm-start clone (its latest chunk boundary).
+            resume_from: a complete ``checkpoint-<step>`` folder of this run (crash recovery / restart): the
+                run continues exactly where that checkpoint left it.
+
+        Raises:
+            ConfigError: bad input (before any training).
+        """
         with quiet_libraries():
-            return self._add_run(run_id, spec, warm_from)
+            return self._add_run(run_id, spec, warm_from, resume_from)
 
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
         run = self._runs[run_id]
@@ -222,8 +236,9 @@ class TorchExecutor(Executor):
                            f"({', '.join(_SHARED_MODEL_FIELDS)}); they get their own base copy")
         return base
 
-    def _add_run(self, run_id: int, spec: Any, warm_from: int | None) -> RunStart:
+    def _add_run(self, run_id: int, spec: Any, warm_from: int | None, resume_from: Path | None) -> RunStart:
         run_dir = self.run_dir(run_id)
+        rl.precheck(self.kind, spec, self.train_dataset, self.eval_dataset)  # rl: GRPO batch + reward checks
         args, notes = build_training_args(spec, output_dir=str(run_dir / "trainer"), default_seed=self.seed)
         for n in notes:
             self._note(n)
@@ -250,12 +265,13 @@ class TorchExecutor(Executor):
             if base.peft:
                 raise ConfigError("mixing LoRA and full fine-tuning runs on one base is not supported")
             model = copy.deepcopy(base.model)  # full fine-tuning: each run its own copy
-        trainer = self._build_trainer(spec, model, base.tokenizer, args, train_ds, eval_ds)
+        with rl.building(self.kind, model, adapter):  # rl: DPO/GRPO on a shared PeftModel (reference = base)
+            trainer = self._build_trainer(spec, model, base.tokenizer, args, train_ds, eval_ds)
+        rl.after_build(trainer)  # rl: remember the forward this trainer patched in (per-run settings)
         initial_rng = capture_rng()
         geo = step_geometry(trainer, self.kind)
         try:
-            plan = plan_chunks(geo.rows_per_epoch, self.num_chunks, geo.rows_per_step, geo.total_steps,
-                               steps_per_epoch=geo.steps_per_epoch, step_multiple=geo.step_multiple)
+            plan = plan_run(geo, self.num_chunks)  # GRPO: boundaries on generation rounds
         except ChunkPlanError as exc:
             raise ConfigError(f"num_chunks: {exc} (run {run_id})") from exc
 
@@ -264,7 +280,12 @@ class TorchExecutor(Executor):
 
         start = RunStart(plan=plan)
         resume: str | None = None
-        if warm_from is not None:
+        if resume_from is not None:
+            step = _checkpoint_step(resume_from)
+            resume = str(resume_from)
+            start = RunStart(plan=plan, step=step, segments_done=plan.segments_done_at(step),
+                             samples_seen=plan.samples_seen(step))
+        elif warm_from is not None:
             resume, start = self._warm_start(run_id, warm_from, trainer, adapter, plan, run_dir)
         worker = RunWorker(
             run_id, trainer, plan, activate=activate,
@@ -314,8 +335,7 @@ class TorchExecutor(Executor):
                                       processing_class=tokenizer)
         if spec.compute_metrics is not None:
             kwargs["compute_metrics"] = spec.compute_metrics
-        if self.kind.name == "GRPO":
-            kwargs["reward_funcs"] = list(spec.reward_funcs or [])
+        kwargs.update(rl.trainer_kwargs(self.kind, spec, model, args, self))  # rl: reward_funcs, DPO ref_model
         try:
             trainer = cls(**kwargs)
         except ConfigError:
@@ -336,6 +356,7 @@ class TorchExecutor(Executor):
             active = run.base.model.active_adapter
             if active != run.adapter:  # a wrong active adapter raises nothing: it trains the wrong weights
                 raise RuntimeError(f"active adapter is {active!r}, expected {run.adapter!r}")
+        rl.on_activate(run.worker.trainer)  # rl: the run's own patched forward on the shared base
         self.switch_seconds += time.perf_counter() - t0
 
     def _on_boundary(self, run_id: int, step: int, rng: dict[str, Any]) -> None:
@@ -348,6 +369,12 @@ class TorchExecutor(Executor):
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:
         run = self._runs[run_id]
         self.metric_sink(run_id, step, run.plan.samples_seen(step), logs)
+
+
+def _checkpoint_step(folder: Path) -> int:
+    """The global step of a ``checkpoint-<step>`` folder (from its trainer_state.json)."""
+    state = json.loads((Path(folder) / "trainer_state.json").read_text())
+    return int(state["global_step"])
 
 
 def _keep_own_hyperparameters(trainer: Any) -> None:

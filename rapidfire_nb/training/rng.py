@@ -41,5 +41,6 @@ def rng_for_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
     """The dict transformers' ``Trainer._load_rng_state`` reads from ``rng_state.pth``."""
     out = {"python": state["python"], "numpy": state["numpy"], "cpu": state["cpu"]}
     if "cuda" in state:
-        out["cuda"] = state["cuda"]
+        # one device per process: transformers reads a single device state when not distributed
+        out["cuda"] = state["cuda"][torch.cuda.current_device()] if isinstance(state["cuda"], list) else state["cuda"]
     return out

@@ -93,6 +93,7 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
 
     # let curves accumulate a little, then the screenshots (light and dark)
     _wait(lambda: _points(panel) > first + 400, 15, "curves to fill in")
+    page.mouse.move(2, 2)  # no hover highlight in the screenshots
     lab.screenshot("panel_page.png")
     width = panel.evaluate("el => el.getBoundingClientRect().width")
     assert 700 < width < 1000, f"panel width {width}px; the screenshot is meant to show ~900 px"
@@ -101,6 +102,12 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
     )
     assert overflow <= 0, f"the run table overflows its {width}px panel by {overflow}px"
     light = lab.screenshot("panel_light.png", panel)
+    panel.locator(".rf-plot").first.evaluate(
+        "el => window.Plotly.Fx.hover(el, [{curveNumber: 1, pointNumber: 40}])"
+    )
+    hover = panel.locator(".rf-plot").first.locator(".hoverlayer").text_content() or ""
+    assert "run 2" in hover and "step 41" in hover and "loss" in hover, hover
+    lab.screenshot("panel_hover.png", panel.locator(".rf-plots"))
     lab.set_theme(dark=True)
     time.sleep(0.8)
     lab.screenshot("panel_dark.png", panel)

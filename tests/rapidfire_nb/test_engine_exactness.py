@@ -200,7 +200,8 @@ def fair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         RFModelConfig(model_name="tiny", formatting_func=qa_to_chat,
                       peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
                       training_args=RFSFTConfig(learning_rate=1e-3, per_device_train_batch_size=bs,
-                                                gradient_accumulation_steps=ga, max_length=48))
+                                                gradient_accumulation_steps=ga, num_train_epochs=1,
+                                                max_length=48))
         for bs, ga in FAIR_RUNS.values()])
     exp = Experiment("fairness", experiment_path=tmp_path_factory.mktemp("fair"))
     with pytest.MonkeyPatch.context() as mp:

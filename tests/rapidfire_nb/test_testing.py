@@ -21,19 +21,19 @@ from rapidfire_nb.testing import (
     tiny_tokenizer,
 )
 
-CPU_ARGS = dict(
-    use_cpu=True,
-    bf16=False,
-    fp16=False,
-    activation_checkpointing=False,  # TRL turns it on by default; transformers 5 renamed it
-    dataloader_num_workers=0,
-    report_to="none",
-    save_strategy="no",
-    logging_steps=1,
-    max_steps=2,
-    per_device_train_batch_size=4,
-    seed=0,
-)
+CPU_ARGS = {
+    "use_cpu": True,
+    "bf16": False,
+    "fp16": False,
+    "activation_checkpointing": False,  # TRL turns it on by default; transformers 5 renamed it
+    "dataloader_num_workers": 0,
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_steps": 1,
+    "max_steps": 2,
+    "per_device_train_batch_size": 4,
+    "seed": 0,
+}
 
 
 def _state_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -63,7 +63,12 @@ def test_tiny_model_shape() -> None:
     model = tiny_model()
     cfg = model.config
     assert type(model).__name__ == "LlamaForCausalLM"
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (64, 2, 4, 2)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (
+        64,
+        2,
+        4,
+        2,
+    )
     assert cfg.intermediate_size == 128
     assert cfg.vocab_size == len(tiny_tokenizer()) == TINY_VOCAB_SIZE == 512
     assert all(p.dtype == torch.float32 for p in model.parameters())
@@ -165,7 +170,9 @@ def test_tiny_assets_train_with_trl(tmp_path) -> None:
         processing_class=tok,
         reward_funcs=[length_reward],
         train_dataset=tiny_grpo_dataset(8),
-        args=GRPOConfig(output_dir=str(tmp_path / "grpo"), num_generations=4, max_completion_length=8, **CPU_ARGS),
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "grpo"), num_generations=4, max_completion_length=8, **CPU_ARGS
+        ),
     )
     trainer.train()
     logged = [h for h in trainer.state.log_history if "reward_std" in h]
@@ -185,5 +192,7 @@ def test_import_does_not_import_torch() -> None:
         "assert not heavy, heavy"
     )
     root = Path(testing.__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stderr

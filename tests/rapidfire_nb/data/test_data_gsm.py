@@ -26,7 +26,9 @@ def test_load_gsm_symbolic() -> None:
     assert row["prompt"][1]["role"] == "user"
     assert row["prompt"][1]["content"].startswith("There are 12 students playing basketball")
     assert row["answer"] == "70"
-    assert all(isinstance(a, str) and float(a) == float(a) for a in list(train["answer"]) + list(eval_["answer"]))
+    assert all(
+        isinstance(a, str) and float(a) == float(a) for a in list(train["answer"]) + list(eval_["answer"])
+    )
     train_q = {r["prompt"][1]["content"] for r in train}
     assert not train_q & {r["prompt"][1]["content"] for r in eval_}
     again, _ = load_gsm_symbolic(n_train=16, n_eval=4, seed=42)
@@ -60,4 +62,10 @@ def test_correctness_reward() -> None:
 
 def test_format_reward() -> None:
     good = "<reasoning>\nstep\n</reasoning>\n<answer>\n7\n</answer>\n"
-    assert format_reward([_reply(good), good, "<answer>7</answer>", "7", "x" + good]) == [0.5, 0.5, 0.0, 0.0, 0.0]
+    assert format_reward([_reply(good), good, "<answer>7</answer>", "7", "x" + good]) == [
+        0.5,
+        0.5,
+        0.0,
+        0.0,
+        0.0,
+    ]

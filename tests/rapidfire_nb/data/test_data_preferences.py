@@ -28,7 +28,9 @@ def test_shuffle_mode() -> None:
             assert row["rejected"][0]["role"] == "assistant"
             assert row["rejected"][0]["content"] in ANSWERS
             assert row["rejected"] != row["chosen"]
-    again_train, again_eval = load_tech_support_preferences(n_train=64, n_eval=16, seed=42, rejected="shuffle")
+    again_train, again_eval = load_tech_support_preferences(
+        n_train=64, n_eval=16, seed=42, rejected="shuffle"
+    )
     assert again_train.to_list() == train.to_list() and again_eval.to_list() == eval_.to_list()
     # The rejections really vary across rows.
     assert len({row["rejected"][0]["content"] for row in train}) > 3
@@ -37,7 +39,13 @@ def test_shuffle_mode() -> None:
 def test_generate_mode_with_tiny_model_is_cached(tmp_path, tiny_model_fn) -> None:
     model, tok = tiny_model_fn(None)
     train, eval_ = load_tech_support_preferences(
-        n_train=8, n_eval=4, rejected="generate", model=model, tokenizer=tok, cache_dir=tmp_path, max_new_tokens=6
+        n_train=8,
+        n_eval=4,
+        rejected="generate",
+        model=model,
+        tokenizer=tok,
+        cache_dir=tmp_path,
+        max_new_tokens=6,
     )
     files = list((tmp_path / "preferences").glob("*.json"))
     assert len(files) == 1
@@ -56,14 +64,24 @@ def test_generate_mode_with_tiny_model_is_cached(tmp_path, tiny_model_fn) -> Non
 
     model.generate = no_generation
     again_train, again_eval = load_tech_support_preferences(
-        n_train=8, n_eval=4, rejected="generate", model=model, tokenizer=tok, cache_dir=tmp_path, max_new_tokens=6
+        n_train=8,
+        n_eval=4,
+        rejected="generate",
+        model=model,
+        tokenizer=tok,
+        cache_dir=tmp_path,
+        max_new_tokens=6,
     )
     assert again_train.to_list() == train.to_list() and again_eval.to_list() == eval_.to_list()
-    # Replies depend only on (model, question, max_new_tokens): another split reuses the same file.
-    load_tech_support_preferences(
-        n_train=16, n_eval=2, seed=7, model=model, tokenizer=tok, cache_dir=tmp_path, max_new_tokens=6
+    # Replies depend only on (model, question, max_new_tokens): another split extends the same file.
+    del model.generate
+    other, _ = load_tech_support_preferences(
+        n_train=64, n_eval=2, seed=7, model=model, tokenizer=tok, cache_dir=tmp_path, max_new_tokens=6
     )
     assert list((tmp_path / "preferences").glob("*.json")) == files
+    extended = json.loads(files[0].read_text())["replies"]
+    assert {q: extended[q] for q in cached["replies"]} == cached["replies"]
+    assert {row["prompt"][1]["content"] for row in other} <= set(extended)
 
 
 def test_generate_mode_falls_back_when_reply_is_gold_or_empty(tmp_path, monkeypatch, tiny_model_fn) -> None:
@@ -71,9 +89,20 @@ def test_generate_mode_falls_back_when_reply_is_gold_or_empty(tmp_path, monkeypa
     fake = {q: "Some other reply." for q in gold}
     fake["My internet is not working."] = gold["My internet is not working."]
     fake["My screen is flickering."] = ""
-    monkeypatch.setattr(preferences, "generate_replies", lambda model, tok, questions, max_new_tokens: {q: fake[q] for q in questions})
+    monkeypatch.setattr(
+        preferences,
+        "generate_replies",
+        lambda model, tok, questions, max_new_tokens: {q: fake[q] for q in questions},
+    )
     model, tok = tiny_model_fn(None)
-    kwargs = dict(n_train=64, n_eval=16, seed=42, model=model, tokenizer=tok, cache_dir=tmp_path)
+    kwargs = {
+        "n_train": 64,
+        "n_eval": 16,
+        "seed": 42,
+        "model": model,
+        "tokenizer": tok,
+        "cache_dir": tmp_path,
+    }
     gen_train, gen_eval = load_tech_support_preferences(rejected="generate", **kwargs)
     shuf_train, shuf_eval = load_tech_support_preferences(rejected="shuffle", **kwargs)
     fell_back = 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -124,7 +123,9 @@ def test_real_smollm2_converts_reloads_and_answers(smollm2_dir) -> None:
     assert load_seconds < 10, load_seconds
 
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
-    inputs = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = tok.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
     reply = tok.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)

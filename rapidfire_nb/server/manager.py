@@ -1,0 +1,472 @@
+"""What the server extension's handlers hand their work to: reads experiment stores, posts ops to the inbox.
+
+Standard library + :mod:`rapidfire_nb.store` / :mod:`rapidfire_nb.paths` only (no jupyter_server, no torch), so
+it is tested without a server. Every store is opened read-only for one call and closed again; the only write
+is :meth:`Store.post_inbox_op`. Nothing from a request is unpickled, evaluated or put into SQL text: names are
+validated by :func:`rapidfire_nb.paths.validate_experiment_name`, numbers are parsed as ``int``, op payloads
+are checked field by field against the editable fields the kernel stored (meta ``editable_fields``).
+
+Errors are :class:`ApiError` with an HTTP status and a message meant for the user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.paths import STORE_FILENAME, experiment_dir, experiments_root, list_experiments
+from rapidfire_nb.paths import validate_experiment_name
+from rapidfire_nb.store import SchemaVersionError, Store, StoreError
+
+__all__ = [
+    "OP_KINDS",
+    "ApiError",
+    "ExperimentsManager",
+    "clean_json",
+    "encode_points",
+]
+
+OP_KINDS = ("stop", "resume", "delete", "clone")
+"""Op kinds accepted over HTTP (the kernel's ``OpKind`` values)."""
+
+#: Run statuses (``kernel_scheduler.RunStatus`` values; the server does not import the scheduler).
+_ONGOING, _INTERRUPTED, _NEW, _STOPPED, _DELETED = "ONGOING", "INTERRUPTED", "NEW", "STOPPED", "DELETED"
+
+_OP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
+_FIELD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,199}")
+_MAX_STR = 10_000
+_MAX_LIST = 1_000
+_MAX_CHANGES = 100
+_INT_MAX = 2**63 - 1
+
+DEFAULT_METRICS_LIMIT = 20_000
+MAX_METRICS_LIMIT = 200_000
+
+# type names the kernel writes in meta "editable_fields" (Experiment._store_editable_fields)
+_TYPE_NAMES = ("bool", "int", "float", "str", "list", "null", "other")
+
+
+class ApiError(Exception):
+    """A request the server refuses: ``status`` is the HTTP status, ``message`` says why (shown to the user)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def clean_json(value: Any) -> Any:
+    """Make ``value`` strict-JSON-able: non-finite floats -> None, tuples -> lists, keys -> str."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    return str(value)
+
+
+def encode_points(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Columnar metric points, the panel's wire format (``rapidfire_nb.panel.encode_points``).
+
+    ``{"names": [metric names], "run": [...], "step": [...], "samples": [...], "name": [index into names],
+    "value": [...]}``; non-finite values become None.
+    """
+    names: list[str] = []
+    index: dict[str, int] = {}
+    out: dict[str, list[Any]] = {"names": names, "run": [], "step": [], "samples": [], "name": [], "value": []}
+    for p in points:
+        n = p["name"]
+        if n not in index:
+            index[n] = len(names)
+            names.append(n)
+        v = p["value"]
+        out["run"].append(p["run_id"])
+        out["step"].append(p["step"])
+        out["samples"].append(p["samples_seen"])
+        out["name"].append(index[n])
+        out["value"].append(v if v is not None and math.isfinite(v) else None)
+    return out
+
+
+def _type_name(v: Any) -> str:
+    """The kernel's JSON type name of a hyperparameter value (same rules as ``Experiment``)."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, (list, tuple)):
+        return "list"
+    if v is None:
+        return "null"
+    return "other"
+
+
+def _is_scalar(v: Any) -> bool:
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return abs(v) <= _INT_MAX
+    if isinstance(v, str):
+        return len(v) <= _MAX_STR
+    return v is None or isinstance(v, bool)
+
+
+def _check_value(field: str, type_name: str, value: Any) -> None:
+    """Raise ApiError(400) unless ``value`` is a JSON value of the field's type."""
+    ok: bool
+    if type_name == "bool":
+        ok = isinstance(value, bool)
+        want = "true or false"
+    elif type_name == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _INT_MAX
+        want = "an integer"
+    elif type_name == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _is_scalar(value)
+        want = "a number"
+    elif type_name == "str":
+        ok = isinstance(value, str) and len(value) <= _MAX_STR
+        want = f"a string (at most {_MAX_STR} characters)"
+    elif type_name == "list":
+        ok = isinstance(value, list) and len(value) <= _MAX_LIST and all(_is_scalar(v) for v in value)
+        want = "a list of numbers, strings, booleans or nulls"
+    elif type_name == "null":  # currently unset: any plain JSON value; the kernel checks it when applied
+        ok = _is_scalar(value) or (
+            isinstance(value, list) and len(value) <= _MAX_LIST and all(_is_scalar(v) for v in value))
+        want = "a number, string, boolean, null or a list of those"
+    else:
+        raise ApiError(400, f"{field} cannot be changed from here (its value is not plain JSON); "
+                            "use experiment.clone_modify(...) in the notebook")
+    if not ok:
+        raise ApiError(400, f"{field} must be {want}, got {_describe(value)}")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int_param(name: str, value: Any, *, minimum: int, maximum: int = _INT_MAX) -> int:
+    """A query/body integer: a JSON int (not a bool) or a string of decimal digits."""
+    if isinstance(value, bool):
+        raise ApiError(400, f"{name} must be an integer, got {_describe(value)}")
+    if isinstance(value, str):
+        if not re.fullmatch(r"-?[0-9]{1,19}", value.strip()):
+            raise ApiError(400, f"{name} must be an integer, got {_describe(value)}")
+        value = int(value.strip())
+    if not isinstance(value, int):
+        raise ApiError(400, f"{name} must be an integer, got {_describe(value)}")
+    if not minimum <= value <= maximum:
+        raise ApiError(400, f"{name} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+class ExperimentsManager:
+    """Read-only views of the experiments under one root, plus posting ops to an experiment's inbox.
+
+    Args:
+        root: the experiments root (default: :func:`rapidfire_nb.paths.experiments_root`, i.e. ``$RF_HOME`` or
+            the user data dir, the same default as the kernel's).
+        stale_after: seconds after which a writer heartbeat counts as stale (its ONGOING runs are reported as
+            INTERRUPTED and ops are refused).
+    """
+
+    def __init__(self, root: str | Path | None = None, stale_after: float = 30.0) -> None:
+        self.root = experiments_root(root) if root not in (None, "") else experiments_root()
+        self.stale_after = float(stale_after)
+
+    # ------------------------------------------------------------------ stores
+
+    def _dir(self, name: Any) -> Path:
+        try:
+            validate_experiment_name(name)
+            path = experiment_dir(self.root, name)
+        except ConfigError as exc:
+            raise ApiError(400, f"bad experiment name: {exc}") from None
+        if not (path / STORE_FILENAME).is_file():
+            raise ApiError(404, f"no experiment named {name!r} under {self.root}")
+        return path
+
+    @contextlib.contextmanager
+    def _open(self, name: Any) -> Iterator[Store]:
+        path = self._dir(name)
+        try:
+            store = Store(path, read_only=True)
+        except FileNotFoundError:
+            raise ApiError(404, f"no experiment named {name!r} under {self.root}") from None
+        except SchemaVersionError as exc:
+            raise ApiError(409, str(exc)) from None
+        except (StoreError, sqlite3.Error) as exc:
+            raise ApiError(500, f"cannot read experiment {name!r}: {exc}") from None
+        try:
+            yield store
+        except sqlite3.Error as exc:
+            raise ApiError(500, f"cannot read experiment {name!r}: {exc}") from None
+        finally:
+            store.close()
+
+    def _alive(self, store: Store) -> bool:
+        return store.writer_alive(stale_after=self.stale_after)
+
+    @staticmethod
+    def _status(stored: str, alive: bool) -> str:
+        """Crash reconciliation: an ONGOING run whose writer is gone is INTERRUPTED."""
+        return _INTERRUPTED if stored == _ONGOING and not alive else stored
+
+    # ------------------------------------------------------------------ GET experiments
+
+    def list_experiments(self) -> dict[str, Any]:
+        """Every experiment under the root with a one-line summary; unreadable ones carry ``error``."""
+        out = []
+        for name in list_experiments(self.root):
+            try:
+                out.append(self._summary(name))
+            except ApiError as exc:
+                if exc.status != 404:
+                    out.append({"name": name, "error": exc.message})
+        return {"root": str(self.root), "now": time.time(), "experiments": out}
+
+    def experiment(self, name: Any) -> dict[str, Any]:
+        """One experiment's summary (as in :meth:`list_experiments`)."""
+        return self._summary(name)
+
+    def _summary(self, name: str) -> dict[str, Any]:
+        with self._open(name) as store:
+            meta = store.meta()
+            alive = self._alive(store)
+            hb = store.heartbeat()
+            runs = store.runs()
+        counts: dict[str, int] = {}
+        for r in runs:
+            st = self._status(r["status"], alive)
+            counts[st] = counts.get(st, 0) + 1
+        return {
+            "name": name,
+            "trainer_type": meta.get("trainer_type"),
+            "created_at": meta.get("created_at"),
+            "ended_at": meta.get("ended_at"),
+            "updated_at": max((r["updated_at"] for r in runs), default=meta.get("created_at")),
+            "num_runs": sum(n for st, n in counts.items() if st != _DELETED),
+            "status_counts": counts,
+            "writer_alive": alive,
+            "last_beat": hb["beat_at"] if hb else None,
+        }
+
+    # ------------------------------------------------------------------ GET runs
+
+    def runs(self, name: Any) -> dict[str, Any]:
+        """Every run of the experiment (deleted ones too) with all stored columns and latest loss/eval_loss."""
+        with self._open(name) as store:
+            alive = self._alive(store)
+            rows = store.runs()
+            latest = store.latest_metrics(["loss", "eval_loss"])
+        runs = []
+        for r in rows:
+            m = latest.get(r["run_id"], {})
+            runs.append({**r, "stored_status": r["status"], "status": self._status(r["status"], alive),
+                         "loss": m.get("loss"), "eval_loss": m.get("eval_loss")})
+        return {"experiment": name, "writer_alive": alive, "runs": runs}
+
+    # ------------------------------------------------------------------ GET metrics
+
+    def metrics(self, name: Any, cursor: Any = 0, run_id: Any = None, limit: Any = None,
+                fmt: str = "rows") -> dict[str, Any]:
+        """Metric points after ``cursor`` (the store's metric row id), oldest first, and the new cursor.
+
+        Args:
+            cursor: last row id already seen (0: from the start).
+            run_id: only this run's points.
+            limit: at most this many points (default 20,000, at most 200,000); ``more`` says whether
+                there may be more after the returned cursor.
+            fmt: ``rows`` (a list of ``{run_id, step, samples_seen, name, value, wall_time}``) or ``columnar``
+                (the panel's encoding, see :func:`encode_points`).
+        """
+        cur = _int_param("cursor", cursor, minimum=0)
+        rid = None if run_id in (None, "") else _int_param("run_id", run_id, minimum=1)
+        lim = DEFAULT_METRICS_LIMIT if limit in (None, "") else _int_param("limit", limit, minimum=1,
+                                                                             maximum=MAX_METRICS_LIMIT)
+        if fmt not in ("rows", "columnar"):
+            raise ApiError(400, f"format must be 'rows' or 'columnar', got {_describe(fmt)}")
+        with self._open(name) as store:
+            points, new_cursor = store.metrics_since(cur, run_id=rid, limit=lim)
+        body: Any
+        if fmt == "columnar":
+            body = encode_points(points)
+        else:
+            body = [{k: p[k] for k in ("run_id", "step", "samples_seen", "name", "value", "wall_time")}
+                    for p in points]
+        return {"experiment": name, "points": body, "cursor": new_cursor, "more": len(points) == lim}
+
+    # ------------------------------------------------------------------ GET snapshot
+
+    def snapshot(self, name: Any) -> dict[str, Any]:
+        """The panel's snapshot (docs/ARCHITECTURE.md, "Panel source") built from the store alone.
+
+        Differences from the kernel's: ``on_device`` is None and no run is ``on_device`` (only the kernel
+        knows); ONGOING runs of a dead writer are INTERRUPTED; without a live writer ``legal_ops`` are empty
+        (nothing would apply them). Extra keys: ``writer_alive``, ``last_beat``, ``source: "store"``.
+        """
+        with self._open(name) as store:
+            meta = store.meta()
+            alive = self._alive(store)
+            hb = store.heartbeat()
+            rows = store.runs()
+            latest = store.latest_metrics(["loss", "eval_loss"])
+            ops = store.ops()
+        cols = [c for c in (meta.get("hparam_columns") or []) if isinstance(c, str)]
+        num_chunks = meta.get("num_chunks") or 0
+        runs = []
+        for r in rows:
+            status = self._status(r["status"], alive)
+            hp = r.get("hparams") or {}
+            legal: list[str] = []
+            if alive:
+                if status in (_NEW, _ONGOING, _INTERRUPTED):
+                    legal.append("stop")
+                if status in (_STOPPED, _INTERRUPTED):
+                    legal.append("resume")
+                if status != _DELETED:
+                    legal += ["delete", "clone"]
+            m = latest.get(r["run_id"], {})
+            runs.append({
+                "run_id": r["run_id"], "status": status, "on_device": False,
+                "hparams": ({c: hp.get(c) for c in cols} or hp) if isinstance(hp, dict) else {},
+                "editable": {k: v for k, v in hp.items() if not str(v).startswith("<function")}
+                if isinstance(hp, dict) else {},
+                "completed_steps": r.get("completed_steps"), "total_steps": r.get("total_steps"),
+                "chunks_done": r.get("chunks_done"), "epoch": r.get("epoch"),
+                "samples_seen": r.get("samples_seen"), "loss": m.get("loss"), "eval_loss": m.get("eval_loss"),
+                "error": r.get("error"), "parent_id": r.get("parent_id"), "warm_start": bool(r.get("warm_start")),
+                "legal_ops": legal,
+            })
+        return {
+            "experiment": name, "started_at": meta.get("created_at"), "now": time.time(),
+            "progress": self._progress(runs, num_chunks, alive), "on_device": None, "num_chunks": num_chunks,
+            "hparam_columns": cols, "runs": runs,
+            "ops": [{k: o.get(k) for k in ("op_id", "run_id", "kind", "state", "message", "requested_at",
+                                           "applied_at")} for o in ops],
+            "metric_names": list(meta.get("metric_names") or []),
+            "writer_alive": alive, "last_beat": hb["beat_at"] if hb else None, "source": "store",
+        }
+
+    @staticmethod
+    def _progress(runs: list[dict[str, Any]], num_chunks: int, alive: bool) -> str:
+        active = [r for r in runs if r["status"] in (_NEW, _ONGOING)]
+        if alive and active and num_chunks:
+            k = min(int(r.get("chunks_done") or 0) for r in active)
+            return f"chunk {k % num_chunks + 1}/{num_chunks} of epoch {k // num_chunks + 1}"
+        done = sum(1 for r in runs if r["status"] == "COMPLETED")
+        shown = [r for r in runs if r["status"] != _DELETED]
+        text = f"{done}/{len(shown)} runs completed"
+        if not alive:
+            return f"no kernel is running this experiment — {text}"
+        return f"idle — {text}"
+
+    # ------------------------------------------------------------------ POST ops
+
+    def post_op(self, name: Any, body: Any) -> dict[str, Any]:
+        """Validate an op request and leave it in the experiment's inbox for its kernel (idempotent on op_id).
+
+        Args:
+            body: the decoded JSON request ``{"op_id"?, "kind", "run_id", "changes"?, "warm_start"?}``.
+
+        Returns:
+            ``{"op_id", "kind", "run_id", "state": "queued", "duplicate", "message"}`` (``duplicate``: an op
+            with this id was posted before; nothing new was queued).
+
+        Raises:
+            ApiError: 400 bad payload, 404 unknown experiment, 409 no live kernel for this experiment.
+        """
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object {op_id, kind, run_id, changes?, "
+                                "warm_start?}")
+        unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start"})
+        if unknown:
+            raise ApiError(400, f"unknown key(s) {', '.join(map(repr, unknown))}; an op has op_id, kind, "
+                                "run_id, changes, warm_start")
+        op_id = body.get("op_id")
+        if op_id is None:
+            op_id = uuid.uuid4().hex
+        if not isinstance(op_id, str) or not _OP_ID_RE.fullmatch(op_id):
+            raise ApiError(400, "op_id must be 1-128 characters: letters, digits, '_', '.', ':', '-' "
+                                "(a uuid is fine)")
+        kind = body.get("kind")
+        if kind not in OP_KINDS:
+            raise ApiError(400, f"kind must be one of {', '.join(OP_KINDS)}, got {_describe(kind)}")
+        if "run_id" not in body:
+            raise ApiError(400, "run_id is missing")
+        run_id = body["run_id"]
+        if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id <= _INT_MAX:
+            raise ApiError(400, f"run_id must be a positive integer, got {_describe(run_id)}")
+        changes = body.get("changes")
+        warm = body.get("warm_start", False)
+        if not isinstance(warm, bool):
+            raise ApiError(400, f"warm_start must be true or false, got {_describe(warm)}")
+        if kind != "clone":
+            if changes not in (None, {}) or warm:
+                raise ApiError(400, f"a {kind} op takes no changes and no warm_start (only clone does)")
+        elif changes is None:
+            changes = {}
+        elif not isinstance(changes, dict):
+            raise ApiError(400, "changes must be a JSON object {field: value}")
+        elif len(changes) > _MAX_CHANGES:
+            raise ApiError(400, f"at most {_MAX_CHANGES} changes per clone")
+
+        with self._open(name) as store:
+            run = store.get_run(run_id)
+            if run is None:
+                raise ApiError(400, f"experiment {name!r} has no run {run_id}")
+            if kind == "clone":
+                self._check_changes(store, run, changes)
+            if not self._alive(store):
+                hb = store.heartbeat()
+                when = (f"its last heartbeat was {time.time() - hb['beat_at']:.0f} s ago"
+                        if hb else "it never started training")
+                raise ApiError(409, f"no kernel is running experiment {name!r} ({when}); ops are applied by the "
+                                    "kernel that trains it. Re-run its notebook cells (Experiment(...) then "
+                                    "run_fit(...)) and try again.")
+            payload = {"changes": changes, "warm_start": warm} if kind == "clone" else None
+            # the one write: post_inbox_op opens its own short-lived read-write connection
+            posted = store.post_inbox_op(op_id, kind, run_id, payload)
+        return {
+            "op_id": op_id, "kind": kind, "run_id": run_id, "state": "queued", "duplicate": not posted,
+            "message": (f"{kind} for run {run_id} sent to the kernel; it is applied at the next chunk boundary"
+                        if posted else f"op {op_id} was already sent; nothing new was queued"),
+        }
+
+    @staticmethod
+    def _check_changes(store: Store, run: dict[str, Any], changes: dict[str, Any]) -> None:
+        """Every changed field must be editable for this run and its value of the stored JSON type."""
+        run_id = run["run_id"]
+        described = store.get_meta("editable_fields")
+        fields: dict[str, str]
+        if isinstance(described, dict):
+            entry = described.get(str(run_id))
+            if not isinstance(entry, dict):
+                raise ApiError(400, f"run {run_id} has no editable fields recorded; clone it from its notebook")
+            fields = {str(k): (v if v in _TYPE_NAMES else "other") for k, v in entry.items()}
+        else:  # older kernels: the run's stored hyperparameters, typed by their current values
+            hp = run.get("hparams") or {}
+            fields = {str(k): _type_name(v) for k, v in hp.items()
+                      if not (isinstance(v, str) and v.startswith("<"))} if isinstance(hp, dict) else {}
+        for key, value in changes.items():
+            if not isinstance(key, str) or not _FIELD_RE.fullmatch(key):
+                raise ApiError(400, f"bad field name {_describe(key)}")
+            if key not in fields:
+                known = ", ".join(sorted(fields)) or "none"
+                raise ApiError(400, f"{key} is not an editable field of run {run_id} (editable: {known})")
+            _check_value(key, fields[key], value)
