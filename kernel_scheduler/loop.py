@@ -144,6 +144,10 @@ class Scheduler:
         self._acks: dict[str, OpAck] = {}
         self._next_id = first_run_id
         self._busy = False  # True while the loop has work (a segment or queued commands)
+        # ops accepted by submit() whose _apply has not returned yet (a deferred op counts as applied: it
+        # then waits on the run in flight). qsize() alone is not enough: submit() puts an op on the queue
+        # after releasing the lock, and the loop takes it off before applying it.
+        self._unapplied = 0
         # Executor calls other than run_segment wait until no segment is running (they touch the shared model
         # and the process-wide RNG): status notifications and clones queue here until the boundary.
         self._at_boundary: list[Callable[[], None]] = []
@@ -232,6 +236,7 @@ class Scheduler:
                         new_run_id=child_id)
             self._acks[op.op_id] = ack
             self._busy = True
+            self._unapplied += 1
         self._notify_op(op, ack)
         self._commands.put(op)
         self._wake.set()
@@ -262,6 +267,8 @@ class Scheduler:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while not self._done(chunks):
+                if self._closing.is_set() and self._thread is not None and not self._thread.is_alive():
+                    return False  # closed: nothing will change any more
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -292,8 +299,8 @@ class Scheduler:
             return all(
                 r.segments_done >= min(chunks, r.plan.num_segments if r.plan else chunks)
                 for r in self._runs.values() if r.status.in_rotation() and not r.pending
-            ) and not self._commands.qsize()
-        if self._busy or self._current is not None or self._commands.qsize() or self._at_boundary:
+            ) and not self._unapplied
+        if self._busy or self._current is not None or self._unapplied or self._at_boundary:
             return False
         return self._choose() is None
 
@@ -320,6 +327,7 @@ class Scheduler:
         self._drain_commands()
         self._flush_boundary()
         if self._current is None:
+            self._resolve_waiting_clones()
             with self._lock:
                 run_id = self._choose()
                 if run_id is None:
@@ -336,18 +344,41 @@ class Scheduler:
         if not fut.done():
             self._wake.wait(self._idle_poll_s)
             self._wake.clear()
+            if not fut.done():
+                self._poll_inbox()  # ops from other processes for parked runs apply without waiting a chunk
             return
-        self._finish_segment(run_id, fut.result())
+        try:
+            res = fut.result()
+        except Exception as exc:  # the contract says never; a raising Future must not wedge the loop
+            run = self._runs[run_id]
+            res = SegmentResult(step=run.step, samples_seen=run.samples_seen, error=f"{type(exc).__name__}: {exc}")
+        self._finish_segment(run_id, res)
 
     def _begin(self, run_id: int) -> None:
         with self._lock:
             run = self._runs[run_id]
             assert run.plan is not None
-            if run.status is RunStatus.NEW:
-                self._set_status(run, RunStatus.ONGOING)
-            stop = run.plan.boundaries[run.segments_done]
-            self._busy = True
-        fut = self._executor.run_segment(run_id, stop)
+            if run.segments_done >= run.plan.num_segments or run.step >= run.plan.total_steps:
+                # nothing left to train (e.g. a warm clone of a parent that made its last step)
+                self._set_status(run, RunStatus.COMPLETED)
+                self._at_boundary.append(lambda rid=run_id: self._executor.on_status(rid, RunStatus.COMPLETED.value))
+                done = True
+            else:
+                done = False
+                if run.status is RunStatus.NEW:
+                    self._set_status(run, RunStatus.ONGOING)
+                stop = run.plan.boundaries[run.segments_done]
+                self._busy = True
+        if done:
+            self._emit(run)
+            self._flush_boundary()
+            return
+        try:
+            fut = self._executor.run_segment(run_id, stop)
+        except Exception as exc:  # the run fails at the end of this turn; the loop goes on
+            fut = Future()
+            fut.set_result(SegmentResult(step=run.step, samples_seen=run.samples_seen,
+                                         error=f"{type(exc).__name__}: {exc}"))
         fut.add_done_callback(lambda _f: self._wake.set())
         self._current = (run_id, fut)
         self._emit(run)
@@ -410,7 +441,11 @@ class Scheduler:
                 op = self._commands.get_nowait()
             except queue.Empty:
                 return
-            self._apply(op)
+            try:
+                self._apply(op)
+            finally:
+                with self._lock:
+                    self._unapplied -= 1
 
     def _apply(self, op: Op) -> None:
         with self._lock:
@@ -421,13 +456,21 @@ class Scheduler:
                 run.deferred.append(op)
                 return
         if decision.verdict == "reject":
-            self._reject(op, decision.reason)
+            self._reject_op(op, decision.reason)
             return
         try:
             self._apply_now(op)
         except Exception as exc:  # a bad op never crashes the loop
             log.debug("op %s failed", op.op_id, exc_info=True)
-            self._reject(op, f"{type(exc).__name__}: {exc}")
+            self._reject_op(op, f"{type(exc).__name__}: {exc}")
+
+    def _reject_op(self, op: Op, reason: str) -> None:
+        """Reject ``op``; a clone's child (created NEW by submit) fails with the same reason."""
+        child = self._runs.get(int(op.payload.get("child_id", -1))) if op.kind is OpKind.CLONE else None
+        if child is not None and child.pending:
+            self._fail_child(child, op, reason)
+        else:
+            self._reject(op, reason)
 
     def _apply_now(self, op: Op) -> None:
         assert op.kind in OpKind
@@ -449,13 +492,23 @@ class Scheduler:
             self._when_free(lambda rid=run.run_id: self._executor.on_status(rid, RunStatus.DELETED.value))
             self._resolved(op, f"run {run.run_id} deleted")
         elif op.kind is OpKind.CLONE:
-            self._when_free(lambda: self._apply_clone(op))
+            self._when_free(lambda: self._apply_clone_or_reject(op))
         self._emit(run)
+
+    def _apply_clone_or_reject(self, op: Op) -> None:
+        try:
+            self._apply_clone(op)
+        except Exception as exc:  # never leave the op queued and the child pending
+            log.exception("rapidfire scheduler: clone failed")
+            self._reject_op(op, f"{type(exc).__name__}: {exc}")
 
     def _apply_clone(self, op: Op) -> None:
         child_id = int(op.payload["child_id"])
         with self._lock:
             child = self._runs[child_id]
+        if child.status is RunStatus.DELETED:  # deleted before it was created: never build it
+            self._fail_child(child, op, f"run {child_id} was deleted before it was created")
+            return
         warm = bool(op.payload.get("warm_start"))
         if warm and not self._executor.has_boundary(op.run_id):
             with self._lock:
@@ -486,8 +539,9 @@ class Scheduler:
         with self._lock:
             child.waiting_clone = None
             child.pending = False
-            child.error = reason
-            self._set_status(child, RunStatus.FAILED)
+            if child.status is not RunStatus.DELETED:  # a child deleted before it existed stays DELETED
+                child.error = reason
+                self._set_status(child, RunStatus.FAILED)
         self._reject(op, reason)
         self._emit(child)
 
@@ -496,10 +550,12 @@ class Scheduler:
             waiting = [r.waiting_clone for r in self._runs.values() if r.waiting_clone is not None]
         for op in waiting:
             assert op is not None
-            parent = self._runs[op.run_id]
-            if self._executor.has_boundary(op.run_id) or not parent.status.in_rotation():
-                self._runs[int(op.payload["child_id"])].waiting_clone = None
-                self._apply_clone(op)
+            with self._lock:
+                parent, child = self._runs[op.run_id], self._runs[int(op.payload["child_id"])]
+                gone = child.status is RunStatus.DELETED or not parent.status.in_rotation()
+            if gone or self._executor.has_boundary(op.run_id):
+                child.waiting_clone = None
+                self._apply_clone_or_reject(op)
 
     def _set_status(self, run: _Run, new: RunStatus) -> None:
         check_transition(run.status, new)

@@ -45,7 +45,8 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
                               RunStatus.COMPLETED}),
     RunStatus.ONGOING: frozenset({RunStatus.STOPPED, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.DELETED,
                                   RunStatus.INTERRUPTED}),
-    RunStatus.STOPPED: frozenset({RunStatus.ONGOING, RunStatus.DELETED}),
+    # STOPPED -> FAILED: a clone parked before it was created, whose creation then failed
+    RunStatus.STOPPED: frozenset({RunStatus.ONGOING, RunStatus.FAILED, RunStatus.DELETED}),
     RunStatus.INTERRUPTED: frozenset({RunStatus.ONGOING, RunStatus.STOPPED, RunStatus.FAILED, RunStatus.DELETED}),
     RunStatus.COMPLETED: frozenset({RunStatus.DELETED}),
     RunStatus.FAILED: frozenset({RunStatus.DELETED}),

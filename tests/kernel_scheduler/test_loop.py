@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 from _ks_fakes import TIMEOUT, FakeExecutor, FakeSpec, Harness, Recorder
@@ -31,9 +31,15 @@ def harnesses() -> Iterator[list[Harness]]:
         assert h.sched.loop_error is None, h.sched.loop_error
 
 
+Make = Callable[..., Harness]
+
+
 @pytest.fixture
-def make(harnesses: list[Harness]):  # type: ignore[no-untyped-def]
-    def _make(specs, num_chunks: int = 2, mode: str = "auto", start: bool = True) -> Harness:  # type: ignore[no-untyped-def]
+def make(harnesses: list[Harness]) -> Make:
+    """``make(specs, num_chunks=2, mode="auto", start=True)``: a Harness closed (and checked) after the test."""
+
+    def _make(specs: Sequence[FakeSpec] | dict[int, FakeSpec], num_chunks: int = 2, mode: str = "auto",
+              start: bool = True) -> Harness:
         h = Harness(specs, num_chunks=num_chunks, mode=mode, start=start)
         harnesses.append(h)
         return h
@@ -60,7 +66,7 @@ def assert_ops_terminal(h: Harness) -> None:
 
 
 # ====================================================================== order and completion
-def test_round_robin_by_chunk(make) -> None:  # type: ignore[no-untyped-def]
+def test_round_robin_by_chunk(make: Make) -> None:
     h = make([FOUR, FOUR, FOUR], num_chunks=4)
     assert h.sched.wait(timeout=TIMEOUT)
     assert h.fake.calls == [(r, s) for s in (2, 4, 6, 8) for r in (1, 2, 3)]
@@ -73,13 +79,13 @@ def test_round_robin_by_chunk(make) -> None:  # type: ignore[no-untyped-def]
     assert h.sched.is_idle()
 
 
-def test_round_robin_with_futures_resolved_from_another_thread(make) -> None:  # type: ignore[no-untyped-def]
+def test_round_robin_with_futures_resolved_from_another_thread(make: Make) -> None:
     h = make([FOUR, FOUR, FOUR], num_chunks=4, mode="thread")
     assert h.sched.wait(timeout=TIMEOUT)
     assert h.fake.calls == [(r, s) for s in (2, 4, 6, 8) for r in (1, 2, 3)]
 
 
-def test_runs_with_different_lengths_and_epochs(make) -> None:  # type: ignore[no-untyped-def]
+def test_runs_with_different_lengths_and_epochs(make: Make) -> None:
     specs = [
         FakeSpec(rows=16, batch=4),  # 4 steps: boundaries 2, 4
         FakeSpec(rows=16, batch=2, epochs=2),  # 8 steps/epoch: 4, 8 | 12, 16
@@ -95,14 +101,14 @@ def test_runs_with_different_lengths_and_epochs(make) -> None:  # type: ignore[n
     assert (s3.status, s3.step, s3.samples_seen, s3.segments_done) == (S.COMPLETED, 3, 12, 2)
 
 
-def test_max_steps_inside_the_first_chunk(make) -> None:  # type: ignore[no-untyped-def]
+def test_max_steps_inside_the_first_chunk(make: Make) -> None:
     h = make([FakeSpec(rows=16, batch=2, max_steps=3), FOUR], num_chunks=2)
     assert h.sched.wait(timeout=TIMEOUT)
     assert h.fake.calls == [(1, 3), (2, 4), (2, 8)]
     assert h.status(1) is S.COMPLETED and h.sched.run_snapshot(1).step == 3  # type: ignore[union-attr]
 
 
-def test_a_failing_segment_fails_only_its_run(make) -> None:  # type: ignore[no-untyped-def]
+def test_a_failing_segment_fails_only_its_run(make: Make) -> None:
     h = make([FOUR, FakeSpec(rows=16, batch=2, fail_at_step=3), FOUR], num_chunks=4)
     assert h.sched.wait(timeout=TIMEOUT)
     assert h.fake.calls_of(2) == [2, 4]
@@ -114,7 +120,7 @@ def test_a_failing_segment_fails_only_its_run(make) -> None:  # type: ignore[no-
     assert h.fake.statuses(2) == ["FAILED"]
 
 
-def test_a_segment_future_that_raises_fails_the_run(make) -> None:  # type: ignore[no-untyped-def]
+def test_a_segment_future_that_raises_fails_the_run(make: Make) -> None:
     """Executors must report errors in SegmentResult; one that raises anyway must not wedge the loop."""
     h = make([TWO, TWO], mode="manual")
     assert h.fake.wait_inflight() == (1, 2)
@@ -126,7 +132,7 @@ def test_a_segment_future_that_raises_fails_the_run(make) -> None:  # type: igno
     assert h.fake.calls_of(1) == [2]
 
 
-def test_run_segment_that_raises_fails_the_run(make) -> None:  # type: ignore[no-untyped-def]
+def test_run_segment_that_raises_fails_the_run(make: Make) -> None:
     h = make([TWO, TWO], start=False)
     real = h.fake.run_segment
 
@@ -143,7 +149,7 @@ def test_run_segment_that_raises_fails_the_run(make) -> None:  # type: ignore[no
 
 
 # ====================================================================== stop / resume / delete
-def test_stop_of_the_run_on_device_applies_at_its_boundary(make) -> None:  # type: ignore[no-untyped-def]
+def test_stop_of_the_run_on_device_applies_at_its_boundary(make: Make) -> None:
     h = make([TWO, TWO, TWO], mode="manual")
     assert h.fake.wait_inflight() == (1, 2)
     ack = h.sched.submit(Op(OpKind.STOP, 1))
@@ -165,7 +171,7 @@ def test_stop_of_the_run_on_device_applies_at_its_boundary(make) -> None:  # typ
     assert_ops_terminal(h)
 
 
-def test_stop_of_a_parked_run_applies_at_once(make) -> None:  # type: ignore[no-untyped-def]
+def test_stop_of_a_parked_run_applies_at_once(make: Make) -> None:
     h = make([TWO, TWO, TWO], mode="manual")
     assert h.fake.wait_inflight() == (1, 2)
     ack = h.sched.submit(Op(OpKind.STOP, 2))
@@ -179,7 +185,7 @@ def test_stop_of_a_parked_run_applies_at_once(make) -> None:  # type: ignore[no-
     assert h.fake.events.index(("on_status", 2, "STOPPED")) > h.fake.events.index(("segment", 1, 2))
 
 
-def test_stopping_every_run_does_not_end_and_resume_continues(make) -> None:  # type: ignore[no-untyped-def]
+def test_stopping_every_run_does_not_end_and_resume_continues(make: Make) -> None:
     h = make([TWO, TWO], mode="manual")
     h.fake.wait_inflight()
     for r in (1, 2):
@@ -196,7 +202,7 @@ def test_stopping_every_run_does_not_end_and_resume_continues(make) -> None:  # 
     assert h.fake.statuses(1) == ["STOPPED", "ONGOING", "COMPLETED"]
 
 
-def test_resumed_run_catches_up_furthest_behind_first(make) -> None:  # type: ignore[no-untyped-def]
+def test_resumed_run_catches_up_furthest_behind_first(make: Make) -> None:
     h = make([FOUR, FOUR, FOUR], num_chunks=4, mode="manual", start=False)
     h.sched.submit(Op(OpKind.STOP, 3))  # queued before start: applied on the first turn
     h.sched.start()
@@ -216,7 +222,7 @@ def test_resumed_run_catches_up_furthest_behind_first(make) -> None:  # type: ig
     assert all(h.status(r) is S.COMPLETED for r in (1, 2, 3))
 
 
-def test_resume_of_a_run_stopped_before_its_first_chunk(make) -> None:  # type: ignore[no-untyped-def]
+def test_resume_of_a_run_stopped_before_its_first_chunk(make: Make) -> None:
     h = make([TWO, TWO], start=False)
     h.sched.submit(Op(OpKind.STOP, 1))
     h.sched.start()
@@ -228,7 +234,7 @@ def test_resume_of_a_run_stopped_before_its_first_chunk(make) -> None:  # type: 
     assert h.rec.statuses(1) == [S.STOPPED, S.ONGOING, S.COMPLETED]
 
 
-def test_delete(make) -> None:  # type: ignore[no-untyped-def]
+def test_delete(make: Make) -> None:
     h = make([TWO, TWO, TWO, TWO], mode="manual")
     assert h.fake.wait_inflight() == (1, 2)
     on_device = h.sched.submit(Op(OpKind.DELETE, 1))
@@ -252,7 +258,7 @@ def test_delete(make) -> None:  # type: ignore[no-untyped-def]
     assert_ops_terminal(h)
 
 
-def test_delete_of_a_failed_run(make) -> None:  # type: ignore[no-untyped-def]
+def test_delete_of_a_failed_run(make: Make) -> None:
     h = make([FakeSpec(rows=16, batch=4, fail_at_step=1), TWO])
     assert h.sched.wait(timeout=TIMEOUT)
     assert h.status(1) is S.FAILED
@@ -262,7 +268,7 @@ def test_delete_of_a_failed_run(make) -> None:  # type: ignore[no-untyped-def]
 
 
 # ====================================================================== clone
-def test_cold_clone_gets_max_plus_one_and_catches_up(make) -> None:  # type: ignore[no-untyped-def]
+def test_cold_clone_gets_max_plus_one_and_catches_up(make: Make) -> None:
     h = make([FOUR, FOUR, FOUR], num_chunks=4, mode="manual")
     for _ in range(6):
         h.step()
@@ -289,7 +295,7 @@ def test_cold_clone_gets_max_plus_one_and_catches_up(make) -> None:  # type: ign
     assert_ops_terminal(h)
 
 
-def test_clone_ids_keep_increasing(make) -> None:  # type: ignore[no-untyped-def]
+def test_clone_ids_keep_increasing(make: Make) -> None:
     h = make({1: TWO, 5: TWO})
     assert h.sched.wait(timeout=TIMEOUT)
     assert h.sched.submit(clone(1, TWO)).new_run_id == 6
@@ -298,7 +304,7 @@ def test_clone_ids_keep_increasing(make) -> None:  # type: ignore[no-untyped-def
     assert [s.run_id for s in h.sched.snapshot()] == [1, 5, 6, 7]
 
 
-def test_clone_of_a_finished_run_restarts_the_loop(make) -> None:  # type: ignore[no-untyped-def]
+def test_clone_of_a_finished_run_restarts_the_loop(make: Make) -> None:
     h = make([TWO, TWO])
     assert h.sched.wait(timeout=TIMEOUT)
     for i in range(20):  # repeated: wait() must never return before the clone has trained
@@ -309,7 +315,41 @@ def test_clone_of_a_finished_run_restarts_the_loop(make) -> None:  # type: ignor
         assert h.fake.calls_of(child) == [2, 4]
 
 
-def test_wait_covers_a_clone_whose_add_run_is_slow(make) -> None:  # type: ignore[no-untyped-def]
+def test_wait_does_not_return_while_submit_is_between_ack_and_queue() -> None:
+    """submit() tells the listener "queued" and then puts the op on the queue; an idle loop turn in between
+    must not let wait() report "nothing left to train" while the clone is not applied yet."""
+    in_window, release = threading.Event(), threading.Event()
+
+    class SlowQueued(Recorder):
+        def on_op(self, op, ack):  # type: ignore[no-untyped-def]
+            super().on_op(op, ack)
+            if ack.state == "queued" and op.op_id == "slow":
+                in_window.set()
+                release.wait(TIMEOUT)
+
+    fake, rec = FakeExecutor(), SlowQueued()
+    sched = Scheduler(fake, listener=rec, idle_poll_s=0.002)
+    sched.add_run(1, TWO)
+    sched.start()
+    try:
+        assert sched.wait(timeout=TIMEOUT)
+        submitter = threading.Thread(target=lambda: sched.submit(clone(1, TWO, op_id="slow")), daemon=True)
+        submitter.start()
+        assert in_window.wait(TIMEOUT)
+        rec.wait_beats(3)  # the loop keeps turning, idle, while the op is not on the queue yet
+        assert not sched.wait(timeout=0.05), "wait() returned before the clone was applied"
+        assert not sched.is_idle()
+        release.set()
+        submitter.join(TIMEOUT)
+        assert sched.wait(timeout=TIMEOUT)
+        assert sched.run_snapshot(2).status is S.COMPLETED  # type: ignore[union-attr]
+    finally:
+        release.set()
+        sched.close(timeout=TIMEOUT)
+    assert not fake.violations
+
+
+def test_wait_covers_a_clone_whose_add_run_is_slow(make: Make) -> None:
     h = make([TWO])
     assert h.sched.wait(timeout=TIMEOUT)
     h.fake.add_run_delay = 0.05
@@ -318,7 +358,7 @@ def test_wait_covers_a_clone_whose_add_run_is_slow(make) -> None:  # type: ignor
     assert h.status(child) is S.COMPLETED  # type: ignore[arg-type]
 
 
-def test_clone_of_a_failed_run_is_allowed(make) -> None:  # type: ignore[no-untyped-def]
+def test_clone_of_a_failed_run_is_allowed(make: Make) -> None:
     h = make([FakeSpec(rows=16, batch=4, fail_at_step=1)])
     assert h.sched.wait(timeout=TIMEOUT)
     ack = h.sched.submit(clone(1, TWO))
@@ -326,7 +366,7 @@ def test_clone_of_a_failed_run_is_allowed(make) -> None:  # type: ignore[no-unty
     assert h.sched.ack(ack.op_id).state == "applied" and h.status(2) is S.COMPLETED  # type: ignore[union-attr]
 
 
-def test_clone_whose_add_run_fails_marks_the_child_failed(make) -> None:  # type: ignore[no-untyped-def]
+def test_clone_whose_add_run_fails_marks_the_child_failed(make: Make) -> None:
     h = make([TWO])
     ack = h.sched.submit(clone(1, FakeSpec(add_error="bad lora.r")))
     assert h.sched.wait(timeout=TIMEOUT)
@@ -337,7 +377,7 @@ def test_clone_whose_add_run_fails_marks_the_child_failed(make) -> None:  # type
     assert h.status(1) is S.COMPLETED
 
 
-def test_warm_clone_waits_for_its_parents_first_boundary(make) -> None:  # type: ignore[no-untyped-def]
+def test_warm_clone_waits_for_its_parents_first_boundary(make: Make) -> None:
     h = make([TWO, TWO], mode="manual")
     assert h.fake.wait_inflight() == (1, 2)
     ack = h.sched.submit(clone(2, TWO, warm=True))  # run 2 has not trained yet
@@ -361,7 +401,7 @@ def test_warm_clone_waits_for_its_parents_first_boundary(make) -> None:  # type:
     assert h.status(3) is S.COMPLETED
 
 
-def test_warm_clone_with_a_faked_boundary_applies_at_once(make) -> None:  # type: ignore[no-untyped-def]
+def test_warm_clone_with_a_faked_boundary_applies_at_once(make: Make) -> None:
     h = make([TWO, TWO], mode="manual")
     h.fake.wait_inflight()
     h.fake.boundary_override[2] = True  # the executor says run 2 has a boundary (e.g. restored)
@@ -373,7 +413,7 @@ def test_warm_clone_with_a_faked_boundary_applies_at_once(make) -> None:  # type
     assert h.status(3) is S.COMPLETED
 
 
-def test_warm_clone_of_a_parked_parent_without_boundary_is_rejected(make) -> None:  # type: ignore[no-untyped-def]
+def test_warm_clone_of_a_parked_parent_without_boundary_is_rejected(make: Make) -> None:
     h = make([TWO, TWO], start=False)
     h.sched.submit(Op(OpKind.STOP, 2))
     h.sched.start()
@@ -387,7 +427,7 @@ def test_warm_clone_of_a_parked_parent_without_boundary_is_rejected(make) -> Non
     assert not any(e[0] == "add_run" and e[1] == 3 for e in h.fake.events)
 
 
-def test_waiting_warm_clone_is_resolved_when_its_parent_is_stopped(make) -> None:  # type: ignore[no-untyped-def]
+def test_waiting_warm_clone_is_resolved_when_its_parent_is_stopped(make: Make) -> None:
     """A warm clone waits for its parent's first boundary; if the parent is parked first, it must not hang."""
     h = make([TWO], start=False)
     ack = h.sched.submit(clone(1, TWO, warm=True))  # run 1 has no boundary yet: the clone will wait
@@ -402,7 +442,7 @@ def test_waiting_warm_clone_is_resolved_when_its_parent_is_stopped(make) -> None
     assert_ops_terminal(h)
 
 
-def test_stopped_clone_whose_creation_fails(make) -> None:  # type: ignore[no-untyped-def]
+def test_stopped_clone_whose_creation_fails(make: Make) -> None:
     """A clone stopped before it is created, whose creation then fails, ends FAILED without a loop error."""
     h = make([TWO], mode="manual")
     h.fake.wait_inflight()
@@ -417,7 +457,7 @@ def test_stopped_clone_whose_creation_fails(make) -> None:  # type: ignore[no-un
     assert_ops_terminal(h)
 
 
-def test_clone_deleted_before_it_is_created_is_never_built(make) -> None:  # type: ignore[no-untyped-def]
+def test_clone_deleted_before_it_is_created_is_never_built(make: Make) -> None:
     h = make([TWO], mode="manual")
     h.fake.wait_inflight()
     ack = h.sched.submit(clone(1, TWO))
@@ -430,7 +470,7 @@ def test_clone_deleted_before_it_is_created_is_never_built(make) -> None:  # typ
     assert_ops_terminal(h)
 
 
-def test_clone_queued_behind_a_delete_of_its_parent(make) -> None:  # type: ignore[no-untyped-def]
+def test_clone_queued_behind_a_delete_of_its_parent(make: Make) -> None:
     """The parent is deleted by an earlier op before the clone op is applied: the child must not stay NEW."""
     h = make([TWO, TWO], start=False)
     h.sched.submit(Op(OpKind.DELETE, 2))
@@ -446,7 +486,7 @@ def test_clone_queued_behind_a_delete_of_its_parent(make) -> None:  # type: igno
     assert_ops_terminal(h)
 
 
-def test_warm_clone_with_a_delete_of_its_parent_gets_the_parents_weights(make) -> None:  # type: ignore[no-untyped-def]
+def test_warm_clone_with_a_delete_of_its_parent_gets_the_parents_weights(make: Make) -> None:
     h = make([TWO, TWO], mode="manual")
     assert h.fake.wait_inflight() == (1, 2)
     ack = h.sched.submit(clone(1, TWO, warm=True))
@@ -458,7 +498,7 @@ def test_warm_clone_with_a_delete_of_its_parent_gets_the_parents_weights(make) -
     assert h.fake.calls_of(3) == [4] and h.status(3) is S.COMPLETED and h.status(1) is S.DELETED
 
 
-def test_warm_clone_of_a_completed_parent_has_nothing_left(make) -> None:  # type: ignore[no-untyped-def]
+def test_warm_clone_of_a_completed_parent_has_nothing_left(make: Make) -> None:
     h = make([TWO])
     assert h.sched.wait(timeout=TIMEOUT)
     ack = h.sched.submit(clone(1, TWO, warm=True))
@@ -474,7 +514,7 @@ def test_warm_clone_of_a_completed_parent_has_nothing_left(make) -> None:  # typ
 
 
 # ====================================================================== op rules
-def test_duplicate_op_id_is_applied_once(make) -> None:  # type: ignore[no-untyped-def]
+def test_duplicate_op_id_is_applied_once(make: Make) -> None:
     h = make([TWO, TWO, TWO], mode="manual")
     h.fake.wait_inflight()
     first = h.sched.submit(Op(OpKind.STOP, 2, op_id="same"))
@@ -513,7 +553,7 @@ def test_duplicate_op_id_is_applied_once(make) -> None:  # type: ignore[no-untyp
         (OpKind.STOP, 0, "completed", "does not exist"),
     ],
 )
-def test_illegal_ops_are_rejected_with_a_reason(make, kind: OpKind, target: int, setup: str,  # type: ignore[no-untyped-def]
+def test_illegal_ops_are_rejected_with_a_reason(make: Make, kind: OpKind, target: int, setup: str,
                                                 reason: str) -> None:
     first = FakeSpec(rows=16, batch=4, fail_at_step=1) if setup == "failed" else TWO
     h = make([first, TWO])
@@ -534,7 +574,7 @@ def test_illegal_ops_are_rejected_with_a_reason(make, kind: OpKind, target: int,
     assert h.status(ok.new_run_id) is S.COMPLETED  # type: ignore[arg-type]
 
 
-def test_resume_of_the_run_on_device_is_rejected(make) -> None:  # type: ignore[no-untyped-def]
+def test_resume_of_the_run_on_device_is_rejected(make: Make) -> None:
     h = make([TWO, TWO], mode="manual")
     assert h.fake.wait_inflight() == (1, 2)
     ack = h.sched.submit(Op(OpKind.RESUME, 1))
@@ -543,7 +583,7 @@ def test_resume_of_the_run_on_device_is_rejected(make) -> None:  # type: ignore[
     assert h.fake.calls_of(1) == [2, 4]
 
 
-def test_stop_rejected_at_the_boundary_when_the_run_completes_in_its_last_chunk(make) -> None:  # type: ignore[no-untyped-def]
+def test_stop_rejected_at_the_boundary_when_the_run_completes_in_its_last_chunk(make: Make) -> None:
     h = make([TWO], mode="manual")
     h.step()
     assert h.fake.wait_inflight() == (1, 4)
@@ -555,7 +595,7 @@ def test_stop_rejected_at_the_boundary_when_the_run_completes_in_its_last_chunk(
     assert h.fake.statuses(1) == ["COMPLETED"]
 
 
-def test_delete_deferred_to_the_last_boundary_follows_completion(make) -> None:  # type: ignore[no-untyped-def]
+def test_delete_deferred_to_the_last_boundary_follows_completion(make: Make) -> None:
     h = make([TWO], mode="manual")
     h.step()
     h.fake.wait_inflight()
@@ -566,7 +606,7 @@ def test_delete_deferred_to_the_last_boundary_follows_completion(make) -> None: 
     assert h.rec.statuses(1) == [S.ONGOING, S.COMPLETED, S.DELETED]
 
 
-def test_ops_from_the_inbox_are_applied(make) -> None:  # type: ignore[no-untyped-def]
+def test_ops_from_the_inbox_are_applied(make: Make) -> None:
     h = make([TWO, TWO], mode="manual")
     h.fake.wait_inflight()
     op = Op(OpKind.STOP, 2, op_id="inbox-1", source="inbox")
@@ -576,7 +616,7 @@ def test_ops_from_the_inbox_are_applied(make) -> None:  # type: ignore[no-untype
     assert h.status(2) is S.STOPPED and h.rec.states("inbox-1") == ["queued", "applied"]
 
 
-def test_queued_ack_messages_say_what_happens(make) -> None:  # type: ignore[no-untyped-def]
+def test_queued_ack_messages_say_what_happens(make: Make) -> None:
     h = make([TWO, TWO, TWO], mode="manual")
     h.fake.wait_inflight()
     acks = {
@@ -596,7 +636,7 @@ def test_queued_ack_messages_say_what_happens(make) -> None:  # type: ignore[no-
 
 
 # ====================================================================== wait / idle
-def test_wait_chunks_returns_when_every_active_run_has_done_k_chunks(make) -> None:  # type: ignore[no-untyped-def]
+def test_wait_chunks_returns_when_every_active_run_has_done_k_chunks(make: Make) -> None:
     h = make([FOUR, FOUR, FOUR], num_chunks=4, mode="manual")
     assert not h.sched.wait(timeout=0.05, chunks=1)
     h.step()
@@ -616,7 +656,7 @@ def test_wait_chunks_returns_when_every_active_run_has_done_k_chunks(make) -> No
     assert h.sched.wait(timeout=TIMEOUT)
 
 
-def test_wait_chunks_from_another_thread(make) -> None:  # type: ignore[no-untyped-def]
+def test_wait_chunks_from_another_thread(make: Make) -> None:
     h = make([FOUR, FOUR], num_chunks=4, mode="thread")
     assert h.sched.wait(timeout=TIMEOUT, chunks=2)
     assert all(s.segments_done >= 2 for s in h.sched.snapshot())
@@ -624,7 +664,7 @@ def test_wait_chunks_from_another_thread(make) -> None:  # type: ignore[no-untyp
     assert all(s.status is S.COMPLETED for s in h.sched.snapshot())
 
 
-def test_wait_returns_when_idle(make) -> None:  # type: ignore[no-untyped-def]
+def test_wait_returns_when_idle(make: Make) -> None:
     h = make([TWO, TWO], mode="manual")
     assert not h.sched.is_idle()
     assert not h.sched.wait(timeout=0.05)
@@ -638,7 +678,7 @@ def test_wait_returns_when_idle(make) -> None:  # type: ignore[no-untyped-def]
     assert h.sched.is_idle() and all(s.status is S.COMPLETED for s in h.sched.snapshot())
 
 
-def test_wait_after_close_does_not_hang(make) -> None:  # type: ignore[no-untyped-def]
+def test_wait_after_close_does_not_hang(make: Make) -> None:
     h = make([TWO], mode="manual")
     h.fake.wait_inflight()
     h.sched.close(timeout=TIMEOUT)
@@ -648,7 +688,7 @@ def test_wait_after_close_does_not_hang(make) -> None:  # type: ignore[no-untype
 
 
 # ====================================================================== protocol with the executor
-def test_no_executor_call_while_a_segment_is_in_flight(make) -> None:  # type: ignore[no-untyped-def]
+def test_no_executor_call_while_a_segment_is_in_flight(make: Make) -> None:
     """Ops rain in from another thread while segments run; the fake records any call made mid-segment."""
     h = make([FOUR, FOUR, FOUR], num_chunks=4, mode="thread")
     h.fake.delay = 0.003
@@ -663,7 +703,7 @@ def test_no_executor_call_while_a_segment_is_in_flight(make) -> None:  # type: i
     assert all(not s.status.in_rotation() for s in h.sched.snapshot())
 
 
-def test_listener_hears_queued_then_outcome_for_every_op(make) -> None:  # type: ignore[no-untyped-def]
+def test_listener_hears_queued_then_outcome_for_every_op(make: Make) -> None:
     h = make([TWO, TWO], mode="manual")
     h.fake.wait_inflight()
     ops = [Op(OpKind.STOP, 1), Op(OpKind.STOP, 2), Op(OpKind.RESUME, 2), clone(1, TWO), Op(OpKind.DELETE, 9),
@@ -678,7 +718,7 @@ def test_listener_hears_queued_then_outcome_for_every_op(make) -> None:  # type:
     assert h.rec.states(ops[0].op_id) == ["queued", "applied"]
 
 
-def test_on_status_for_every_kind_of_end(make) -> None:  # type: ignore[no-untyped-def]
+def test_on_status_for_every_kind_of_end(make: Make) -> None:
     h = make([TWO, FakeSpec(rows=16, batch=4, fail_at_step=3), TWO, TWO], start=False)
     h.sched.submit(Op(OpKind.STOP, 3))
     h.sched.submit(Op(OpKind.DELETE, 4))
@@ -691,7 +731,7 @@ def test_on_status_for_every_kind_of_end(make) -> None:  # type: ignore[no-untyp
 
 
 # ====================================================================== setup, snapshots, thread
-def test_add_run_only_before_start(make) -> None:  # type: ignore[no-untyped-def]
+def test_add_run_only_before_start(make: Make) -> None:
     h = make([TWO])
     with pytest.raises(RuntimeError, match="before start"):
         h.sched.add_run(2, TWO)
@@ -729,7 +769,7 @@ def test_restored_runs() -> None:
     assert not fake.violations
 
 
-def test_submit_before_start_is_applied_on_the_first_turn(make) -> None:  # type: ignore[no-untyped-def]
+def test_submit_before_start_is_applied_on_the_first_turn(make: Make) -> None:
     h = make([TWO, TWO], start=False)
     ack = h.sched.submit(Op(OpKind.STOP, 1))
     assert ack.state == "queued" and h.status(1) is S.NEW
@@ -738,7 +778,7 @@ def test_submit_before_start_is_applied_on_the_first_turn(make) -> None:  # type
     assert h.status(1) is S.STOPPED and h.fake.calls_of(1) == []
 
 
-def test_snapshots_are_frozen_and_ordered(make) -> None:  # type: ignore[no-untyped-def]
+def test_snapshots_are_frozen_and_ordered(make: Make) -> None:
     h = make({3: TWO, 1: TWO, 2: TWO}, mode="manual")
     assert h.fake.wait_inflight() == (1, 2)
     h.settle()
@@ -753,7 +793,7 @@ def test_snapshots_are_frozen_and_ordered(make) -> None:  # type: ignore[no-unty
     assert h.sched.on_device() is None
 
 
-def test_executor_and_listener_run_on_the_scheduler_thread(make) -> None:  # type: ignore[no-untyped-def]
+def test_executor_and_listener_run_on_the_scheduler_thread(make: Make) -> None:
     h = make([TWO, TWO], start=False)
     started: list[str] = []
     h.sched.on_thread_start = lambda: started.append(threading.current_thread().name)
@@ -765,7 +805,7 @@ def test_executor_and_listener_run_on_the_scheduler_thread(make) -> None:  # typ
     assert h.rec.threads == {"rapidfire-scheduler"}
 
 
-def test_close_joins_the_thread(make) -> None:  # type: ignore[no-untyped-def]
+def test_close_joins_the_thread(make: Make) -> None:
     h = make([TWO], mode="manual")
     h.fake.wait_inflight()
     thread = h.sched._thread
@@ -773,7 +813,7 @@ def test_close_joins_the_thread(make) -> None:  # type: ignore[no-untyped-def]
     assert thread is not None and not thread.is_alive()
 
 
-def test_a_listener_that_raises_does_not_stop_training(make) -> None:  # type: ignore[no-untyped-def]
+def test_a_listener_that_raises_does_not_stop_training(make: Make) -> None:
     class Broken(Recorder):
         def on_run(self, snap):  # type: ignore[no-untyped-def]
             raise RuntimeError("listener bug")

@@ -79,7 +79,7 @@ views = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(views, st.randoms(use_true_random=False))
 def test_policy_contract(rs: list[RunView], rnd: random.Random) -> None:
     """Contract for every SchedulingPolicy: idempotent, order-independent, only ready runs in rotation."""

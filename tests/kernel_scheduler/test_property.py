@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernel_scheduler.loop as loop_mod
-from kernel_scheduler import Op, OpKind, RunStatus, check_transition
+from kernel_scheduler import IllegalTransition, Op, OpKind, RunStatus, check_transition
 
 specs = st.builds(
     FakeSpec,
@@ -63,7 +63,7 @@ class Checks:
         prev = self.last.get(run_id, RunStatus.NEW)
         try:
             check_transition(prev, status)
-        except Exception as exc:
+        except IllegalTransition as exc:
             self.add(f"run {run_id}: snapshot went {prev.value} -> {status.value}: {exc}")
         self.last[run_id] = status
         if status.is_finished():
@@ -78,7 +78,7 @@ def recording_transitions(checks: Checks) -> Iterator[None]:
     def wrapped(old: RunStatus, new: RunStatus) -> None:
         try:
             real(old, new)
-        except Exception as exc:
+        except IllegalTransition as exc:
             checks.add(f"illegal transition attempted: {exc}")
             raise
 

@@ -62,6 +62,7 @@ def test_the_ic_op_paths_are_legal() -> None:
     check_transition(S.ONGOING, S.COMPLETED)
     check_transition(S.ONGOING, S.FAILED)
     check_transition(S.NEW, S.COMPLETED)  # e.g. a warm clone of a finished parent has nothing left
+    check_transition(S.STOPPED, S.FAILED)  # a clone parked before it was created, whose creation failed
     for old in set(RunStatus) - {S.DELETED}:
         check_transition(old, S.DELETED)  # delete is allowed from anything but DELETED
 
