@@ -222,8 +222,8 @@ def tiny_create_model(
     kwargs.pop("low_cpu_mem_usage", None)
     if kwargs:
         raise TypeError(
-            f"tiny_create_model does not support model_kwargs {sorted(kwargs)}; supported: dtype, torch_dtype, "
-            "attn_implementation, device_map, low_cpu_mem_usage."
+            f"tiny_create_model does not support model_kwargs {sorted(kwargs)}; supported: dtype, "
+            "torch_dtype, attn_implementation, device_map, low_cpu_mem_usage."
         )
     model = tiny_model(seed=0, arch=arch)
     if attn is not None:

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: an isolated ``RF_HOME`` per test, offline Hugging Face, the real and tiny models."""
+"""Shared pytest fixtures: an isolated ``RF_HOME`` per test, offline Hugging Face, real and tiny models."""
 
 from __future__ import annotations
 

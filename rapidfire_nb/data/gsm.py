@@ -124,10 +124,10 @@ def extract_answer(text: str) -> str | None:
     """
     blocks = _ANSWER_RE.findall(text)
     if blocks:
-        return blocks[-1].strip()
+        return str(blocks[-1]).strip()
     numbers = _NUMBER_RE.findall(text)
     if numbers:
-        return numbers[-1].replace(",", "")
+        return str(numbers[-1]).replace(",", "")
     return None
 
 

