@@ -154,7 +154,7 @@ class Experiment:
         self._num_chunks = 0
         self._thread_parent: Any = None
         self._ended = False
-        self._panel: Any = None
+        self._panels: list[Any] = []
         self._printer: Callable[[str], None] = print
         self._quiet = False
         self._lock = threading.Lock()
@@ -349,11 +349,12 @@ class Experiment:
             self._executor.close()
         if self._tracker is not None:
             self._tracker.close()
-        if self._panel is not None:
+        for panel in self._panels:
             try:
-                self._panel.close()
+                panel.close()
             except Exception:
                 pass
+        self._panels.clear()
         self.store.update_meta({"ended_at": time.time()})
         self._ended = True
         if self._scheduler is not None:
@@ -633,9 +634,9 @@ class Experiment:
         points, new = self.store.metrics_since(cursor)
         return [{k: p[k] for k in ("run_id", "step", "samples_seen", "name", "value")} for p in points], new
 
-    def panel(self) -> Any:
-        """Display the live panel again (full history)."""
-        return self._show_panel(force=True)
+    def panel(self) -> None:
+        """Display the live panel again (full history; any number of views may be open)."""
+        self._show_panel(force=True)
 
     # ================================================================== internals
     def _metric_names(self) -> list[str]:
@@ -696,8 +697,10 @@ class Experiment:
         except Exception:  # panel unavailable (no anywidget): text lines only
             return None
         try:
-            self._panel = display_panel(self)
+            panel = display_panel(self)
         except Exception as exc:
             self._say(f"panel unavailable ({exc}); progress is printed as text")
             return None
-        return self._panel
+        if panel is not None and hasattr(panel, "close"):
+            self._panels.append(panel)
+        return panel

@@ -20,7 +20,8 @@ Messages (Python -> front end, all ``{"type": ...}``):
 
 * ``snapshot``: ``{"snapshot": <panel_snapshot()>, "points": <encoded>, "reset": true, "now": float}``;
   when there are many points, further ``{"type": "points", "points": <encoded>}`` messages follow.
-* ``update``: ``{"snapshot": <panel_snapshot()> | None, "points": <encoded> | None, "now": float}``.
+* ``update``: ``{"snapshot": <panel_snapshot()> | None, "points": <encoded> | None, "now": float}``; the
+  snapshot is sent only when it changed, and without its ``ops`` key when the ops log did not change.
 * ``ack``: ``{"ack": <OpAck.to_dict()>}``; ``plotly`` (with one buffer); ``error``: ``{"message": str}``.
 
 Encoded points are columnar: ``{"names": [metric names], "run": [...], "step": [...], "samples": [...],
@@ -197,7 +198,7 @@ def _summary(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     active = snapshot.get("on_device") is not None or any(
         run.get("status") in ("NEW", "ONGOING") for run in runs
     )
-    return _clean(
+    summary: dict[str, Any] = _clean(
         {
             "experiment": snapshot.get("experiment", ""),
             "started_at": snapshot.get("started_at"),
@@ -209,6 +210,7 @@ def _summary(snapshot: Mapping[str, Any]) -> dict[str, Any]:
             "active": bool(active),
         }
     )
+    return summary
 
 
 class _Pump:
@@ -267,7 +269,7 @@ class _Pump:
             self._stop.wait(_MIN_GAP_S)
 
 
-class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
+class RunPanel(anywidget.AnyWidget):
     """Live panel of an experiment: header, run table with IC Ops buttons, Plotly curves, ops log.
 
     Args:
@@ -301,6 +303,7 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
         self._commands: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._cursor = 0
         self._last_snapshot_key: str | None = None
+        self._last_ops_key: str | None = None
         self._acks: dict[str, dict[str, Any]] = {}
         self._last_error: str | None = None
         self._closed = False
@@ -350,6 +353,7 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
             sent = True
         try:
             sent = self._push_state(full=hello) or sent
+            self._last_error = None
         except Exception as exc:  # noqa: BLE001 - report to the panel, keep pumping
             message = f"{type(exc).__name__}: {exc}"
             if message != self._last_error:
@@ -365,9 +369,10 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
             return self._acks[op_id]  # a repeated message: answered, never applied twice
         kind = str(cmd.get("kind", ""))
         run_id = cmd.get("run_id")
+        ack: dict[str, Any]
         try:
             if not isinstance(run_id, int) or isinstance(run_id, bool):
-                raise ValueError(f"bad run id {run_id!r}")
+                raise TypeError(f"bad run id {run_id!r}")
             ack = _clean(
                 _ack_dict(
                     self._source.submit_op(
@@ -412,6 +417,7 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
             points, cursor = self._source.metrics_since(0)
             self._cursor = cursor
             self._last_snapshot_key = key
+            self._last_ops_key = json.dumps(snapshot.get("ops"), sort_keys=True)
             batches = [
                 points[i : i + _POINTS_PER_MESSAGE] for i in range(0, len(points), _POINTS_PER_MESSAGE)
             ]
@@ -434,11 +440,19 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
         if not points and not changed:
             return False
         self._last_snapshot_key = key
+        sent_snapshot = None
+        if changed:
+            # the ops log only when it changed (the front end keeps the last one it got)
+            ops_key = json.dumps(snapshot.get("ops"), sort_keys=True)
+            sent_snapshot = snapshot
+            if ops_key == self._last_ops_key:
+                sent_snapshot = {k: v for k, v in snapshot.items() if k != "ops"}
+            self._last_ops_key = ops_key
         self._emit(
             {
                 "type": "update",
                 "now": now,
-                "snapshot": snapshot if changed else None,
+                "snapshot": sent_snapshot,
                 "points": encode_points(points) if points else None,
             }
         )
@@ -453,6 +467,17 @@ class RunPanel(anywidget.AnyWidget):  # type: ignore[misc]
             with self._lock:
                 if not self._closed:
                     self.summary = summary
+
+    def __repr__(self) -> str:
+        """One line, shown as text/plain where widgets do not render (e.g. ``jupyter console``)."""
+        s = self.summary or {}
+        counts = ", ".join(f"{n} {st.lower()}" for st, n in sorted((s.get("counts") or {}).items()))
+        device = f"run {s['on_device']} on device" if s.get("on_device") is not None else "device idle"
+        runs = s.get("num_runs", 0)
+        return (
+            f"<RunPanel {s.get('experiment', '')!r}: {runs} run{'' if runs == 1 else 's'}"
+            f"{' (' + counts + ')' if counts else ''}; {s.get('progress') or '-'}; {device}>"
+        )
 
     # -- lifecycle --------------------------------------------------------------------------------------
     @property

@@ -388,6 +388,7 @@ class PanelView {
     this.live = true;
     this.statusLine.hidden = true;
     const prev = this.snapshot;
+    if (!Array.isArray(snap.ops)) snap.ops = prev ? prev.ops : []; // sent only when the ops log changed
     this.snapshot = snap;
     for (const m of snap.metric_names || []) {
       this.metricNames.add(m);

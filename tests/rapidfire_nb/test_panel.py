@@ -312,6 +312,9 @@ def test_ops_through_fake_source_reach_the_ops_log() -> None:
         snap = rec.of_type("update")[-1]["snapshot"]
         assert {r["run_id"]: r["status"] for r in snap["runs"]} == {1: "STOPPED", 2: "STOPPED", 3: "ONGOING"}
         assert [(o["op_id"], o["state"]) for o in snap["ops"]] == [("s2", "applied"), ("s1", "applied")]
+        src.step()
+        panel.pump_once()
+        assert "ops" not in rec.of_type("update")[-1]["snapshot"]  # unchanged ops log: not resent
         assert snap["runs"][0]["chunks_done"] == 1 and snap["runs"][0]["legal_ops"] == [
             "resume",
             "delete",
@@ -373,6 +376,15 @@ def test_summary_trait_follows_the_source() -> None:
         src.status = "STOPPED"
         panel.pump_once()
         assert panel.summary["counts"] == {"STOPPED": 1}
+    finally:
+        panel.close()
+
+
+def test_text_repr_summarises_for_front_ends_without_widgets() -> None:
+    panel, _ = make_panel(ListSource(), start=False)
+    try:
+        text = panel._repr_mimebundle_()[0]["text/plain"]  # type: ignore[index]
+        assert text == "<RunPanel 'exp': 1 run (1 ongoing); chunk 1/4 of epoch 1; run 1 on device>"
     finally:
         panel.close()
 
