@@ -523,6 +523,16 @@ class Store:
             cur = conn.execute("DELETE FROM metrics WHERE run_id = ? AND step > ?", (int(run_id), int(step)))
             return int(cur.rowcount)
 
+    def count_metrics(self, up_to: int | None = None) -> int:
+        """The number of metric rows, only those with id <= ``up_to`` when given.
+
+        A reader that received every row up to a cursor compares this with how many it got: fewer means rows
+        were deleted since (:meth:`delete_metrics_after` on a resume), so its copy is stale and it should reload.
+        """
+        if up_to is None:
+            return int(self._query("SELECT COUNT(*) FROM metrics")[0][0])
+        return int(self._query("SELECT COUNT(*) FROM metrics WHERE id <= ?", (int(up_to),))[0][0])
+
     def latest_metrics(self, names: Iterable[str]) -> dict[int, dict[str, float]]:
         """The most recent value of each of ``names`` for every run that logged it.
 

@@ -91,15 +91,20 @@ class RapidfireApp(ExtensionApp):
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rapidfire-server")
         self._widgets = widgets_dir()
         self._plotly = plotly_dir()
-        self.settings.update({
-            "rapidfire_manager": self.manager,
-            "rapidfire_executor": self._pool,
-            "rapidfire_version": __version__,
-            "rapidfire_panel_js": self._widgets is not None,
-            "rapidfire_plotly_js": self._plotly is not None,
-        })
-        self.log.info("rapidfire_nb: serving experiments under %s at %srapidfire/", self.manager.root,
-                      self.serverapp.base_url if self.serverapp else "/")
+        self.settings.update(
+            {
+                "rapidfire_manager": self.manager,
+                "rapidfire_executor": self._pool,
+                "rapidfire_version": __version__,
+                "rapidfire_panel_js": self._widgets is not None,
+                "rapidfire_plotly_js": self._plotly is not None,
+            }
+        )
+        self.log.info(
+            "rapidfire_nb: serving experiments under %s at %srapidfire/",
+            self.manager.root,
+            self.serverapp.base_url if self.serverapp else "/",
+        )
 
     def initialize_handlers(self) -> None:
         api = "rapidfire/api/experiments"
@@ -114,10 +119,13 @@ class RapidfireApp(ExtensionApp):
             (r"rapidfire/static/(app\.js|app\.css)", StaticHandler, {"path": str(_STATIC_DIR)}),
         ]
         if self._widgets is not None:
-            handlers.append((r"rapidfire/static/(panel\.js|panel\.css)", StaticHandler,
-                             {"path": str(self._widgets)}))
+            handlers.append(
+                (r"rapidfire/static/(panel\.js|panel\.css)", StaticHandler, {"path": str(self._widgets)})
+            )
         if self._plotly is not None:
-            handlers.append((r"rapidfire/static/(plotly\.min\.js)", StaticHandler, {"path": str(self._plotly)}))
+            handlers.append(
+                (r"rapidfire/static/(plotly\.min\.js)", StaticHandler, {"path": str(self._plotly)})
+            )
         self.handlers.extend(handlers)
 
     async def stop_extension(self) -> None:

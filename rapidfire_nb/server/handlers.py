@@ -26,9 +26,9 @@ from .manager import ApiError, ExperimentsManager, clean_json
 
 __all__ = [
     "AUTH_RESOURCE",
+    "MAX_BODY_BYTES",
     "ExperimentHandler",
     "ExperimentsHandler",
-    "MAX_BODY_BYTES",
     "MetricsHandler",
     "OpsHandler",
     "PageHandler",
@@ -101,13 +101,19 @@ class RunsHandler(_ApiBase):
 
 
 class MetricsHandler(_ApiBase):
-    """``GET rapidfire/api/experiments/<name>/metrics?cursor=N[&run_id=R][&limit=L][&format=columnar]``."""
+    """``GET rapidfire/api/experiments/<name>/metrics?cursor=N[&seen=M][&run_id=R][&limit=L][&format=columnar]``."""
 
     @web.authenticated
     @authorized
     async def get(self, name: str) -> None:
-        args = (name, self.get_query_argument("cursor", "0"), self.get_query_argument("run_id", None),
-                self.get_query_argument("limit", None), self.get_query_argument("format", "rows"))
+        args = (
+            name,
+            self.get_query_argument("cursor", "0"),
+            self.get_query_argument("run_id", None),
+            self.get_query_argument("limit", None),
+            self.get_query_argument("format", "rows"),
+            self.get_query_argument("seen", None),
+        )
         self.reply(await self.call(self.manager.metrics, *args))
 
 
@@ -132,7 +138,9 @@ class OpsHandler(_ApiBase):
         try:
             body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
         except (UnicodeDecodeError, ValueError) as exc:
-            raise web.HTTPError(400, f"the request body is not valid JSON: {exc}", reason=_reason(400)) from None
+            raise web.HTTPError(
+                400, f"the request body is not valid JSON: {exc}", reason=_reason(400)
+            ) from None
         self.reply(await self.call(self.manager.post_op, name, body), status=202)
 
 
@@ -161,11 +169,13 @@ class PageHandler(ExtensionHandlerMixin, JupyterHandler):
             "plotlyJs": bool(self.settings.get("rapidfire_plotly_js")),
         }
         self.set_header("Cache-Control", "no-store")
-        self.finish(_PAGE.format(
-            static=html.escape(page_config["staticUrl"]),
-            v=html.escape(str(version)),
-            config=html.escape(json.dumps(page_config), quote=False),
-        ))
+        self.finish(
+            _PAGE.format(
+                static=html.escape(page_config["staticUrl"]),
+                v=html.escape(str(version)),
+                config=html.escape(json.dumps(page_config), quote=False),
+            )
+        )
 
     @property
     def manager_root(self) -> Any:

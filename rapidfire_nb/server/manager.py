@@ -22,8 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from rapidfire_nb.errors import ConfigError
-from rapidfire_nb.paths import STORE_FILENAME, experiment_dir, experiments_root, list_experiments
-from rapidfire_nb.paths import validate_experiment_name
+from rapidfire_nb.paths import (
+    STORE_FILENAME,
+    experiment_dir,
+    experiments_root,
+    list_experiments,
+    validate_experiment_name,
+)
 from rapidfire_nb.store import SchemaVersionError, Store, StoreError
 
 __all__ = [
@@ -84,7 +89,14 @@ def encode_points(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """
     names: list[str] = []
     index: dict[str, int] = {}
-    out: dict[str, list[Any]] = {"names": names, "run": [], "step": [], "samples": [], "name": [], "value": []}
+    out: dict[str, list[Any]] = {
+        "names": names,
+        "run": [],
+        "step": [],
+        "samples": [],
+        "name": [],
+        "value": [],
+    }
     for p in points:
         n = p["name"]
         if n not in index:
@@ -146,11 +158,15 @@ def _check_value(field: str, type_name: str, value: Any) -> None:
         want = "a list of numbers, strings, booleans or nulls"
     elif type_name == "null":  # currently unset: any plain JSON value; the kernel checks it when applied
         ok = _is_scalar(value) or (
-            isinstance(value, list) and len(value) <= _MAX_LIST and all(_is_scalar(v) for v in value))
+            isinstance(value, list) and len(value) <= _MAX_LIST and all(_is_scalar(v) for v in value)
+        )
         want = "a number, string, boolean, null or a list of those"
     else:
-        raise ApiError(400, f"{field} cannot be changed from here (its value is not plain JSON); "
-                            "use experiment.clone_modify(...) in the notebook")
+        raise ApiError(
+            400,
+            f"{field} cannot be changed from here (its value is not plain JSON); "
+            "use experiment.clone_modify(...) in the notebook",
+        )
     if not ok:
         raise ApiError(400, f"{field} must be {want}, got {_describe(value)}")
 
@@ -236,7 +252,7 @@ class ExperimentsManager:
             try:
                 out.append(self._summary(name))
             except ApiError as exc:
-                if exc.status != 404:
+                if exc.status not in (400, 404):  # 400: e.g. a symlink leading out of the root, never listed
                     out.append({"name": name, "error": exc.message})
         return {"root": str(self.root), "now": time.time(), "experiments": out}
 
@@ -277,14 +293,28 @@ class ExperimentsManager:
         runs = []
         for r in rows:
             m = latest.get(r["run_id"], {})
-            runs.append({**r, "stored_status": r["status"], "status": self._status(r["status"], alive),
-                         "loss": m.get("loss"), "eval_loss": m.get("eval_loss")})
+            runs.append(
+                {
+                    **r,
+                    "stored_status": r["status"],
+                    "status": self._status(r["status"], alive),
+                    "loss": m.get("loss"),
+                    "eval_loss": m.get("eval_loss"),
+                }
+            )
         return {"experiment": name, "writer_alive": alive, "runs": runs}
 
     # ------------------------------------------------------------------ GET metrics
 
-    def metrics(self, name: Any, cursor: Any = 0, run_id: Any = None, limit: Any = None,
-                fmt: str = "rows") -> dict[str, Any]:
+    def metrics(
+        self,
+        name: Any,
+        cursor: Any = 0,
+        run_id: Any = None,
+        limit: Any = None,
+        fmt: str = "rows",
+        seen: Any = None,
+    ) -> dict[str, Any]:
         """Metric points after ``cursor`` (the store's metric row id), oldest first, and the new cursor.
 
         Args:
@@ -294,22 +324,42 @@ class ExperimentsManager:
                 there may be more after the returned cursor.
             fmt: ``rows`` (a list of ``{run_id, step, samples_seen, name, value, wall_time}``) or ``columnar``
                 (the panel's encoding, see :func:`encode_points`).
+            seen: how many points the caller holds (all runs, up to ``cursor``). When rows it holds were
+                deleted since (a run resumed from an older checkpoint drops the steps it will log again), the
+                reply is ``{"reset": true, "cursor": 0, "points": <empty>}``: reload from cursor 0.
         """
         cur = _int_param("cursor", cursor, minimum=0)
         rid = None if run_id in (None, "") else _int_param("run_id", run_id, minimum=1)
-        lim = DEFAULT_METRICS_LIMIT if limit in (None, "") else _int_param("limit", limit, minimum=1,
-                                                                             maximum=MAX_METRICS_LIMIT)
+        lim = (
+            DEFAULT_METRICS_LIMIT
+            if limit in (None, "")
+            else _int_param("limit", limit, minimum=1, maximum=MAX_METRICS_LIMIT)
+        )
         if fmt not in ("rows", "columnar"):
             raise ApiError(400, f"format must be 'rows' or 'columnar', got {_describe(fmt)}")
+        held = None if seen in (None, "") else _int_param("seen", seen, minimum=0)
+        if held is not None and rid is not None:
+            raise ApiError(400, "seen counts the points of every run; it cannot be combined with run_id")
         with self._open(name) as store:
+            if held is not None and store.count_metrics(cur) != held:
+                empty: Any = encode_points([]) if fmt == "columnar" else []
+                return {"experiment": name, "points": empty, "cursor": 0, "more": True, "reset": True}
             points, new_cursor = store.metrics_since(cur, run_id=rid, limit=lim)
         body: Any
         if fmt == "columnar":
             body = encode_points(points)
         else:
-            body = [{k: p[k] for k in ("run_id", "step", "samples_seen", "name", "value", "wall_time")}
-                    for p in points]
-        return {"experiment": name, "points": body, "cursor": new_cursor, "more": len(points) == lim}
+            body = [
+                {k: p[k] for k in ("run_id", "step", "samples_seen", "name", "value", "wall_time")}
+                for p in points
+            ]
+        return {
+            "experiment": name,
+            "points": body,
+            "cursor": new_cursor,
+            "more": len(points) == lim,
+            "reset": False,
+        }
 
     # ------------------------------------------------------------------ GET snapshot
 
@@ -342,25 +392,48 @@ class ExperimentsManager:
                 if status != _DELETED:
                     legal += ["delete", "clone"]
             m = latest.get(r["run_id"], {})
-            runs.append({
-                "run_id": r["run_id"], "status": status, "on_device": False,
-                "hparams": ({c: hp.get(c) for c in cols} or hp) if isinstance(hp, dict) else {},
-                "editable": {k: v for k, v in hp.items() if not str(v).startswith("<function")}
-                if isinstance(hp, dict) else {},
-                "completed_steps": r.get("completed_steps"), "total_steps": r.get("total_steps"),
-                "chunks_done": r.get("chunks_done"), "epoch": r.get("epoch"),
-                "samples_seen": r.get("samples_seen"), "loss": m.get("loss"), "eval_loss": m.get("eval_loss"),
-                "error": r.get("error"), "parent_id": r.get("parent_id"), "warm_start": bool(r.get("warm_start")),
-                "legal_ops": legal,
-            })
+            runs.append(
+                {
+                    "run_id": r["run_id"],
+                    "status": status,
+                    "on_device": False,
+                    "hparams": ({c: hp.get(c) for c in cols} or hp) if isinstance(hp, dict) else {},
+                    "editable": {k: v for k, v in hp.items() if not str(v).startswith("<function")}
+                    if isinstance(hp, dict)
+                    else {},
+                    "completed_steps": r.get("completed_steps"),
+                    "total_steps": r.get("total_steps"),
+                    "chunks_done": r.get("chunks_done"),
+                    "epoch": r.get("epoch"),
+                    "samples_seen": r.get("samples_seen"),
+                    "loss": m.get("loss"),
+                    "eval_loss": m.get("eval_loss"),
+                    "error": r.get("error"),
+                    "parent_id": r.get("parent_id"),
+                    "warm_start": bool(r.get("warm_start")),
+                    "legal_ops": legal,
+                }
+            )
         return {
-            "experiment": name, "started_at": meta.get("created_at"), "now": time.time(),
-            "progress": self._progress(runs, num_chunks, alive), "on_device": None, "num_chunks": num_chunks,
-            "hparam_columns": cols, "runs": runs,
-            "ops": [{k: o.get(k) for k in ("op_id", "run_id", "kind", "state", "message", "requested_at",
-                                           "applied_at")} for o in ops],
+            "experiment": name,
+            "started_at": meta.get("created_at"),
+            "now": time.time(),
+            "progress": self._progress(runs, num_chunks, alive),
+            "on_device": None,
+            "num_chunks": num_chunks,
+            "hparam_columns": cols,
+            "runs": runs,
+            "ops": [
+                {
+                    k: o.get(k)
+                    for k in ("op_id", "run_id", "kind", "state", "message", "requested_at", "applied_at")
+                }
+                for o in ops
+            ],
             "metric_names": list(meta.get("metric_names") or []),
-            "writer_alive": alive, "last_beat": hb["beat_at"] if hb else None, "source": "store",
+            "writer_alive": alive,
+            "last_beat": hb["beat_at"] if hb else None,
+            "source": "store",
         }
 
     @staticmethod
@@ -392,18 +465,23 @@ class ExperimentsManager:
             ApiError: 400 bad payload, 404 unknown experiment, 409 no live kernel for this experiment.
         """
         if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object {op_id, kind, run_id, changes?, "
-                                "warm_start?}")
+            raise ApiError(
+                400, "the request body must be a JSON object {op_id, kind, run_id, changes?, warm_start?}"
+            )
         unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start"})
         if unknown:
-            raise ApiError(400, f"unknown key(s) {', '.join(map(repr, unknown))}; an op has op_id, kind, "
-                                "run_id, changes, warm_start")
+            raise ApiError(
+                400,
+                f"unknown key(s) {', '.join(map(repr, unknown))}; an op has op_id, kind, "
+                "run_id, changes, warm_start",
+            )
         op_id = body.get("op_id")
         if op_id is None:
             op_id = uuid.uuid4().hex
         if not isinstance(op_id, str) or not _OP_ID_RE.fullmatch(op_id):
-            raise ApiError(400, "op_id must be 1-128 characters: letters, digits, '_', '.', ':', '-' "
-                                "(a uuid is fine)")
+            raise ApiError(
+                400, "op_id must be 1-128 characters: letters, digits, '_', '.', ':', '-' (a uuid is fine)"
+            )
         kind = body.get("kind")
         if kind not in OP_KINDS:
             raise ApiError(400, f"kind must be one of {', '.join(OP_KINDS)}, got {_describe(kind)}")
@@ -434,18 +512,31 @@ class ExperimentsManager:
                 self._check_changes(store, run, changes)
             if not self._alive(store):
                 hb = store.heartbeat()
-                when = (f"its last heartbeat was {time.time() - hb['beat_at']:.0f} s ago"
-                        if hb else "it never started training")
-                raise ApiError(409, f"no kernel is running experiment {name!r} ({when}); ops are applied by the "
-                                    "kernel that trains it. Re-run its notebook cells (Experiment(...) then "
-                                    "run_fit(...)) and try again.")
+                when = (
+                    f"its last heartbeat was {time.time() - hb['beat_at']:.0f} s ago"
+                    if hb
+                    else "it never started training"
+                )
+                raise ApiError(
+                    409,
+                    f"no kernel is running experiment {name!r} ({when}); ops are applied by the "
+                    "kernel that trains it. Re-run its notebook cells (Experiment(...) then "
+                    "run_fit(...)) and try again.",
+                )
             payload = {"changes": changes, "warm_start": warm} if kind == "clone" else None
             # the one write: post_inbox_op opens its own short-lived read-write connection
             posted = store.post_inbox_op(op_id, kind, run_id, payload)
         return {
-            "op_id": op_id, "kind": kind, "run_id": run_id, "state": "queued", "duplicate": not posted,
-            "message": (f"{kind} for run {run_id} sent to the kernel; it is applied at the next chunk boundary"
-                        if posted else f"op {op_id} was already sent; nothing new was queued"),
+            "op_id": op_id,
+            "kind": kind,
+            "run_id": run_id,
+            "state": "queued",
+            "duplicate": not posted,
+            "message": (
+                f"{kind} for run {run_id} sent to the kernel; it is applied at the next chunk boundary"
+                if posted
+                else f"op {op_id} was already sent; nothing new was queued"
+            ),
         }
 
     @staticmethod
@@ -457,12 +548,21 @@ class ExperimentsManager:
         if isinstance(described, dict):
             entry = described.get(str(run_id))
             if not isinstance(entry, dict):
-                raise ApiError(400, f"run {run_id} has no editable fields recorded; clone it from its notebook")
+                raise ApiError(
+                    400, f"run {run_id} has no editable fields recorded; clone it from its notebook"
+                )
             fields = {str(k): (v if v in _TYPE_NAMES else "other") for k, v in entry.items()}
         else:  # older kernels: the run's stored hyperparameters, typed by their current values
             hp = run.get("hparams") or {}
-            fields = {str(k): _type_name(v) for k, v in hp.items()
-                      if not (isinstance(v, str) and v.startswith("<"))} if isinstance(hp, dict) else {}
+            fields = (
+                {
+                    str(k): _type_name(v)
+                    for k, v in hp.items()
+                    if not (isinstance(v, str) and v.startswith("<"))
+                }
+                if isinstance(hp, dict)
+                else {}
+            )
         for key, value in changes.items():
             if not isinstance(key, str) or not _FIELD_RE.fullmatch(key):
                 raise ApiError(400, f"bad field name {_describe(key)}")

@@ -7,8 +7,9 @@
  * a shim model that speaks the panel's message protocol (see rapidfire_nb/panel.py):
  *   view -> "kernel": {type:"hello"} -> a full {type:"snapshot"} (+ {type:"points"} pages),
  *                     {type:"op", ...} -> POST .../ops -> {type:"ack"}, {type:"need_plotly"} -> {type:"plotly"}.
- *   polling: GET .../snapshot + GET .../metrics?cursor=N&format=columnar -> {type:"update"} (~1 s while a
- *            kernel is alive, ~5 s otherwise, ~10 s in a background tab).
+ *   polling: GET .../snapshot + GET .../metrics?cursor=N&seen=M&format=columnar -> {type:"update"} (~1 s while
+ *            a kernel is alive, ~5 s otherwise, ~10 s in a background tab); {reset: true} (points deleted by a
+ *            resume from an older checkpoint) -> a full reload.
  * When panel.js is missing or has no default render(), a small built-in view (runs table + loss curves) is
  * used instead. No kernel is needed: everything is read from the experiment stores.
  *
@@ -94,6 +95,7 @@ class Feed {
     this.name = name;
     /** @type {Set<Function>} */ this.listeners = new Set();
     this.cursor = 0;
+    this.seen = 0;
     this.needFull = true;
     this.snapKey = "";
     this.alive = false;
@@ -195,9 +197,10 @@ class Feed {
     this.wake(next);
   }
 
-  /** @param {number} cursor */
-  metrics(cursor) {
-    return api(`experiments/${enc(this.name)}/metrics?format=columnar&cursor=${cursor}`);
+  /** @param {number} cursor @param {number|null} [seen] points held (lets the server say "reload") */
+  metrics(cursor, seen = null) {
+    const held = seen === null ? "" : `&seen=${seen}`;
+    return api(`experiments/${enc(this.name)}/metrics?format=columnar&cursor=${cursor}${held}`);
   }
 
   snapshot() { return api(`experiments/${enc(this.name)}/snapshot`); }
@@ -217,20 +220,24 @@ class Feed {
     if (this.closed) return;
     this.keep(snap);
     this.cursor = page.cursor;
+    this.seen = page.points.run.length;
     this.emit({ type: "snapshot", reset: true, snapshot: snap, points: page.points, now: snap.now });
     while (page.more && !this.closed) {
       page = await this.metrics(this.cursor);
       this.cursor = page.cursor;
+      this.seen += page.points.run.length;
       this.emit({ type: "points", points: page.points });
     }
   }
 
   async update() {
     const snap = await this.snapshot();
-    const page = await this.metrics(this.cursor);
+    const page = await this.metrics(this.cursor, this.seen);
     if (this.closed || this.needFull) return;
+    if (page.reset) { this.needFull = true; this.again = true; return; } // points we hold were deleted (resume)
     const changed = this.keep(snap);
     this.cursor = page.cursor;
+    this.seen += page.points.run.length;
     const points = page.points && page.points.run.length ? page.points : null;
     if (changed || points) this.emit({ type: "update", snapshot: changed ? snap : null, points, now: snap.now });
     if (page.more) this.again = true;
@@ -413,7 +420,9 @@ async function refreshList() {
     rootEl.title = "experiments root (c.RapidfireApp.experiments_root)";
     drawList();
     if (!selectedName() && experiments.length) {
-      const newest = [...experiments].filter((x) => !x.error).sort((a, b) => (b.updated_at || 0) - (a.updated_at || 0))[0];
+      // a kernel-backed experiment first, then the most recently updated
+      const newest = [...experiments].filter((x) => !x.error).sort((a, b) =>
+        Number(!!b.writer_alive) - Number(!!a.writer_alive) || (b.updated_at || 0) - (a.updated_at || 0))[0];
       if (newest) history.replaceState(null, "", `#exp=${enc(newest.name)}`);
       route();
     }
