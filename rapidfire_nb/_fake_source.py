@@ -301,6 +301,7 @@ class FakeSource:
             "completed_steps": r.completed_steps,
             "total_steps": r.total_steps,
             "chunks_done": r.chunks_done,
+            "num_segments": self.num_chunks,
             "epoch": round(r.completed_steps / r.total_steps, 4),
             "samples_seen": r.completed_steps * r.batch,
             "loss": r.loss,

@@ -155,6 +155,7 @@ class Experiment:
         self._thread_parent: Any = None
         self._ended = False
         self._panels: list[Any] = []
+        self._live_step: dict[int, int] = {}  # latest logged step per run (the run on the device moves within a chunk)
         self._printer: Callable[[str], None] = print
         self._quiet = False
         self._lock = threading.Lock()
@@ -542,6 +543,7 @@ class Experiment:
         import pandas as pd
 
         runs = self.store.runs()
+        live = {s.run_id: s for s in self._scheduler.snapshot()} if self._scheduler is not None else {}
         latest = self.store.latest_metrics(["loss", "eval_loss"])
         cols = list(self.store.get_meta("hparam_columns", []) or [])
         for c in self._hparam_cols:
@@ -552,6 +554,12 @@ class Experiment:
             if r["status"] == RunStatus.DELETED.value and not include_deleted:
                 continue
             hp = r.get("hparams") or {}
+            snap = live.get(r["run_id"])
+            if snap is not None:  # the scheduler's view is the freshest (e.g. a clone applied a moment ago)
+                r = {**r, "status": snap.status.value, "completed_steps": snap.step, "total_steps": snap.total_steps,
+                     "chunks_done": snap.segments_done, "epoch": snap.epoch, "error": snap.error}
+                if r["status"] == RunStatus.DELETED.value and not include_deleted:
+                    continue
             row = {"run_id": r["run_id"], "status": r["status"], "config": r.get("config")}
             for c in cols:
                 row[c] = hp.get(c)
@@ -609,9 +617,11 @@ class Experiment:
                 "run_id": r["run_id"], "status": status.value, "on_device": bool(s and s.on_device),
                 "hparams": {c: hp.get(c) for c in self._hparam_cols} or hp,
                 "editable": {k: v for k, v in hp.items() if k not in NOT_EDITABLE},
-                "completed_steps": s.step if s else r.get("completed_steps"),
+                "completed_steps": (max(s.step, self._live_step.get(s.run_id, 0)) if s and s.on_device else
+                                    s.step if s else r.get("completed_steps")),
                 "total_steps": s.total_steps if s else r.get("total_steps"),
                 "chunks_done": s.segments_done if s else r.get("chunks_done"),
+                "num_segments": s.num_segments if s else None,
                 "epoch": s.epoch if s else r.get("epoch"),
                 "samples_seen": s.samples_seen if s else r.get("samples_seen"),
                 "loss": latest.get(r["run_id"], {}).get("loss"),
@@ -653,6 +663,7 @@ class Experiment:
 
     def _on_metrics(self, run_id: int, step: int, samples_seen: int, logs: dict[str, float]) -> None:
         now = time.time()
+        self._live_step[run_id] = step
         rows = [{"run_id": run_id, "step": step, "samples_seen": samples_seen, "name": k, "value": float(v),
                  "wall_time": now} for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if not rows:

@@ -14,7 +14,8 @@
 
 /**
  * @typedef {{run_id: number, status: string, on_device: boolean, hparams: Record<string, any>,
- *   completed_steps: number, total_steps: number, chunks_done: number, epoch?: number, samples_seen: number,
+ *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number, epoch?: number,
+ *   samples_seen: number,
  *   loss: number|null, eval_loss: number|null, error: string|null, parent_id: number|null,
  *   warm_start: boolean, legal_ops: string[]}} Run
  * @typedef {{op_id: string, run_id: number, kind: string, state: string, message: string,
@@ -707,7 +708,9 @@ class PanelView {
     cells.step.classList.toggle("rf-bar-failed", run.status === "FAILED");
     cells.step.classList.toggle("rf-bar-done", run.status === "COMPLETED");
     const nChunks = this.snapshot?.num_chunks;
-    setText(cells.chunks, nChunks ? `${run.chunks_done}/${nChunks}` : String(run.chunks_done ?? "–"));
+    // chunks over the whole run (all epochs): chunks_done / num_segments; older snapshots: per-epoch count
+    const nTotal = run.num_segments || nChunks;
+    setText(cells.chunks, nTotal ? `${run.chunks_done}/${nTotal}` : String(run.chunks_done ?? "–"));
     setText(cells.loss, fmtNum(run.loss));
     setText(cells.eval, fmtNum(run.eval_loss));
     setText(cells.samples, fmtInt(run.samples_seen));

@@ -42,7 +42,7 @@ MetricSink = Callable[[int, int, int, dict[str, float]], None]
 
 # TrainingArguments fields that act on the shared model itself: runs on one base must agree on them.
 _SHARED_MODEL_FIELDS = ("gradient_checkpointing", "neftune_noise_alpha", "disable_dropout", "use_liger_kernel",
-                        "torch_compile")
+                        "torch_compile", "cast_lm_head_to_fp32")  # GRPO's cast replaces the shared lm_head
 
 
 @dataclass
