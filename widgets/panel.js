@@ -248,6 +248,7 @@ class PanelView {
     this.clockOffset = 0; // kernel clock - browser clock (ms)
     /** @type {Map<string, Notice>} */ this.notices = new Map();
     /** @type {Map<string, string>} "kind:run" -> op_id of a click not yet acknowledged */ this.pending = new Map();
+    /** @type {Set<string>} op ids the kernel acknowledged over the comm */ this.acked = new Set();
     /** @type {Map<number, {tr: HTMLElement, cells: Record<string, HTMLElement>, buttons: Record<string,
      *   HTMLButtonElement>, errorTr: HTMLElement, stepText: HTMLElement, stepFill: HTMLElement, runKey: string,
      *   statusKey: string, formTr: HTMLElement|null}>} */
@@ -411,6 +412,7 @@ class PanelView {
 
   /** @param {any} ack */
   onAck(ack) {
+    this.acked.add(ack.op_id);
     this.pending.delete(`${ack.kind}:${ack.run_id}`);
     const opInLog = (this.snapshot?.ops || []).find((o) => o.op_id === ack.op_id);
     if (opInLog && opInLog.state !== "queued") return; // its outcome is already shown
@@ -466,9 +468,40 @@ class PanelView {
     }
     this.notice(opId, requestedText(kind, runId), "sent");
     this.renderTable();
+    // The kernel answers comm messages only while no cell runs. If no ack comes, send the same op (same op_id:
+    // applied once) through the Jupyter server extension's ops inbox, which the scheduler thread polls.
+    setTimeout(() => {
+      if (!this.acked.has(opId)) this.postOpToServer({ op_id: opId, kind, run_id: runId, changes, warm_start: warm });
+    }, COMM_ACK_TIMEOUT_MS);
     setTimeout(() => {
       if (this.pending.get(key) === opId) { this.pending.delete(key); this.renderTable(); }
     }, 15000);
+  }
+
+  /**
+   * Fallback path for an op while the kernel is busy in a long cell: POST it to
+   * `<baseUrl>rapidfire/api/experiments/<name>/ops` (authenticated by the page's cookie + XSRF token).
+   * @param {{op_id: string, kind: string, run_id: number, changes: Record<string, any>, warm_start: boolean}} op
+   */
+  async postOpToServer(op) {
+    const name = this.snapshot?.experiment;
+    const cfgEl = typeof document !== "undefined" ? document.getElementById("jupyter-config-data") : null;
+    if (!name || !cfgEl) return; // no Jupyter server page (VS Code, Colab): the op waits for the kernel
+    try {
+      const baseUrl = JSON.parse(cfgEl.textContent || "{}").baseUrl || "/";
+      const xsrf = (document.cookie.match(/(?:^|;\s*)_xsrf=([^;]+)/) || [])[1];
+      const body = op.kind === "clone" ? op : { op_id: op.op_id, kind: op.kind, run_id: op.run_id };
+      const res = await fetch(`${baseUrl}rapidfire/api/experiments/${encodeURIComponent(name)}/ops`, {
+        method: "POST", credentials: "same-origin",
+        headers: { "Content-Type": "application/json", ...(xsrf ? { "X-XSRFToken": decodeURIComponent(xsrf) } : {}) },
+        body: JSON.stringify(body),
+      });
+      if (res.ok && !this.acked.has(op.op_id)) {
+        this.notice(op.op_id, `${requestedText(op.kind, op.run_id)} (kernel busy: sent through the server)`, "queued");
+      }
+    } catch (_err) {
+      /* server extension not reachable: the comm message is still queued in the kernel */
+    }
   }
 
   /** @param {Run} run */
@@ -938,6 +971,8 @@ function themeKey() {
   const b = document.body;
   return `${b.dataset.jpThemeLight ?? ""}|${b.dataset.jpThemeName ?? ""}|${b.className.includes("vscode-dark")}`;
 }
+
+const COMM_ACK_TIMEOUT_MS = 2500;
 
 export default {
   /** @param {{model: Model, el: HTMLElement}} ctx */
