@@ -96,6 +96,7 @@ class _Run:
     warm_start: bool = False
     error: str | None = None
     deferred: list[Op] = field(default_factory=list)
+    fixed_total: int = 0  # total steps of a finished run registered without a plan
     pending: bool = False  # a clone whose op is not applied yet
     waiting_clone: Op | None = None  # a warm clone waiting for its parent's first boundary
 
@@ -156,7 +157,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ setup
     def add_run(self, run_id: int, spec: Any, start: RunStart | None = None, status: RunStatus = RunStatus.NEW,
-                parent_id: int | None = None, warm_start: bool = False, error: str | None = None) -> None:
+                parent_id: int | None = None, warm_start: bool = False, error: str | None = None,
+                progress: tuple[int, int, int, int] | None = None) -> None:
         """Register a run before :meth:`start` (prepared synchronously through the executor).
 
         Args:
@@ -164,6 +166,7 @@ class Scheduler:
             spec: the run's config (passed to ``executor.add_run``).
             start: an already known start (restored runs); else ``executor.add_run`` is called.
             status: initial status (restored runs may be STOPPED, COMPLETED, ...).
+            progress: for a finished run shown from the store: ``(step, total_steps, chunks_done, samples_seen)``.
 
         Raises:
             RuntimeError: after start. Whatever ``executor.add_run`` raises (bad input).
@@ -176,6 +179,8 @@ class Scheduler:
         if start is not None:
             run.plan, run.step, run.segments_done, run.samples_seen = (
                 start.plan, start.step, start.segments_done, start.samples_seen)
+        elif progress is not None:
+            run.step, run.fixed_total, run.segments_done, run.samples_seen = progress
         with self._lock:
             self._runs[run_id] = run
             self._next_id = max(self._next_id, run_id + 1)
@@ -594,8 +599,8 @@ class Scheduler:
         cur = self._current
         return RunSnapshot(
             run_id=r.run_id, status=r.status, step=r.step,
-            total_steps=r.plan.total_steps if r.plan else 0,
-            segments_done=r.segments_done, num_segments=r.plan.num_segments if r.plan else 0,
+            total_steps=r.plan.total_steps if r.plan else r.fixed_total,
+            segments_done=r.segments_done, num_segments=r.plan.num_segments if r.plan else r.segments_done,
             position=r.position(), samples_seen=r.samples_seen,
             on_device=cur is not None and cur[0] == r.run_id,
             parent_id=r.parent_id, warm_start=r.warm_start, error=r.error, spec=r.spec,

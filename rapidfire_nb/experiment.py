@@ -455,7 +455,10 @@ class Experiment:
         status = RunStatus(prior["status"]) if prior else RunStatus.NEW
         if status.is_finished():
             scheduler.add_run(run_id, leaf, status=status, error=prior.get("error") if prior else None,
-                              parent_id=prior.get("parent_id") if prior else None)
+                              parent_id=prior.get("parent_id") if prior else None,
+                              progress=(int(prior.get("completed_steps") or 0), int(prior.get("total_steps") or 0),
+                                        int(prior.get("chunks_done") or 0),
+                                        int(prior.get("samples_seen") or 0)) if prior else None)
             return
         ckpt = latest_checkpoint(executor.run_dir(run_id)) if prior else None
         if prior and prior.get("warm_start") and ckpt is None:
@@ -557,7 +560,8 @@ class Experiment:
             snap = live.get(r["run_id"])
             if snap is not None:  # the scheduler's view is the freshest (e.g. a clone applied a moment ago)
                 r = {**r, "status": snap.status.value, "completed_steps": snap.step, "total_steps": snap.total_steps,
-                     "chunks_done": snap.segments_done, "epoch": snap.epoch, "error": snap.error}
+                     "chunks_done": snap.segments_done,
+                     "epoch": snap.epoch if snap.steps_per_epoch else r.get("epoch"), "error": snap.error}
                 if r["status"] == RunStatus.DELETED.value and not include_deleted:
                     continue
             row = {"run_id": r["run_id"], "status": r["status"], "config": r.get("config")}
@@ -622,7 +626,7 @@ class Experiment:
                 "total_steps": s.total_steps if s else r.get("total_steps"),
                 "chunks_done": s.segments_done if s else r.get("chunks_done"),
                 "num_segments": s.num_segments if s else None,
-                "epoch": s.epoch if s else r.get("epoch"),
+                "epoch": s.epoch if s and s.steps_per_epoch else r.get("epoch"),
                 "samples_seen": s.samples_seen if s else r.get("samples_seen"),
                 "loss": latest.get(r["run_id"], {}).get("loss"),
                 "eval_loss": latest.get(r["run_id"], {}).get("eval_loss"),

@@ -75,13 +75,15 @@ def adapter_from_folder(folder: str | Path) -> dict[str, Any]:
 
 def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     """Max abs difference over two state dicts with the SAME keys and shapes (asserted)."""
-    assert sorted(a) == sorted(b), f"different tensors: only in first {sorted(set(a) - set(b))[:4]}, " \
-                                   f"only in second {sorted(set(b) - set(a))[:4]}"
+    assert sorted(a) == sorted(b), (
+        f"different tensors: only in first {sorted(set(a) - set(b))[:4]}, "
+        f"only in second {sorted(set(b) - set(a))[:4]}"
+    )
     assert a, "empty state dict"
     worst = 0.0
-    for k in a:
-        assert a[k].shape == b[k].shape, f"{k}: shape {tuple(a[k].shape)} != {tuple(b[k].shape)}"
-        worst = max(worst, (a[k].float() - b[k].float()).abs().max().item())
+    for k, value in a.items():
+        assert value.shape == b[k].shape, f"{k}: shape {tuple(value.shape)} != {tuple(b[k].shape)}"
+        worst = max(worst, (value.float() - b[k].float()).abs().max().item())
     return worst
 
 
@@ -101,8 +103,14 @@ class Reference:
         return [(int(h["step"]), float(h[name])) for h in self.log_history if name in h]
 
 
-def train_plain_trl(leaf: Any, create_model_fn: Callable[[dict], Any], train_dataset: Any, eval_dataset: Any,
-                    default_seed: int, output_dir: str | Path) -> Reference:
+def train_plain_trl(
+    leaf: Any,
+    create_model_fn: Callable[[dict], Any],
+    train_dataset: Any,
+    eval_dataset: Any,
+    default_seed: int,
+    output_dir: str | Path,
+) -> Reference:
     """Train ``leaf`` with a plain ``SFTTrainer(...).train()`` (no chunks), as a user would without rapidfire_nb."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import SFTTrainer
@@ -112,15 +120,25 @@ def train_plain_trl(leaf: Any, create_model_fn: Callable[[dict], Any], train_dat
     args, _notes = build_training_args(leaf, output_dir=str(output_dir), default_seed=default_seed)
     lora = build_lora_config(leaf)
     model, tokenizer = create_model_fn(leaf.model_config_dict())
-    trainer = SFTTrainer(model=model, args=args, train_dataset=formatted(train_dataset, leaf.formatting_func),
-                         eval_dataset=formatted(eval_dataset, leaf.formatting_func), processing_class=tokenizer,
-                         peft_config=lora)
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=formatted(train_dataset, leaf.formatting_func),
+        eval_dataset=formatted(eval_dataset, leaf.formatting_func),
+        processing_class=tokenizer,
+        peft_config=lora,
+    )
     trainer.remove_callback(PrinterCallback)  # keep the test output readable; no effect on training
     trainer.remove_callback(ProgressCallback)
     initial = adapter_state(trainer.model)
     trainer.train()
-    return Reference(initial=initial, final=adapter_state(trainer.model), log_history=list(trainer.state.log_history),
-                     args=args, lora=lora)
+    return Reference(
+        initial=initial,
+        final=adapter_state(trainer.model),
+        log_history=list(trainer.state.log_history),
+        args=args,
+        lora=lora,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ results

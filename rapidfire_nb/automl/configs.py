@@ -417,8 +417,11 @@ class RFModelConfig:
         ref_model_kwargs: Any = None,
         reward_funcs: Any = None,
         generation_config: Any = None,
+        **unknown: Any,
     ) -> None:
         values = locals()
+        for name in unknown:  # a misspelt keyword: the same message as a misspelt attribute
+            self.__setattr__(name, unknown[name])
         for name in MODEL_FIELDS:
             setattr(self, name, values[name])
 

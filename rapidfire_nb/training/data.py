@@ -28,6 +28,9 @@ def prepare_dataset(ds: Any, formatting_func: Callable[[dict], dict] | None, kin
     """
     if ds is None or len(ds) == 0:
         raise ConfigError(f"{what} is empty: pass a datasets.Dataset with at least one row")
+    if not hasattr(ds, "column_names") or not hasattr(ds, "map"):
+        raise ConfigError(f"{what} must be a datasets.Dataset, got {type(ds).__name__}; e.g. "
+                          "datasets.Dataset.from_list(rows)")
     key = (id(ds), _fn_key(formatting_func), kind.name)
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is ds:
@@ -50,7 +53,25 @@ def prepare_dataset(ds: Any, formatting_func: Callable[[dict], dict] | None, kin
             )
         produced = set(sample)
         remove = [] if kind.keep_extra_columns else [c for c in ds.column_names if c not in produced]
-        out = ds.map(formatting_func, remove_columns=remove)
+        name = getattr(formatting_func, "__qualname__", repr(formatting_func))
+
+        def checked(row: dict, idx: int) -> dict:
+            try:
+                return formatting_func(row)
+            except Exception as exc:
+                raise ConfigError(f"formatting_func {name!r} raised {type(exc).__name__}: {exc} on row {idx} of "
+                                  f"{what}; fix the function or the data") from exc
+
+        try:
+            out = ds.map(checked, with_indices=True, remove_columns=remove)
+        except ConfigError:
+            raise
+        except Exception as exc:  # datasets wraps errors raised inside map
+            cause = exc.__cause__ if isinstance(exc.__cause__, ConfigError) else None
+            if cause is not None:
+                raise cause from None
+            raise ConfigError(f"applying formatting_func {name!r} to {what} failed: {type(exc).__name__}: {exc}") \
+                from exc
     cols = set(out.column_names)
     if not any(set(req) <= cols for req in kind.required_columns):
         need = " or ".join("/".join(r) for r in kind.required_columns)

@@ -24,12 +24,12 @@ from transformers import set_seed
 from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult
 from rapidfire_nb.errors import ConfigError
 
+from . import rl
 from .build import build_lora_config, build_training_args
 from .checkpoint import BoundarySnapshot, CheckpointWriter, snapshot_trainer
 from .data import prepare_dataset
 from .quiet import quiet_libraries
 from .rng import capture_rng
-from . import rl
 from .trainers import TrainerKind, plan_run, step_geometry, trainer_kind
 from .worker import RunWorker
 
@@ -253,11 +253,17 @@ class TorchExecutor(Executor):
 
             adapter = f"run_{run_id}"
             set_seed(args.seed)  # what TRL does right before get_peft_model: initial adapter weights match
-            if not isinstance(base.model, PeftModel):
-                base.model = get_peft_model(base.model, lora, adapter_name=adapter)
-                base.peft = True
-            else:
-                base.model.add_adapter(adapter, lora)
+            try:
+                if not isinstance(base.model, PeftModel):
+                    base.model = get_peft_model(base.model, lora, adapter_name=adapter)
+                    base.peft = True
+                else:
+                    base.model.add_adapter(adapter, lora)
+            except ValueError as exc:
+                if isinstance(base.model, PeftModel) and adapter in base.model.peft_config:
+                    base.model.delete_adapter(adapter)  # leave no half-registered adapter on the shared base
+                raise ConfigError(f"lora.target_modules={lora.target_modules!r} does not fit the model "
+                                  f"{spec.model_name!r}: {exc}") from exc
             base.model.set_adapter(adapter)
             base.adapters.append(adapter)
             model = base.model

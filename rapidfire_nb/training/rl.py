@@ -73,6 +73,11 @@ def precheck(kind: TrainerKind, spec: Any, train_dataset: Any, eval_dataset: Any
     """
     if kind.name != "GRPO":
         return
+    if spec.ref_model_name is not None or spec.ref_model_kwargs:
+        raise ConfigError(
+            "ref_model_name/ref_model_kwargs are not supported for GRPO: TRL's GRPOTrainer takes no reference "
+            "model (LoRA runs use the base with adapters disabled; full fine-tuning with beta > 0 reloads the "
+            "policy's own weights); remove them")
     check_generation_batch(spec)
     from .data import prepare_dataset
 

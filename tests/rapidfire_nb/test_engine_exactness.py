@@ -1,16 +1,17 @@
 """Chunked, interleaved training is exact to plain TRL; the schedule is fair and chunks hold the same rows.
 
-One experiment (3 runs, 3 chunks) covers the variants of the issue's requirement 3 at once:
+One experiment (4 runs, 3 chunks, 24 rows) covers the variants of the issue's requirement 3 at once:
 
-=====  ===========  =======  ====================================  ==========================================
-run    batch x GA   length   schedule                              other
-=====  ===========  =======  ====================================  ==========================================
-1      4 x 1        2 epochs warmup 2 + linear, wd 0.05, clip 0.5  eval_steps 5, logging_steps 3 (chunk = 2)
-2      3 x 2        2 epochs warmup 1 + cosine, wd 0.01, clip 1.0  eval_steps 3, logging_steps 2, uneven chunks
-3      2 x 1        7 steps  warmup 1 + linear, wd 0.1, clip 0.3   own seed 123; max_steps ends mid-chunk 2
-=====  ===========  =======  ====================================  ==========================================
+=====  ===========  ========  ==========================================  ======================================
+run    batch x GA   length    schedule                                    other
+=====  ===========  ========  ==========================================  ======================================
+1      4 x 1        2 epochs  warmup 2 + linear, wd 0.05, clip 0.5        eval_steps 5, logging_steps 3 (chunk 2)
+2      3 x 2        2 epochs  warmup 1 + cosine, wd 0.01, clip 1.0        eval_steps 3, logging 2, chunks 2,1,1
+3      2 x 1        15 steps  warmup 1 + linear, wd 0.1, clip 0.3         own seed 123; ends mid-chunk in epoch 2
+4      5 x 2        2 epochs  warmup 1 + constant, wd 0.0, clip 0.2       last step of an epoch: 4 rows, not 10
+=====  ===========  ========  ==========================================  ======================================
 
-Every run has lora_dropout > 0 and its own LoRA shape; all three share one base model, and an eval set, so the
+Every run has lora_dropout > 0 and its own LoRA shape; all share one base model, and an eval set, so the
 chunk-end evaluations happen on top of each run's own cadence. Each run is compared with a plain
 ``SFTTrainer(...).train()`` built from the same TRL config (``tests/helpers.py``).
 
@@ -43,34 +44,126 @@ SEED = 7
 N_TRAIN = 24
 NUM_CHUNKS = 3
 
-# run_id -> (total steps, chunk boundaries in global steps), computed by hand from the chunk rule
-# s_k = ceil(k N / (K B)) per epoch (N=24, K=3): B=4 -> 2,4,6 (+6); B=6 -> 2,3,4 (+4); B=2 -> 4,8 (max 7).
-EXPECTED_BOUNDARIES = {1: [2, 4, 6, 8, 10, 12], 2: [2, 3, 4, 6, 7, 8], 3: [4, 7]}
-# furthest behind first (lowest epoch, then fewest chunks), ties by run id
-EXPECTED_SCHEDULE = [(1, 2), (2, 2), (3, 4), (1, 4), (2, 3), (3, 7), (1, 6), (2, 4), (1, 8), (2, 6), (1, 10),
-                     (2, 7), (1, 12), (2, 8)]
-OWN_EVAL_STEPS = {1: 5, 2: 3, 3: 4}
+# Chunk boundaries in global steps, computed by hand from the chunk rule s_k = min(S, ceil(k N / (K B))) per
+# epoch (N=24, K=3): B=4 -> 2,4,6; B=6 -> 2,3,4; B=2 -> 4,8,12 (max_steps 15); B=10 -> 1,2,3 (S=3).
+EXPECTED_BOUNDARIES = {
+    1: [2, 4, 6, 8, 10, 12],
+    2: [2, 3, 4, 6, 7, 8],
+    3: [4, 8, 12, 15],
+    4: [1, 2, 3, 4, 5, 6],
+}
+# furthest behind first (lowest epoch, then fewest chunks done), ties by run id
+EXPECTED_SCHEDULE = [
+    (1, 2),
+    (2, 2),
+    (3, 4),
+    (4, 1),
+    (1, 4),
+    (2, 3),
+    (3, 8),
+    (4, 2),
+    (1, 6),
+    (2, 4),
+    (3, 12),
+    (4, 3),
+    (1, 8),
+    (2, 6),
+    (3, 15),
+    (4, 4),
+    (1, 10),
+    (2, 7),
+    (4, 5),
+    (1, 12),
+    (2, 8),
+    (4, 6),
+]
+OWN_EVAL_STEPS = {1: 5, 2: 3, 3: 4, 4: 4}
+LOG_STEPS = {1: [3, 6, 9, 12], 2: [2, 4, 6, 8], 3: list(range(2, 15, 2)), 4: [1, 2, 3, 4, 5, 6]}
+TOTAL_STEPS = {1: 12, 2: 8, 3: 15, 4: 6}
+
+
+def expected_samples_seen(rid: int, step: int) -> int:
+    """Training rows consumed after ``step`` optimizer steps (run 4's last step of an epoch takes 4 rows)."""
+    rows_per_step, steps_per_epoch = {1: (4, 6), 2: (6, 4), 3: (2, 12), 4: (10, 3)}[rid]
+    epochs, within = divmod(step, steps_per_epoch)
+    return epochs * N_TRAIN + min(within * rows_per_step, N_TRAIN)
 
 
 def _config_group() -> Any:
     from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 
-    common = dict(eval_strategy="steps", max_length=48, lr_scheduler_type="linear")
+    common = {"eval_strategy": "steps", "max_length": 48, "lr_scheduler_type": "linear"}
     runs = [
-        (RFLoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]),
-         RFSFTConfig(learning_rate=1e-3, per_device_train_batch_size=4, gradient_accumulation_steps=1,
-                     num_train_epochs=2, warmup_steps=2, weight_decay=0.05, max_grad_norm=0.5, eval_steps=5,
-                     logging_steps=3, **common)),
-        (RFLoraConfig(r=8, lora_alpha=16, lora_dropout=0.2, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
-         RFSFTConfig(learning_rate=5e-4, per_device_train_batch_size=3, gradient_accumulation_steps=2,
-                     num_train_epochs=2, warmup_steps=1, weight_decay=0.01, max_grad_norm=1.0, eval_steps=3,
-                     logging_steps=2, **{**common, "lr_scheduler_type": "cosine"})),
-        (RFLoraConfig(r=4, lora_alpha=4, lora_dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj"]),
-         RFSFTConfig(learning_rate=2e-3, per_device_train_batch_size=2, max_steps=7, seed=123, warmup_steps=1,
-                     weight_decay=0.1, max_grad_norm=0.3, eval_steps=4, logging_steps=2, **common)),
+        (
+            RFLoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]),
+            RFSFTConfig(
+                learning_rate=1e-3,
+                per_device_train_batch_size=4,
+                gradient_accumulation_steps=1,
+                num_train_epochs=2,
+                warmup_steps=2,
+                weight_decay=0.05,
+                max_grad_norm=0.5,
+                eval_steps=5,
+                logging_steps=3,
+                **common,
+            ),
+        ),
+        (
+            RFLoraConfig(
+                r=8, lora_alpha=16, lora_dropout=0.2, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+            ),
+            RFSFTConfig(
+                learning_rate=5e-4,
+                per_device_train_batch_size=3,
+                gradient_accumulation_steps=2,
+                num_train_epochs=2,
+                warmup_steps=1,
+                weight_decay=0.01,
+                max_grad_norm=1.0,
+                eval_steps=3,
+                logging_steps=2,
+                **{**common, "lr_scheduler_type": "cosine"},
+            ),
+        ),
+        (
+            RFLoraConfig(r=4, lora_alpha=4, lora_dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj"]),
+            RFSFTConfig(
+                learning_rate=2e-3,
+                per_device_train_batch_size=2,
+                max_steps=15,
+                seed=123,
+                warmup_steps=1,
+                weight_decay=0.1,
+                max_grad_norm=0.3,
+                eval_steps=4,
+                logging_steps=2,
+                **common,
+            ),
+        ),
+        (
+            RFLoraConfig(
+                r=2, lora_alpha=8, lora_dropout=0.3, target_modules=["o_proj", "up_proj", "down_proj"]
+            ),
+            RFSFTConfig(
+                learning_rate=1e-3,
+                per_device_train_batch_size=5,
+                gradient_accumulation_steps=2,
+                num_train_epochs=2,
+                warmup_steps=1,
+                weight_decay=0.0,
+                max_grad_norm=0.2,
+                eval_steps=4,
+                **{**common, "lr_scheduler_type": "constant_with_warmup"},
+            ),
+        ),
     ]
-    configs = List([RFModelConfig(model_name="tiny", peft_config=lora, training_args=args, formatting_func=qa_to_chat)
-                     for lora, args in runs])
+    configs = List(
+        [
+            RFModelConfig(model_name="tiny", peft_config=lora, training_args=args, formatting_func=qa_to_chat)
+            for lora, args in runs
+        ]
+    )
     return RFGridSearch(configs=configs, trainer_type="SFT")
 
 
@@ -84,29 +177,40 @@ def exact(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     train, evald = qa_dataset(N_TRAIN, seed=0), qa_dataset(6, seed=1)
     group = _config_group()
     exp = Experiment("exactness", experiment_path=root)
-    with pytest.MonkeyPatch.context() as mp:
-        with record_segments(mp) as schedule:
-            exp.run_fit(group, tiny_create_model, train, evald, num_chunks=NUM_CHUNKS, seed=SEED)
+    with pytest.MonkeyPatch.context() as mp, record_segments(mp) as schedule:
+        exp.run_fit(group, tiny_create_model, train, evald, num_chunks=NUM_CHUNKS, seed=SEED)
     info = exp.get_runs_info()
     results = exp.get_results()
-    in_memory = {rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
-                 for rid, run in exp._executor._runs.items()}
+    in_memory = {
+        rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
+        for rid, run in exp._executor._runs.items()
+    }
     seeds = {rid: run.worker.trainer.args.seed for rid, run in exp._executor._runs.items()}
     plans = {rid: run.plan for rid, run in exp._executor._runs.items()}
     exp.end()
-    refs = {rid: train_plain_trl(leaf, tiny_create_model, train, evald, SEED, root / f"plain-{rid}")
-            for rid, leaf in enumerate(group.expand(SEED), start=1)}
-    return dict(exp=exp, info=info, results=results, in_memory=in_memory, refs=refs, schedule=schedule,
-                seeds=seeds, plans=plans)
+    refs = {
+        rid: train_plain_trl(leaf, tiny_create_model, train, evald, SEED, root / f"plain-{rid}")
+        for rid, leaf in enumerate(group.expand(SEED), start=1)
+    }
+    return {
+        "exp": exp,
+        "info": info,
+        "results": results,
+        "in_memory": in_memory,
+        "refs": refs,
+        "schedule": schedule,
+        "seeds": seeds,
+        "plans": plans,
+    }
 
 
 def test_runs_complete_with_the_planned_chunks(exact: dict[str, Any]) -> None:
     info = exact["info"].set_index("run_id")
-    assert list(info.index) == [1, 2, 3]
-    assert list(info.status) == ["COMPLETED"] * 3
-    assert list(info.total_steps) == [12, 8, 7]
-    assert list(info.completed_steps) == [12, 8, 7]
-    assert list(info.chunks_done) == [6, 6, 2]
+    assert list(info.index) == [1, 2, 3, 4]
+    assert list(info.status) == ["COMPLETED"] * 4
+    assert list(info.total_steps) == list(TOTAL_STEPS.values())
+    assert list(info.completed_steps) == list(TOTAL_STEPS.values())
+    assert list(info.chunks_done) == [len(b) for b in EXPECTED_BOUNDARIES.values()]
     for rid, bounds in EXPECTED_BOUNDARIES.items():
         assert list(exact["plans"][rid].boundaries) == bounds
     assert exact["schedule"].calls == EXPECTED_SCHEDULE
@@ -124,7 +228,9 @@ def test_adapter_weights_are_bit_identical(exact: dict[str, Any]) -> None:
     """The aim beyond the 1e-6 bar (measured: 0.0); a failure here alone means 'exact, but not bit-identical'."""
     info = exact["info"].set_index("run_id")
     for rid, ref in exact["refs"].items():
-        assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, f"run {rid}"
+        assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, (
+            f"run {rid}"
+        )
 
 
 def test_every_adapter_weight_changed(exact: dict[str, Any]) -> None:
@@ -139,13 +245,14 @@ def test_every_adapter_weight_changed(exact: dict[str, Any]) -> None:
 
 def test_per_step_training_logs_equal_plain_trl(exact: dict[str, Any]) -> None:
     results = exact["results"]
-    expected_log_steps = {1: [3, 6, 9, 12], 2: [2, 4, 6, 8], 3: [2, 4, 6]}
     for rid, ref in exact["refs"].items():
         ref_loss = ref.series("loss")
-        assert [s for s, _ in ref_loss] == expected_log_steps[rid]
+        assert [s for s, _ in ref_loss] == LOG_STEPS[rid]
         got = result_series(results, rid, "loss")
         assert [s for s, _ in got] == [s for s, _ in ref_loss], f"run {rid}: logged at other steps"
-        assert max(abs(a - b) for (_, a), (_, b) in zip(got, ref_loss)) <= TOL, f"run {rid}: {got} != {ref_loss}"
+        assert max(abs(a - b) for (_, a), (_, b) in zip(got, ref_loss)) <= TOL, (
+            f"run {rid}: {got} != {ref_loss}"
+        )
         for name in ("learning_rate", "grad_norm"):
             assert result_series(results, rid, name) == ref.series(name), f"run {rid}: {name}"
 
@@ -176,9 +283,22 @@ def test_chunk_end_evals_at_every_boundary_once(exact: dict[str, Any]) -> None:
     assert len(keys) == len(set(keys)), "a step was evaluated twice (chunk end on top of the own cadence)"
 
 
+def test_samples_seen_counts_training_rows(exact: dict[str, Any]) -> None:
+    results = exact["results"]
+    for rid in TOTAL_STEPS:
+        mine = results[results.run_id == rid].sort_values("step")
+        assert list(mine.step) == sorted(
+            set(LOG_STEPS[rid])
+            | set(EXPECTED_BOUNDARIES[rid])
+            | {s for s, _ in exact["refs"][rid].series("eval_loss")}
+        )
+        assert list(mine.samples_seen) == [expected_samples_seen(rid, s) for s in mine.step], f"run {rid}"
+    assert expected_samples_seen(4, 3) == 24 and expected_samples_seen(4, 4) == 34
+
+
 def test_run_seed_precedence(exact: dict[str, Any]) -> None:
-    assert exact["seeds"] == {1: SEED, 2: SEED, 3: 123}
-    assert {rid: ref.args.seed for rid, ref in exact["refs"].items()} == {1: SEED, 2: SEED, 3: 123}
+    assert exact["seeds"] == {1: SEED, 2: SEED, 3: 123, 4: SEED}
+    assert {rid: ref.args.seed for rid, ref in exact["refs"].items()} == {1: SEED, 2: SEED, 3: 123, 4: SEED}
 
 
 # ============================================================================================ fairness
@@ -196,19 +316,38 @@ def fair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
     from rapidfire_nb.testing import tiny_create_model
 
-    configs = List([
-        RFModelConfig(model_name="tiny", formatting_func=qa_to_chat,
-                      peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-                      training_args=RFSFTConfig(learning_rate=1e-3, per_device_train_batch_size=bs,
-                                                gradient_accumulation_steps=ga, num_train_epochs=1,
-                                                max_length=48))
-        for bs, ga in FAIR_RUNS.values()])
+    configs = List(
+        [
+            RFModelConfig(
+                model_name="tiny",
+                formatting_func=qa_to_chat,
+                peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+                training_args=RFSFTConfig(
+                    learning_rate=1e-3,
+                    per_device_train_batch_size=bs,
+                    gradient_accumulation_steps=ga,
+                    num_train_epochs=1,
+                    max_length=48,
+                ),
+            )
+            for bs, ga in FAIR_RUNS.values()
+        ]
+    )
     exp = Experiment("fairness", experiment_path=tmp_path_factory.mktemp("fair"))
-    with pytest.MonkeyPatch.context() as mp:
-        with record_segments(mp) as schedule, record_batches(mp) as batches:
-            exp.run_fit(RFGridSearch(configs, "SFT"), tiny_create_model, qa_dataset(FAIR_N, seed=3, tag=True),
-                        num_chunks=FAIR_K, seed=SEED)
-    out = dict(info=exp.get_runs_info(), results=exp.get_results(), schedule=schedule, batches=batches)
+    with pytest.MonkeyPatch.context() as mp, record_segments(mp) as schedule, record_batches(mp) as batches:
+        exp.run_fit(
+            RFGridSearch(configs, "SFT"),
+            tiny_create_model,
+            qa_dataset(FAIR_N, seed=3, tag=True),
+            num_chunks=FAIR_K,
+            seed=SEED,
+        )
+    out = {
+        "info": exp.get_runs_info(),
+        "results": exp.get_results(),
+        "schedule": schedule,
+        "batches": batches,
+    }
     exp.end()
     return out
 
@@ -242,7 +381,9 @@ def test_samples_seen_at_each_boundary(fair: dict[str, Any]) -> None:
             lo = k * FAIR_N / FAIR_K
             assert lo <= res.samples_seen < lo + b, f"run {rid} boundary {k}: {res.samples_seen} rows"
             traced = len(fair["batches"].rows(rid, 0, res.step))
-            assert traced == res.samples_seen, f"run {rid}: trained {traced} rows, reported {res.samples_seen}"
+            assert traced == res.samples_seen, (
+                f"run {rid}: trained {traced} rows, reported {res.samples_seen}"
+            )
             logged = results[(results.run_id == rid) & (results.step == res.step)].samples_seen
             assert list(logged) == [res.samples_seen]
         assert seg[-1].samples_seen == FAIR_N
@@ -258,7 +399,7 @@ def test_same_rows_per_chunk_whatever_the_batch_size(fair: dict[str, Any]) -> No
     assert epoch[2] == epoch[1] and epoch[3] == epoch[1]
     order = epoch[1]
     for k in range(1, FAIR_K + 1):
-        ideal = set(order[math.ceil((k - 1) * FAIR_N / FAIR_K):math.ceil(k * FAIR_N / FAIR_K)])
+        ideal = set(order[math.ceil((k - 1) * FAIR_N / FAIR_K) : math.ceil(k * FAIR_N / FAIR_K)])
         chunks = {}
         for rid in FAIR_RUNS:
             bounds = [0, *FAIR_BOUNDARIES[rid]]

@@ -18,14 +18,23 @@ from rapidfire_nb.automl import List, Range, RFGridSearch, RFLoraConfig, RFModel
 from rapidfire_nb.testing import tiny_create_model
 from tests.helpers import qa_dataset, qa_to_chat, worker_threads
 
-LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
-def group(formatting_func: Any = qa_to_chat, model_name: str | List = "tiny", **training: Any) -> RFGridSearch:
-    args = dict(learning_rate=1e-3, per_device_train_batch_size=4, num_train_epochs=1, max_length=32)
+def group(
+    formatting_func: Any = qa_to_chat, model_name: str | List = "tiny", **training: Any
+) -> RFGridSearch:
+    args = {"learning_rate": 1e-3, "per_device_train_batch_size": 4, "num_train_epochs": 1, "max_length": 32}
     args.update(training)
-    return RFGridSearch(RFModelConfig(model_name=model_name, peft_config=RFLoraConfig(**LORA),
-                                      training_args=RFSFTConfig(**args), formatting_func=formatting_func), "SFT")
+    return RFGridSearch(
+        RFModelConfig(
+            model_name=model_name,
+            peft_config=RFLoraConfig(**LORA),
+            training_args=RFSFTConfig(**args),
+            formatting_func=formatting_func,
+        ),
+        "SFT",
+    )
 
 
 @pytest.fixture
@@ -53,7 +62,9 @@ def assert_nothing_trained(exp: Experiment, trained: list[tuple[int, int]], thre
     assert exp.get_runs_info().empty
 
 
-def fails_before_training(trained: list[tuple[int, int]], match: str, *args: Any, **kwargs: Any) -> Experiment:
+def fails_before_training(
+    trained: list[tuple[int, int]], match: str, *args: Any, **kwargs: Any
+) -> Experiment:
     exp = Experiment("bad-input")
     exp._quiet = True
     before = worker_threads()
@@ -73,13 +84,21 @@ def test_empty_train_set(trained: list) -> None:
 
 @pytest.mark.parametrize("num_chunks", [0, -1])
 def test_num_chunks_below_one(trained: list, num_chunks: int) -> None:
-    fails_before_training(trained, "num_chunks", group(), tiny_create_model, qa_dataset(8), num_chunks=num_chunks)
+    fails_before_training(
+        trained, "num_chunks", group(), tiny_create_model, qa_dataset(8), num_chunks=num_chunks
+    )
 
 
 def test_num_chunks_above_steps_per_epoch_then_a_corrected_call_trains(trained: list) -> None:
     # 8 rows, batch 4 -> 2 optimizer steps per epoch: 3 chunks cannot be planned
-    exp = fails_before_training(trained, r"num_chunks=3 .*2 optimizer steps per epoch", group(), tiny_create_model,
-                                qa_dataset(8), num_chunks=3)
+    exp = fails_before_training(
+        trained,
+        r"num_chunks=3 .*2 optimizer steps per epoch",
+        group(),
+        tiny_create_model,
+        qa_dataset(8),
+        num_chunks=3,
+    )
     exp.run_fit(group(), tiny_create_model, qa_dataset(8), num_chunks=2)
     info = exp.get_runs_info()
     assert list(info.status) == ["COMPLETED"] and list(info.completed_steps) == [2]
@@ -87,17 +106,41 @@ def test_num_chunks_above_steps_per_epoch_then_a_corrected_call_trains(trained: 
     exp.end()
 
 
+def test_num_chunks_above_the_steps_per_epoch_of_one_run_names_it(trained: list) -> None:
+    # 16 rows: batch 2 -> 8 steps per epoch, batch 8 -> 2 steps per epoch; 4 chunks only fit the first run
+    fails_before_training(
+        trained,
+        r"num_chunks=4 .*2 optimizer steps per epoch.*\(run 2\)",
+        group(per_device_train_batch_size=List([2, 8])),
+        tiny_create_model,
+        qa_dataset(16),
+        num_chunks=4,
+    )
+
+
 def nothing_useful(row: dict) -> dict:
     return {"instruction": row["question"], "output": row["answer"]}
 
 
 def test_rows_missing_the_needed_columns_after_formatting(trained: list) -> None:
-    exp = fails_before_training(trained, r"prompt/completion", group(formatting_func=nothing_useful),
-                                tiny_create_model, qa_dataset(8), num_chunks=2)
+    exp = fails_before_training(
+        trained,
+        r"prompt/completion",
+        group(formatting_func=nothing_useful),
+        tiny_create_model,
+        qa_dataset(8),
+        num_chunks=2,
+    )
     assert exp is not None
     # the same without any formatting_func: question/answer rows are not SFT rows
-    fails_before_training(trained, r"formatting_func", group(formatting_func=None), tiny_create_model,
-                          qa_dataset(8), num_chunks=2)
+    fails_before_training(
+        trained,
+        r"formatting_func",
+        group(formatting_func=None),
+        tiny_create_model,
+        qa_dataset(8),
+        num_chunks=2,
+    )
 
 
 def broken_format(row: dict) -> dict:
@@ -105,17 +148,44 @@ def broken_format(row: dict) -> dict:
 
 
 def test_formatting_func_raising_on_the_first_row_is_named(trained: list) -> None:
-    fails_before_training(trained, r"broken_format.*KeyError", group(formatting_func=broken_format),
-                          tiny_create_model, qa_dataset(8), num_chunks=2)
+    fails_before_training(
+        trained,
+        r"broken_format.*KeyError",
+        group(formatting_func=broken_format),
+        tiny_create_model,
+        qa_dataset(8),
+        num_chunks=2,
+    )
+
+
+def fails_on_row_3(row: dict) -> dict:
+    if row["question"].startswith("Row 3:"):
+        raise ValueError("cannot format this row")
+    return qa_to_chat(row)
+
+
+def test_formatting_func_raising_on_a_later_row_is_a_config_error(trained: list) -> None:
+    """Not only the first row: any row the function cannot format is bad input, found before training."""
+    fails_before_training(
+        trained,
+        r"fails_on_row_3",
+        group(formatting_func=fails_on_row_3),
+        tiny_create_model,
+        qa_dataset(8, tag=True),
+        num_chunks=2,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ configs
-@pytest.mark.parametrize(("make", "suggestion"), [
-    (lambda: RFSFTConfig(learnig_rate=1e-3), "learning_rate"),
-    (lambda: RFSFTConfig(per_device_train_batchsize=4), "per_device_train_batch_size"),
-    (lambda: RFLoraConfig(r=8, lora_alpah=16), "lora_alpha"),
-    (lambda: RFModelConfig(model_name="tiny", formating_func=qa_to_chat), "formatting_func"),
-])
+@pytest.mark.parametrize(
+    ("make", "suggestion"),
+    [
+        (lambda: RFSFTConfig(learnig_rate=1e-3), "learning_rate"),
+        (lambda: RFSFTConfig(per_device_train_batchsize=4), "per_device_train_batch_size"),
+        (lambda: RFLoraConfig(r=8, lora_alpah=16), "lora_alpha"),
+        (lambda: RFModelConfig(model_name="tiny", formating_func=qa_to_chat), "formatting_func"),
+    ],
+)
 def test_unknown_config_field_suggests_the_closest_name(make: Any, suggestion: str) -> None:
     with pytest.raises(ConfigError, match=f"did you mean `{suggestion}`"):
         make()
@@ -130,15 +200,33 @@ def test_unknown_field_set_after_construction_is_rejected() -> None:
         model.peft_cfg = RFLoraConfig(r=4)
 
 
-@pytest.mark.parametrize(("args", "kwargs", "match"), [
-    ((1e-3, 1e-4), {}, "start must be < end"),
-    ((5, 5), {}, "start must be < end"),
-    ((0.0, 1e-3), {"log": True}, "log=True.*> 0"),
-    ((-1.0, 1.0), {"log": True}, "log=True.*> 0"),
-])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        ((1e-3, 1e-4), {}, "start must be < end"),
+        ((5, 5), {}, "start must be < end"),
+        ((0.0, 1e-3), {"log": True}, "log=True.*> 0"),
+        ((-1.0, 1.0), {"log": True}, "log=True.*> 0"),
+    ],
+)
 def test_bad_range(args: tuple, kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         Range(*args, **kwargs)
+
+
+def test_lora_target_modules_missing_from_the_model(trained: list) -> None:
+    gs = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            formatting_func=qa_to_chat,
+            peft_config=RFLoraConfig(r=4, target_modules=["qkv_proj"]),
+            training_args=RFSFTConfig(per_device_train_batch_size=4, num_train_epochs=1, max_length=32),
+        ),
+        "SFT",
+    )
+    fails_before_training(
+        trained, r"lora\.target_modules", gs, tiny_create_model, qa_dataset(8), num_chunks=2
+    )
 
 
 # ------------------------------------------------------------------------------------------------ create_model_fn
@@ -162,18 +250,41 @@ def model_and_none(model_config: dict) -> Any:
 
 @pytest.mark.parametrize("create", [model_only, tokenizer_then_model, three_things, model_and_none])
 def test_create_model_fn_not_returning_model_and_tokenizer(trained: list, create: Any) -> None:
-    fails_before_training(trained, r"create_model_fn must return a \(model, tokenizer\)", group(), create,
-                          qa_dataset(8), num_chunks=2)
+    fails_before_training(
+        trained,
+        r"create_model_fn must return a \(model, tokenizer\)",
+        group(),
+        create,
+        qa_dataset(8),
+        num_chunks=2,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ CPU precision
-def test_fp16_and_bf16_on_cpu_are_switched_off_with_a_visible_note(capsys: pytest.CaptureFixture[str]) -> None:
+def test_fp16_and_bf16_on_cpu_are_switched_off_with_a_visible_note(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     exp = Experiment("precision")
-    gs = RFGridSearch(List([
-        RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), formatting_func=qa_to_chat,
-                      training_args=RFSFTConfig(learning_rate=1e-3, per_device_train_batch_size=4, max_length=32,
-                                                num_train_epochs=1, **{flag: True}))
-        for flag in ("fp16", "bf16")]), "SFT")
+    gs = RFGridSearch(
+        List(
+            [
+                RFModelConfig(
+                    model_name="tiny",
+                    peft_config=RFLoraConfig(**LORA),
+                    formatting_func=qa_to_chat,
+                    training_args=RFSFTConfig(
+                        learning_rate=1e-3,
+                        per_device_train_batch_size=4,
+                        max_length=32,
+                        num_train_epochs=1,
+                        **{flag: True},
+                    ),
+                )
+                for flag in ("fp16", "bf16")
+            ]
+        ),
+        "SFT",
+    )
     exp.run_fit(gs, tiny_create_model, qa_dataset(8), num_chunks=2)
     out = capsys.readouterr().out
     assert "fp16=True requested but no CUDA GPU: training in fp32 (fp16 switched off)" in out
@@ -214,8 +325,12 @@ def test_a_run_failing_during_training_is_failed_and_the_others_complete(trained
     exp = Experiment("one-fails")
     exp._quiet = True
     # 8 rows, batch 2 -> 4 steps, 2 chunks (boundaries 2, 4): the bomb goes off in chunk 2
-    exp.run_fit(group(model_name=List(["tiny", "bomb", "tiny-qwen2"]), per_device_train_batch_size=2),
-                create_model_with_bomb, qa_dataset(8), num_chunks=2)
+    exp.run_fit(
+        group(model_name=List(["tiny", "bomb", "tiny-qwen2"]), per_device_train_batch_size=2),
+        create_model_with_bomb,
+        qa_dataset(8),
+        num_chunks=2,
+    )
     info = exp.get_runs_info().set_index("run_id")
     assert list(info.status) == ["COMPLETED", "FAILED", "COMPLETED"]
     assert list(info.completed_steps) == [4, 2, 4]
@@ -225,6 +340,39 @@ def test_a_run_failing_during_training_is_failed_and_the_others_complete(trained
     # the failed run never came back into the rotation after its failure
     assert [c for c in trained if c[0] == 2] == [(2, 2), (2, 4)]
     assert sorted(c for c in trained if c[0] != 2) == [(1, 2), (1, 4), (3, 2), (3, 4)]
+    exp.end()
+
+
+def raising_metrics(eval_prediction: Any) -> dict:
+    raise RuntimeError("metrics exploded")
+
+
+def test_a_run_whose_compute_metrics_raises_is_failed_and_the_other_completes() -> None:
+    exp = Experiment("metrics-fail")
+    exp._quiet = True
+    gs = RFGridSearch(
+        List(
+            [
+                RFModelConfig(
+                    model_name="tiny",
+                    peft_config=RFLoraConfig(**LORA),
+                    formatting_func=qa_to_chat,
+                    compute_metrics=metrics,
+                    training_args=RFSFTConfig(
+                        per_device_train_batch_size=4, num_train_epochs=1, max_length=32
+                    ),
+                )
+                for metrics in (raising_metrics, None)
+            ]
+        ),
+        "SFT",
+    )
+    exp.run_fit(gs, tiny_create_model, qa_dataset(8), qa_dataset(4, seed=1), num_chunks=2)
+    info = exp.get_runs_info().set_index("run_id")
+    assert list(info.status) == ["FAILED", "COMPLETED"]
+    assert "metrics exploded" in info.loc[1, "error"]
+    assert info.loc[1, "completed_steps"] == 1  # failed in its first chunk-end evaluation
+    assert info.loc[2, "completed_steps"] == 2
     exp.end()
 
 
@@ -251,13 +399,16 @@ def test_run_fit_while_training_is_an_error_pointing_to_ic_ops() -> None:
     def first() -> None:
         try:
             exp.run_fit(group(), create_blocking, qa_dataset(8), num_chunks=2)
-        except BaseException as exc:  # pragma: no cover - reported below
+        except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     thread = threading.Thread(target=first, daemon=True)
     thread.start()
     try:
         assert blocked.wait(60), "training never started"
+        deadline = time.monotonic() + 30  # the store hears of ONGOING right after the segment was handed out
+        while list(exp.get_runs_info().status) != ["ONGOING"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert list(exp.get_runs_info().status) == ["ONGOING"]
         with pytest.raises(ExperimentError, match=r"is training; use its IC Ops"):
             exp.run_fit(group(), tiny_create_model, qa_dataset(8), num_chunks=2)
@@ -272,7 +423,8 @@ def test_run_fit_while_training_is_an_error_pointing_to_ic_ops() -> None:
 
 
 def test_rerun_same_group_shows_finished_runs_and_different_group_is_an_error(
-        trained: list, capsys: pytest.CaptureFixture[str]) -> None:
+    trained: list, capsys: pytest.CaptureFixture[str]
+) -> None:
     exp = Experiment("rerun")
     train = qa_dataset(8)
     exp.run_fit(group(), tiny_create_model, train, num_chunks=2)
@@ -288,7 +440,9 @@ def test_rerun_same_group_shows_finished_runs_and_different_group_is_an_error(
     assert list(exp.get_runs_info().status) == ["COMPLETED"]
 
     # a different group: a clear error naming both ways out
-    with pytest.raises(ExperimentError, match=r"(?s)different config group.*new experiment name.*overwrite=True"):
+    with pytest.raises(
+        ExperimentError, match=r"(?s)different config group.*new experiment name.*overwrite=True"
+    ):
         exp.run_fit(group(learning_rate=5e-4), tiny_create_model, train, num_chunks=2)
     exp.end()
 

@@ -26,12 +26,25 @@ STEPS = 4
 def _group() -> Any:
     from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 
-    loras = List([RFLoraConfig(r=r, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
-                  for r in RANKS])
-    configs = List([RFModelConfig(model_name="tiny", peft_config=loras, formatting_func=qa_to_chat,
-                                  training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=4,
-                                                            num_train_epochs=1, max_length=32))
-                    for lr in LRS])
+    loras = List(
+        [
+            RFLoraConfig(r=r, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
+            for r in RANKS
+        ]
+    )
+    configs = List(
+        [
+            RFModelConfig(
+                model_name="tiny",
+                peft_config=loras,
+                formatting_func=qa_to_chat,
+                training_args=RFSFTConfig(
+                    learning_rate=lr, per_device_train_batch_size=4, num_train_epochs=1, max_length=32
+                ),
+            )
+            for lr in LRS
+        ]
+    )
     return RFGridSearch(configs=configs, trainer_type="SFT")
 
 
@@ -43,18 +56,32 @@ def done(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     exp = Experiment("api", experiment_path=tmp_path_factory.mktemp("api"))
     exp._quiet = True
     exp.run_fit(_group(), tiny_create_model, qa_dataset(16), qa_dataset(4, seed=1), num_chunks=4, seed=SEED)
-    trained = {rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
-               for rid, run in exp._executor._runs.items()}
+    trained = {
+        rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
+        for rid, run in exp._executor._runs.items()
+    }
     loaded_before_end = exp.load_model(2)
     info, results = exp.get_runs_info(), exp.get_results()
     exp.end()
-    return dict(exp=exp, info=info, results=results, trained=trained, loaded=loaded_before_end)
+    return {"exp": exp, "info": info, "results": results, "trained": trained, "loaded": loaded_before_end}
 
 
 def test_runs_info_columns(done: dict[str, Any]) -> None:
     assert list(done["info"].columns) == [
-        "run_id", "status", "config", "learning_rate", "lora.r", "completed_steps", "total_steps", "chunks_done",
-        "epoch", "loss", "eval_loss", "checkpoint_dir", "error"]
+        "run_id",
+        "status",
+        "config",
+        "learning_rate",
+        "lora.r",
+        "completed_steps",
+        "total_steps",
+        "chunks_done",
+        "epoch",
+        "loss",
+        "eval_loss",
+        "checkpoint_dir",
+        "error",
+    ]
 
 
 def test_runs_info_values(done: dict[str, Any]) -> None:
@@ -87,7 +114,9 @@ def test_run_ids_follow_the_expansion_order(done: dict[str, Any]) -> None:
     # the same numbers in the store, the executor and the TensorBoard folders
     assert [r["run_id"] for r in done["exp"].store.runs()] == [1, 2, 3, 4]
     assert sorted(done["exp"]._executor._runs) == [1, 2, 3, 4]
-    assert sorted(p.name for p in (done["exp"].path / "tensorboard").iterdir()) == [f"run-{i}" for i in range(1, 5)]
+    assert sorted(p.name for p in (done["exp"].path / "tensorboard").iterdir()) == [
+        f"run-{i}" for i in range(1, 5)
+    ]
 
 
 def test_results_long_form(done: dict[str, Any]) -> None:
@@ -113,7 +142,12 @@ def test_checkpoint_dir_holds_final_adapter_and_tokenizer(done: dict[str, Any]) 
         folder = Path(info.loc[rid, "checkpoint_dir"])
         assert folder.is_dir()
         names = {p.name for p in folder.iterdir()}
-        assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "tokenizer_config.json"} <= names
+        assert {
+            "adapter_model.safetensors",
+            "adapter_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        } <= names
         adapter_config = json.loads((folder / "adapter_config.json").read_text())
         assert adapter_config["r"] == RANKS[(rid - 1) % 2]
         assert max_abs_diff(adapter_from_folder(folder), done["trained"][rid]) == 0.0
@@ -131,8 +165,15 @@ def test_only_the_latest_boundary_checkpoint_is_kept(done: dict[str, Any]) -> No
         assert ckpts == ["checkpoint-3"], f"run {rid}: {ckpts}"  # boundaries 1, 2, 3; step 4 is the end
         ckpt = runs / str(rid) / "checkpoint-3"
         names = {p.name for p in ckpt.iterdir()}
-        assert {"COMPLETE", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
-                "adapter_model.safetensors", "adapter_config.json"} <= names
+        assert {
+            "COMPLETE",
+            "optimizer.pt",
+            "scheduler.pt",
+            "rng_state.pth",
+            "trainer_state.json",
+            "adapter_model.safetensors",
+            "adapter_config.json",
+        } <= names
         assert json.loads((ckpt / "trainer_state.json").read_text())["global_step"] == 3
         assert torch.load(ckpt / "scheduler.pt", weights_only=False)["last_epoch"] == 3
         optimizer = torch.load(ckpt / "optimizer.pt", weights_only=False)
@@ -166,8 +207,9 @@ def test_tensorboard_event_files(done: dict[str, Any]) -> None:
 def _generate(model: Any, tok: Any) -> Any:
     import torch
 
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 3 plus 4?"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 3 plus 4?"}], tokenize=False, add_generation_prompt=True
+    )
     enc = tok(text, return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=4, do_sample=False)
@@ -190,9 +232,17 @@ def test_load_model_after_end(done: dict[str, Any]) -> None:
 
 
 def test_import_does_not_import_torch() -> None:
-    code = ("import sys, rapidfire_nb, kernel_scheduler, rapidfire_nb.automl, rapidfire_nb.testing; "
-            "bad = sorted(m for m in ('torch', 'transformers', 'trl', 'peft') if m in sys.modules); "
-            "print(bad); sys.exit(1 if bad else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=str(Path(__file__).resolve().parents[2]))
+    code = (
+        "import sys, rapidfire_nb, kernel_scheduler, rapidfire_nb.automl, rapidfire_nb.testing; "
+        "bad = sorted(m for m in ('torch', 'transformers', 'trl', 'peft') if m in sys.modules); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
