@@ -45,7 +45,7 @@ def live_experiment(name: str) -> Experiment | None:
 WARM_FORBIDDEN = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed", "num_generations",
                   "max_length", "max_prompt_length", "max_completion_length", "packing", "lora.r",
                   "lora.target_modules", "model_name", "steps_per_generation", "dataloader_drop_last",
-                  "group_by_length", "data_seed", "num_train_epochs")
+                  "group_by_length", "data_seed", "num_train_epochs", "generation_batch_size", "num_iterations")
 
 
 #: hyperparameter columns that the panel, the magic and the server cannot change (functions: API only).

@@ -81,9 +81,11 @@ def precheck(kind: TrainerKind, spec: Any, train_dataset: Any, eval_dataset: Any
     check_generation_batch(spec)
     from .data import prepare_dataset
 
-    train = prepare_dataset(train_dataset, spec.formatting_func, kind, "train_dataset")
-    check_reward_funcs(spec.reward_funcs, train.column_names,
-                       remove_unused_columns=bool(_training_value(spec, "remove_unused_columns")))
+    remove = bool(_training_value(spec, "remove_unused_columns"))
+    for what, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+        if ds is not None:  # TRL calls the reward functions on eval rows too (with the eval set's columns)
+            rows = prepare_dataset(ds, spec.formatting_func, kind, what)
+            check_reward_funcs(spec.reward_funcs, rows.column_names, remove_unused_columns=remove)
 
 
 def _training_value(spec: Any, name: str) -> Any:
