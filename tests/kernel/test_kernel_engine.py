@@ -167,6 +167,13 @@ def test_run_fit_in_a_real_kernel(ipy_kernel: Any) -> None:
     )
     magic = k.execute("%load_ext rapidfire_nb\n%rapidfire clone 1 --warm learning_rate=5e-4", timeout=60)
     assert "run 4 created from run 1" in magic.stdout, magic.text
+    # the clone op is applied at the next chunk boundary; then the table shows where the clone starts
+    k.execute(
+        "import time\n"
+        "_t = time.time()\n"
+        "while time.time() - _t < 60 and exp._scheduler.run_snapshot(4).total_steps == 0: time.sleep(0.2)",
+        timeout=90,
+    )
     clone_row = k.execute(
         "print('RUN4', json.dumps(exp.get_runs_info().set_index('run_id')"
         ".loc[4, ['status', 'completed_steps', 'total_steps', 'chunks_done']].tolist(), default=int))",
