@@ -51,12 +51,15 @@ RESULTS = HERE / "results"
 
 TARGET_TOTAL = 1.05
 TARGET_SWITCH = 0.02
-BATCH = 4
 EVAL_BATCH = 8
+EVAL_ROWS = 8  # one eval batch: evaluation is the same work on both sides, so keep it small
 SEED = 42
 
-# Per-model defaults: steps per run (= one epoch: the train set has steps x batch rows) and repeats.
-DEFAULTS = {"tiny": {"steps": 32, "repeats": 3}, "smollm2": {"steps": 32, "repeats": 1}}
+# Per-model defaults: steps per run (= one epoch: the train set has steps x batch rows), train batch size and
+# repeats. SmolLM2 uses batch 1 (the main job uses 4) so that 4 configs x 32 steps (8 steps/chunk) on both
+# sides fit the ~10-minute budget on 2 shared cores; a cheaper step makes rapidfire_nb's fixed per-chunk and
+# per-step costs weigh more, not less.
+DEFAULTS = {"tiny": {"steps": 32, "batch": 4, "repeats": 3}, "smollm2": {"steps": 32, "batch": 1, "repeats": 1}}
 
 
 # ====================================================================== child side
@@ -91,8 +94,8 @@ def _profile_all_threads(out_path: Path) -> Any:
             try:
                 p.create_stats()
                 stats = pstats.Stats(p) if stats is None else stats.add(p)
-            except Exception:  # a profile still enabled in a daemon thread
-                continue
+            except (TypeError, ValueError):  # a profile that recorded nothing
+                pass
         if stats is None:
             return
         stats.dump_stats(str(out_path))
@@ -105,21 +108,22 @@ def _profile_all_threads(out_path: Path) -> Any:
     return dump
 
 
-def _workload(model: str, steps: int, num_chunks: int, n_configs: int, with_eval: bool) -> dict[str, Any]:
+def _workload(model: str, steps: int, batch: int, num_chunks: int, n_configs: int,
+              with_eval: bool) -> dict[str, Any]:
     """Data, create_model_fn and the RFGridSearch config group of one benchmark model."""
     from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 
-    n_train = steps * BATCH  # one epoch of `steps` optimizer steps: 4 chunks of steps/4 steps each
+    n_train = steps * batch  # one epoch of `steps` optimizer steps: 4 chunks of steps/4 steps each
     if model == "tiny":
         from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
 
-        train, evald = tiny_sft_dataset(n_train, seed=0), tiny_sft_dataset(24, seed=1)
+        train, evald = tiny_sft_dataset(n_train, seed=0), tiny_sft_dataset(EVAL_ROWS, seed=1)
         create, name, fmt, model_kwargs = tiny_create_model, "tiny", None, {}
     elif model == "smollm2":
         from rapidfire_nb.data import create_smollm2, load_tech_support, smollm2_path, to_chat
 
         smollm2_path()  # convert once per machine (cached); never inside the timed part
-        train, evald = load_tech_support(n_train=n_train, n_eval=24, seed=SEED)
+        train, evald = load_tech_support(n_train=n_train, n_eval=EVAL_ROWS, seed=SEED)
         create, name, fmt, model_kwargs = create_smollm2, "SmolLM2-135M-Instruct", to_chat, {"dtype": "float32"}
     else:
         raise SystemExit(f"unknown model {model!r}; use tiny or smollm2")
@@ -132,11 +136,12 @@ def _workload(model: str, steps: int, num_chunks: int, n_configs: int, with_eval
         loras, lrs = loras[:1], lrs[:1]
     elif n_configs != 4:
         raise SystemExit("--configs must be 1 or 4")
-    eval_args = (dict(eval_strategy="steps", eval_steps=chunk, per_device_eval_batch_size=EVAL_BATCH)
-                 if with_eval else dict(eval_strategy="no"))
+    eval_args: dict[str, Any] = (
+        {"eval_strategy": "steps", "eval_steps": chunk, "per_device_eval_batch_size": EVAL_BATCH}
+        if with_eval else {"eval_strategy": "no"})
     configs = [
         RFModelConfig(model_name=name, peft_config=List(loras) if len(loras) > 1 else loras[0],
-                      training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=BATCH, max_steps=steps,
+                      training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=batch, max_steps=steps,
                                                 max_length=128, logging_steps=1, **eval_args),
                       model_type="causal_lm", model_kwargs=dict(model_kwargs), formatting_func=fmt)
         for lr in lrs
@@ -146,8 +151,90 @@ def _workload(model: str, steps: int, num_chunks: int, n_configs: int, with_eval
             "fmt": fmt, "chunk": chunk}
 
 
+class _Costs:
+    """Light timers around rapidfire_nb's own work (benchmark-side wrappers; library code is not changed).
+
+    Each entry sums wall seconds of the outermost wrapped call per thread. Missing attributes (the library
+    changed) are skipped, so the benchmark keeps working; the report then lacks that line.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._local = threading.local()
+        self._resolved_at: float | None = None
+        self.handoff_s = 0.0
+        self.handoffs = 0
+
+    def wrap(self, owner: Any, attr: str, label: str) -> None:
+        fn = getattr(owner, attr, None)
+        if fn is None or not callable(fn):
+            return
+        costs = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(costs._local, "depth", 0)
+            costs._local.depth = depth + 1
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                costs._local.depth = depth
+                if depth == 0:
+                    costs.seconds[label] = costs.seconds.get(label, 0.0) + time.perf_counter() - t
+                    costs.calls[label] = costs.calls.get(label, 0) + 1
+
+        setattr(owner, attr, timed)
+
+    def install(self) -> None:
+        import rapidfire_nb.store as store_mod
+        import rapidfire_nb.training.checkpoint as ckpt_mod
+        import rapidfire_nb.training.executor as ex_mod
+        import rapidfire_nb.training.worker as worker_mod
+
+        for name in ("add_metrics", "upsert_run", "set_meta", "update_meta", "latest_metrics", "beat",
+                     "take_inbox_ops", "add_op", "update_op"):
+            self.wrap(store_mod.Store, name, "store (SQLite)")
+        try:
+            import rapidfire_nb.tracking.tensorboard as tb_mod
+
+            for name in ("log_scalars", "log_hparams"):
+                self.wrap(tb_mod.TensorBoardTracker, name, "TensorBoard")
+        except ImportError:
+            pass
+        self.wrap(ckpt_mod, "write_snapshot", "checkpoint write (background thread)")
+        self.wrap(ex_mod, "snapshot_trainer", "boundary snapshot (in memory)")
+        self.wrap(ex_mod.TorchExecutor, "_activate", "adapter activation")
+        self.wrap(ex_mod.TorchExecutor, "save_final", "final save (save_pretrained)")
+        # Hand-off gap: from a segment's Future resolving (worker parks) to the next worker resuming.
+        worker = worker_mod.RunWorker
+        resolve, enter = getattr(worker, "_resolve", None), getattr(worker, "_enter", None)
+        if resolve is None or enter is None:
+            return
+        costs = self
+
+        def timed_resolve(this: Any, result: Any) -> None:
+            costs._resolved_at = time.perf_counter()  # before: the next worker may start at once
+            resolve(this, result)
+
+        def timed_enter(this: Any) -> None:
+            if costs._resolved_at is not None:
+                costs.handoff_s += time.perf_counter() - costs._resolved_at
+                costs.handoffs += 1
+                costs._resolved_at = None
+            enter(this)
+
+        worker._resolve = timed_resolve  # type: ignore[method-assign]
+        worker._enter = timed_enter  # type: ignore[method-assign]
+
+
 def _child_rf(w: dict[str, Any], num_chunks: int, out: dict[str, Any]) -> None:
     from rapidfire_nb import Experiment
+
+    costs = _Costs()
+    costs.install()
 
     root = tempfile.mkdtemp(prefix="rf-bench-")
     try:
@@ -175,6 +262,7 @@ def _child_rf(w: dict[str, Any], num_chunks: int, out: dict[str, Any]) -> None:
             first_eval_all_s=(max(first_eval.values()) - t0) if len(first_eval) == out["n_configs"] else None,
             runs=len(exp._leaves),
             losses={str(k): v for k, v in losses.items()},
+            costs=costs.seconds, cost_calls=costs.calls, handoff_s=costs.handoff_s, handoffs=costs.handoffs,
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -248,12 +336,12 @@ def child_main(a: argparse.Namespace) -> None:
     if a.profile_out:
         _profile_all_threads(Path(a.profile_out))
     t_imp = time.time()
-    import torch  # noqa: F401
+    import torch
     import trl  # noqa: F401
 
     import rapidfire_nb  # noqa: F401
 
-    w = _workload(a.model, a.steps, a.num_chunks, a.configs, not a.no_eval)
+    w = _workload(a.model, a.steps, a.batch, a.num_chunks, a.configs, not a.no_eval)
     out: dict[str, Any] = {"side": a.child, "model": a.model, "steps": a.steps, "n_configs": a.configs,
                            "prep_s": time.time() - t_imp, "torch_threads": torch.get_num_threads()}
     if a.child == "rf":
@@ -267,11 +355,12 @@ def child_main(a: argparse.Namespace) -> None:
 
 
 # ====================================================================== parent side
-def _spawn(side: str, model: str, steps: int, a: argparse.Namespace, configs: int, log_dir: Path,
+def _spawn(side: str, model: str, steps: int, batch: int, a: argparse.Namespace, configs: int, log_dir: Path,
            tag: str, profile_out: Path | None = None) -> dict[str, Any]:
     result = log_dir / f"{tag}.json"
     log = log_dir / f"{tag}.log"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--model", model, "--steps", str(steps),
+           "--batch", str(batch),
            "--num-chunks", str(a.num_chunks), "--configs", str(configs), "--result", str(result)]
     if a.no_eval:
         cmd.append("--no-eval")
@@ -325,7 +414,7 @@ def _loss_diff(rf: dict[str, Any], base: dict[str, Any]) -> float | None:
     return worst if found else None
 
 
-def _report_model(model: str, steps: int, a: argparse.Namespace, pairs: list[tuple[dict, dict, str]],
+def _report_model(model: str, steps: int, batch: int, a: argparse.Namespace, pairs: list[tuple[dict, dict, str]],
                   one: dict[str, Any] | None) -> list[str]:
     chunk = steps // a.num_chunks
     tot = [rf["total_s"] / b["total_s"] for rf, b, _ in pairs]
@@ -336,9 +425,10 @@ def _report_model(model: str, steps: int, a: argparse.Namespace, pairs: list[tup
     rss = [rf["peak_rss_mb"] / b["peak_rss_mb"] for rf, b, _ in pairs]
     diffs = [_loss_diff(rf, b) for rf, b, _ in pairs]
     med_tot, med_sw = _med(tot), _med(sw)
-    lines = [f"== {model}: 4 SFT LoRA configs x {a.num_chunks} chunks, {steps} steps/run ({chunk} steps/chunk), "
-             f"batch {BATCH}, eval {'at every chunk end on both sides' if not a.no_eval else 'off on both sides'}, "
-             f"{len(pairs)} repeat(s), orders {', '.join(o for _, _, o in pairs)} =="]
+    evals = "at every chunk end on both sides" if not a.no_eval else "off on both sides"
+    title = (f"== {model}: 4 SFT LoRA configs x {a.num_chunks} chunks, {steps} steps/run ({chunk} steps/chunk), "
+             f"batch {batch}, eval {evals}, {len(pairs)} repeat(s), orders {', '.join(o for _, _, o in pairs)} ==")
+    lines = [title]
     lines.append(f"  {'metric':<44} {'median':>8}   {'per repeat':<28} target")
     ok_tot = "OK" if med_tot is not None and med_tot <= TARGET_TOTAL else "MISSED"
     ok_sw = "OK" if med_sw is not None and med_sw <= TARGET_SWITCH else "MISSED"
@@ -363,6 +453,16 @@ def _report_model(model: str, steps: int, a: argparse.Namespace, pairs: list[tup
                  f"sequential save_model {_fmt(_med([b['save_s'] for _, b, _ in pairs]), '8.2f')}")
     lines.append(f"    {'peak RSS (MB)':<42} rf {_fmt(_med([rf['peak_rss_mb'] for rf, _, _ in pairs]), '8.0f')}   "
                  f"sequential {_fmt(_med([b['peak_rss_mb'] for _, b, _ in pairs]), '8.0f')}")
+    labels = sorted({k for rf, _, _ in pairs for k in rf.get("costs", {})})
+    if labels or any(rf.get("handoffs") for rf, _, _ in pairs):
+        lines.append("  where rapidfire_nb's own time goes (rf child, medians; s, calls):")
+        hand = _med([rf.get("handoff_s") for rf, _, _ in pairs])
+        lines.append(f"    {'hand-off gaps (worker parked -> next resumes)':<50} {_fmt(hand, '8.3f')}  "
+                     f"x{pairs[0][0].get('handoffs', 0)}  critical path, not in switch time")
+        for k in labels:
+            v = _med([rf.get("costs", {}).get(k) for rf, _, _ in pairs])
+            n = pairs[0][0].get("cost_calls", {}).get(k, 0)
+            lines.append(f"    {k:<50} {_fmt(v, '8.3f')}  x{n}")
     if one is not None:
         n_peak = _med([rf["peak_rss_mb"] for rf, _, _ in pairs])
         assert n_peak is not None
@@ -385,22 +485,22 @@ def parent_main(a: argparse.Namespace) -> None:
     report: list[str] = []
     raw: dict[str, Any] = {"argv": sys.argv[1:], "models": {}}
     for model in models:
-        steps = a.steps or DEFAULTS.get(model, DEFAULTS["tiny"])["steps"]
-        repeats = a.repeats or DEFAULTS.get(model, DEFAULTS["tiny"])["repeats"]
+        dflt = DEFAULTS.get(model, DEFAULTS["tiny"])
+        steps, batch, repeats = a.steps or dflt["steps"], a.batch or dflt["batch"], a.repeats or dflt["repeats"]
         if steps % a.num_chunks:
             raise SystemExit(f"--steps ({steps}) must be a multiple of --num-chunks ({a.num_chunks})")
         print(f"[{model}] {repeats} repeat(s) of rf + sequential, {steps} steps/run", flush=True)
         pairs: list[tuple[dict, dict, str]] = []
         for r in range(repeats):
             order = ("rf", "base") if r % 2 == 0 else ("base", "rf")
-            got = {s: _spawn(s, model, steps, a, 4, log_dir, f"{model}-{s}-{r}") for s in order}
+            got = {s: _spawn(s, model, steps, batch, a, 4, log_dir, f"{model}-{s}-{r}") for s in order}
             pairs.append((got["rf"], got["base"], "rf>seq" if order[0] == "rf" else "seq>rf"))
-        one = None if a.skip_memory else _spawn("rf", model, steps, a, 1, log_dir, f"{model}-rf1")
+        one = None if a.skip_memory else _spawn("rf", model, steps, batch, a, 1, log_dir, f"{model}-rf1")
         if a.profile:
             assert prof_dir is not None
-            _spawn("rf", model, steps, a, 4, log_dir, f"{model}-rf-profiled", profile_out=prof_dir / f"rf-{model}.prof")
+            _spawn("rf", model, steps, batch, a, 4, log_dir, f"{model}-rf-profiled", profile_out=prof_dir / f"rf-{model}.prof")
         raw["models"][model] = {"pairs": [{"rf": rf, "base": b, "order": o} for rf, b, o in pairs], "rf_1_config": one}
-        report += _report_model(model, steps, a, pairs, one) + [""]
+        report += _report_model(model, steps, batch, a, pairs, one) + [""]
     load1 = os.getloadavg()
     import importlib.metadata as md
 
@@ -429,7 +529,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2 (default both)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="optimizer steps per run = one epoch of steps x 4 rows (default 32: 8 steps/chunk)")
+                    help="optimizer steps per run = one epoch of steps x batch rows (default 32: 8 steps/chunk)")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="per_device_train_batch_size of every config (default: tiny 4, smollm2 1)")
     ap.add_argument("--repeats", type=int, default=None,
                     help="rf/sequential pairs per model, order alternated (default: tiny 3, smollm2 1)")
     ap.add_argument("--num-chunks", type=int, default=4)
