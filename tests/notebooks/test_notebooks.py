@@ -32,7 +32,7 @@ NOTEBOOKS = ["01_sft_customer_support.ipynb", "02_dpo_preferences.ipynb", "03_gr
 EXECUTED_SIZE_LIMIT = 200_000
 COMMITTED_SIZE_LIMIT = 40_000
 CELL_TIMEOUT_S = 1800
-EXECUTE_MARKS = [pytest.mark.real_model]
+EXECUTE_MARKS = [pytest.mark.real_model, pytest.mark.notebook]
 
 #: what each executed notebook must show (substrings of its text outputs), beyond running without error
 EXPECTED_OUTPUTS = {
