@@ -92,6 +92,8 @@ class _Listener(SchedulerListener):
             chunks_done=snap.segments_done, epoch=snap.epoch, samples_seen=snap.samples_seen, error=snap.error,
             last_checkpoint=str(ckpt) if ckpt else None,
         )
+        if snap.status is RunStatus.DELETED and exp._tracker is not None:
+            exp._tracker.mark_deleted(snap.run_id)  # TensorBoard no longer lists it under its id
         prev = self._seen_segments.get(snap.run_id, 0)
         if snap.segments_done > prev or snap.status in (RunStatus.COMPLETED, RunStatus.FAILED):
             self._seen_segments[snap.run_id] = snap.segments_done
