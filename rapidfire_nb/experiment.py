@@ -376,7 +376,8 @@ class Experiment:
         """Stop run(s) and mark them DELETED (hidden from listings)."""
         return self._ops(OpKind.DELETE, run_id)
 
-    def clone_modify(self, run_id: int, changes: dict[str, Any] | None = None, warm_start: bool = False) -> int:
+    def clone_modify(self, run_id: int, changes: dict[str, Any] | None = None, warm_start: bool = False,
+                     source: str = "api") -> int:
         """Create a new run from ``run_id``'s config plus ``changes``; returns the new run's id at once.
 
         Args:
@@ -390,7 +391,7 @@ class Experiment:
             OpError: unknown run, or a change that cannot be warm-started (suggests a cold clone).
             ConfigError: unknown field (with the closest valid name) or invalid value.
         """
-        ack = self.submit_op("clone", run_id, changes=changes, warm_start=warm_start, source="api")
+        ack = self.submit_op("clone", run_id, changes=changes, warm_start=warm_start, source=source)
         if ack.state == "rejected":
             raise OpError(ack.message)
         self._say(f"clone of run {run_id} → run {ack.new_run_id}: {ack.message}")

@@ -85,7 +85,7 @@ class RapidfireMagics(Magics):
             if cmd == "panel":
                 return exp.panel()
             if cmd in ("stop", "resume", "delete"):
-                acks = getattr(exp, cmd)(_ids(a.args))
+                acks = [exp.submit_op(cmd, rid, source="magic") for rid in _ids(a.args)]
                 for ack in acks:
                     print(f"[rapidfire] {ack.kind} run {ack.run_id}: {ack.state} — {ack.message}")
                 return None
@@ -93,7 +93,7 @@ class RapidfireMagics(Magics):
                 if not a.args:
                     raise UsageError(f"clone needs a run id\nusage: {USAGE}")
                 parent = _ids(a.args[:1])[0]
-                new_id = exp.clone_modify(parent, parse_changes(a.args[1:]), warm_start=a.warm)
+                new_id = exp.clone_modify(parent, parse_changes(a.args[1:]), warm_start=a.warm, source="magic")
                 print(f"[rapidfire] run {new_id} created from run {parent}")
                 return None
             if cmd == "tensorboard":
@@ -160,7 +160,11 @@ def _find_experiment(name: str | None) -> Any:
 
     if not (experiment_dir(experiments_root(), name) / "store.sqlite").exists():
         raise UsageError(f"no experiment named {name!r} under {experiments_root()}")
-    return experiment_mod.Experiment(name)
+    current = experiment_mod._CURRENT[0]
+    try:
+        return experiment_mod.Experiment(name)  # opened to read it: it must not become the current one
+    finally:
+        experiment_mod._CURRENT[0] = current
 
 
 def _status(exp: Any) -> Any:

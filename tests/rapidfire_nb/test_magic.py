@@ -1,0 +1,217 @@
+"""``%rapidfire`` (issue 4) through a real IPython ``InteractiveShell``: every command, wrong usage, literals only.
+
+One module-scoped experiment (3 runs on the tiny model, 16 rows, batch 2 -> 8 steps, 4 chunks), trained in the
+background while the magic commands run.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import pytest
+
+from tests.helpers import qa_dataset, qa_to_chat
+
+WAIT_S = 150
+NAME = "magic"
+
+
+def _group() -> Any:
+    from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+
+    configs = List(
+        [
+            RFModelConfig(
+                model_name="tiny",
+                formatting_func=qa_to_chat,
+                peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+                training_args=RFSFTConfig(
+                    learning_rate=lr, per_device_train_batch_size=2, num_train_epochs=1, max_length=32
+                ),
+            )
+            for lr in (1e-3, 5e-4, 2e-4)
+        ]
+    )
+    return RFGridSearch(configs=configs, trainer_type="SFT")
+
+
+def _until(cond: Any, timeout: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def shell() -> Any:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "rapidfire_nb")
+    return ip
+
+
+@pytest.fixture(scope="module")
+def mexp(tmp_path_factory: pytest.TempPathFactory, shell: Any) -> Any:
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.testing import tiny_create_model
+
+    root = tmp_path_factory.mktemp("magic_root")
+    other = Experiment("other", experiment_path=root)  # a second experiment in the store, not live later
+    other.store.update_meta({"trainer_type": "SFT"})
+    del other
+    gc.collect()
+    exp = Experiment(NAME, experiment_path=root)
+    exp._quiet = True
+    exp.run_fit(_group(), tiny_create_model, qa_dataset(16), num_chunks=4, seed=3, background=True)
+    yield exp
+    exp.end()
+
+
+@pytest.fixture()
+def in_root(mexp: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``$RF_HOME`` pointing at the module experiment's root (``list`` and ``-e`` read the store there)."""
+    monkeypatch.setenv("RF_HOME", str(mexp.root))
+    return mexp
+
+
+def _magic(ip: Any, line: str) -> Any:
+    return ip.run_line_magic("rapidfire", line)
+
+
+def _status(exp: Any, rid: int) -> str:
+    snap = exp._scheduler.run_snapshot(rid)
+    return snap.status.value if snap else "MISSING"
+
+
+# ============================================================================================ loading, views
+def test_load_ext_registers_the_magic(shell: Any) -> None:
+    assert "rapidfire" in shell.magics_manager.magics["line"]
+    doc = shell.find_line_magic("rapidfire").__doc__ or ""
+    assert "rapidfire" in doc.lower()
+
+
+def test_stop_and_resume(shell: Any, in_root: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """First op test: run 2 (2nd of 3, 4 chunks) is still NEW or in its first chunk when stopped."""
+    exp = in_root
+    assert _magic(shell, "stop 2") is None
+    out = capsys.readouterr().out
+    assert "stop run 2" in out, out
+    assert _until(lambda: _status(exp, 2) in ("STOPPED", "COMPLETED"))
+    assert _status(exp, 2) == "STOPPED", "stop 2 (sent before run 2's last chunk) did not park it"
+    _magic(shell, "resume 2")
+    out = capsys.readouterr().out
+    assert "resume run 2" in out and "rejected" not in out, out
+    assert _until(lambda: _status(exp, 2) != "STOPPED"), "resume 2 was never applied"
+    assert _status(exp, 2) in ("ONGOING", "COMPLETED")
+    ops = exp.ops()
+    assert set(ops[(ops.run_id == 2)].kind) >= {"stop", "resume"}
+
+
+def test_bare_magic_returns_the_status_table(shell: Any, in_root: Any) -> None:
+    import pandas as pd
+
+    df = _magic(shell, "")
+    assert isinstance(df, pd.DataFrame)
+    assert list(df.run_id)[:3] == [1, 2, 3]
+    assert "status" in df.columns and "config" not in df.columns
+    df2 = _magic(shell, "status")
+    assert list(df2.run_id) == list(df.run_id)
+
+
+def test_list_shows_experiments_in_the_store(shell: Any, in_root: Any) -> None:
+    df = _magic(shell, "list")
+    names = list(df.experiment)
+    assert NAME in names and "other" in names, names
+    row = df[df.experiment == NAME].iloc[0]
+    assert row.runs >= 3 and row.trainer_type == "SFT"
+
+
+# ============================================================================================ ops
+def test_delete(shell: Any, in_root: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    exp = in_root
+    _magic(shell, "delete 3")
+    assert "delete run 3" in capsys.readouterr().out
+    assert _until(lambda: _status(exp, 3) == "DELETED")
+    assert 3 not in list(_magic(shell, "").run_id)
+
+
+def test_clone_warm_and_cold(shell: Any, in_root: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    exp = in_root
+    before = {s.run_id for s in exp._scheduler.snapshot()}
+    _magic(shell, "clone 1 --warm learning_rate=5e-5")
+    _magic(shell, "clone 1 lora.r=16")
+    out = capsys.readouterr().out
+    after = {s.run_id for s in exp._scheduler.snapshot()}
+    new = sorted(after - before)
+    assert new == [max(before) + 1, max(before) + 2], new
+    assert f"run {new[0]} created from run 1" in out and f"run {new[1]} created from run 1" in out, out
+    warm, cold = (exp._scheduler.run_snapshot(r) for r in new)
+    assert warm.warm_start and warm.parent_id == 1 and warm.spec.hparams()["learning_rate"] == 5e-5
+    assert not cold.warm_start and cold.spec.hparams()["lora.r"] == 16
+    assert exp.wait(timeout=WAIT_S)
+    assert _status(exp, new[0]) == "COMPLETED" and _status(exp, new[1]) == "COMPLETED"
+
+
+# ============================================================================================ wrong usage
+@pytest.mark.parametrize("line", ["stop", "stop x", "frobnicate", "clone 1 badtoken", "clone", "resume 2 --warm"])
+def test_wrong_usage_raises_usage_error_with_usage_line(shell: Any, in_root: Any, line: str) -> None:
+    from IPython.core.error import UsageError
+
+    n_ops = len(in_root.ops())
+    with pytest.raises(UsageError) as ei:
+        _magic(shell, line)
+    assert "usage: %rapidfire" in str(ei.value), str(ei.value)
+    assert len(in_root.ops()) == n_ops, "a wrong command submitted an op"
+
+
+def test_values_are_literals_never_evaluated(
+    shell: Any, in_root: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from IPython.core.error import UsageError
+
+    from rapidfire_nb.magic import parse_changes
+
+    calls: list[int] = []
+    monkeypatch.setattr(os, "getpid", lambda: calls.append(1) or 12345)
+    exp = in_root
+    ids = {s.run_id for s in exp._scheduler.snapshot()}
+    n_ops = len(exp.ops())
+    with pytest.raises(UsageError) as ei:
+        _magic(shell, "clone 1 learning_rate=__import__('os').getpid()")
+    monkeypatch.undo()
+    assert calls == [], "the value was evaluated as code"
+    assert "learning_rate" in str(ei.value), str(ei.value)
+    assert {s.run_id for s in exp._scheduler.snapshot()} == ids, "a run was created"
+    assert len(exp.ops()) == n_ops
+    assert parse_changes(["a=5e-5", "b=[1, 2]", "c=True", "d=abc", "e=None"]) == {
+        "a": 5e-5, "b": [1, 2], "c": True, "d": "abc", "e": None,
+    }
+
+
+def test_magic_ops_reach_the_ops_log(in_root: Any) -> None:
+    ops = in_root.ops()
+    assert set(ops.kind) >= {"stop", "resume", "delete", "clone"}
+    assert set(ops.state) <= {"applied", "rejected", "queued"}
+    assert "magic" in set(ops.source) or "api" in set(ops.source)
+
+
+# ============================================================================================ -e NAME
+def test_dash_e_addresses_an_experiment_by_name(shell: Any, in_root: Any) -> None:
+    """Last in the module: on failure, later %rapidfire calls would lose the current experiment."""
+    df = _magic(shell, f"-e {NAME}")
+    assert list(df.run_id)[:2] == [1, 2]
+    other = _magic(shell, "-e other")
+    assert len(other) == 0
+    # addressing another experiment must not change the current one
+    df2 = _magic(shell, "")
+    assert list(df2.run_id)[:2] == [1, 2]
+    with pytest.raises(Exception) as ei:
+        _magic(shell, "-e no_such_experiment")
+    assert type(ei.value).__name__ == "UsageError" and "no_such_experiment" in str(ei.value)
