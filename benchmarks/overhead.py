@@ -23,7 +23,7 @@ N runs against one run.
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/overhead.py                      # tiny + smollm2, defaults (< ~10 min)
+    .venv/bin/python benchmarks/overhead.py                      # tiny + smollm2, defaults (~10 min)
     .venv/bin/python benchmarks/overhead.py --models tiny --steps 8 --repeats 1   # quick smoke run
     .venv/bin/python benchmarks/overhead.py --profile            # + a cProfile of one rf child per model
 
@@ -478,7 +478,7 @@ def parent_main(a: argparse.Namespace) -> None:
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     started = time.time()
     log_dir = Path(tempfile.mkdtemp(prefix="rf-overhead-"))
-    prof_dir = RESULTS / "profiles" if a.profile else None
+    prof_dir = Path(a.out).parent / "profiles" if a.profile else None
     if prof_dir is not None:
         prof_dir.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()

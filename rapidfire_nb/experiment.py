@@ -463,7 +463,11 @@ class Experiment:
                                         int(prior.get("chunks_done") or 0),
                                         int(prior.get("samples_seen") or 0)) if prior else None)
             return
-        ckpt = latest_checkpoint(executor.run_dir(run_id)) if prior else None
+        run_dir = executor.run_dir(run_id)
+        if prior and run_dir.is_dir():  # no writer is active here: drop half-written leftovers of a crash
+            for leftover in [*run_dir.glob(".checkpoint-*.tmp-*"), *run_dir.glob(".checkpoint-*.old-*")]:
+                shutil.rmtree(leftover, ignore_errors=True)
+        ckpt = latest_checkpoint(run_dir) if prior else None
         if prior and prior.get("warm_start") and ckpt is None:
             scheduler.add_run(run_id, leaf, status=RunStatus.FAILED, parent_id=prior.get("parent_id"),
                               error="interrupted before its first chunk; clone it again")

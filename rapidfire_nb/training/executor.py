@@ -101,6 +101,7 @@ class TorchExecutor(Executor):
         self.on_final = on_final or (lambda run_id, path: None)
         self._bases: dict[str, _Base] = {}
         self._runs: dict[int, _Run] = {}
+        _limit_malloc_arenas()
         self._writer = CheckpointWriter()
         self._lock = threading.Lock()
         self.switch_seconds = 0.0  # time spent in handovers + snapshots (benchmark)
@@ -375,6 +376,23 @@ class TorchExecutor(Executor):
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:
         run = self._runs[run_id]
         self.metric_sink(run_id, step, run.plan.samples_seen(step), logs)
+
+
+def _limit_malloc_arenas() -> None:
+    """Cap glibc's per-thread malloc arenas (Linux): each run's worker thread would otherwise keep its own pool at
+    its peak size (measured on SmolLM2: 4 runs +771 MB over 1 run, +368 MB with 2 arenas). No-op elsewhere or when
+    ``MALLOC_ARENA_MAX`` is set by the user."""
+    import ctypes
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-8, 2)  # M_ARENA_MAX = -8
+    except (OSError, AttributeError):
+        pass
 
 
 def _checkpoint_step(folder: Path) -> int:
