@@ -90,7 +90,7 @@ def _half_written(run_dirs: list[Path]) -> list[Path]:
     out = []
     for d in run_dirs:
         for p in d.glob("*checkpoint-*") if d.is_dir() else []:
-            if p.is_dir() and not (p / COMPLETE_MARKER).is_file():
+            if p.is_dir() and (p.name.startswith(".") or not (p / COMPLETE_MARKER).is_file()):
                 out.append(p)
     return out
 
