@@ -25,7 +25,8 @@ from rapidfire_nb.data import create_smollm2, load_tech_support, smollm2_path, t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-steps", type=int, default=32, help="optimizer steps per run (default 32)")
+    ap.add_argument("--max-steps", type=int, default=16,
+                    help="optimizer steps per run (default 16: 4 steps per chunk)")
     ap.add_argument("--num-chunks", type=int, default=4)
     ap.add_argument("--experiment-path", default=None, help="experiments root (default: a temporary folder)")
     ap.add_argument("--out", default="artifacts/sft_loss_curves.png")
@@ -67,8 +68,11 @@ def main() -> None:
     print()
     print(info[cols].to_string(index=False))
     best = info.dropna(subset=["eval_loss"]).sort_values("eval_loss").iloc[0]
-    hp = {c: best[c] for c in cols if c not in ("run_id", "status", "completed_steps", "total_steps",
-                                                 "chunks_done", "epoch", "loss", "eval_loss")}
+    def plain(v):
+        return v.item() if hasattr(v, "item") else v
+
+    hp = {c: plain(best[c]) for c in cols if c not in ("run_id", "status", "completed_steps", "total_steps",
+                                                        "chunks_done", "epoch", "loss", "eval_loss")}
     print(f"\nbest config: run {int(best.run_id)} {hp} — eval_loss {best.eval_loss:.4f}")
     print(f"trained {len(info)} runs in {elapsed:.0f} s; experiment folder: {experiment.path}")
 
@@ -78,19 +82,24 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    short = {"learning_rate": "lr", "lora.r": "r", "lora.lora_alpha": "alpha", "lora.target_modules": "modules"}
     for rid, df in results.groupby("run_id"):
-        label = f"run {rid}: " + ", ".join(f"{k}={info.set_index('run_id').loc[rid, k]}" for k in hp)
+        row = info.set_index("run_id").loc[rid]
+        label = f"run {rid}: " + ", ".join(
+            f"{short.get(k, k)}={len(row[k]) if k == 'lora.target_modules' else plain(row[k])}" for k in hp)
         tr = df.dropna(subset=["loss"]) if "loss" in df else df.iloc[0:0]
         ev = df.dropna(subset=["eval_loss"]) if "eval_loss" in df else df.iloc[0:0]
         line, = axes[0].plot(tr["samples_seen"], tr["loss"], label=label)
         axes[1].plot(ev["samples_seen"], ev["eval_loss"], marker="o", color=line.get_color(), label=label)
     for ax, title in zip(axes, ("train loss", "eval loss (end of each chunk)")):
-        ax.set_xlabel("samples seen")
+        ax.set_xlabel("samples seen (training rows)")
+        ax.set_ylabel("loss")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -221,6 +221,10 @@ class Experiment:
             raise ConfigError("train_dataset is empty: pass a datasets.Dataset with at least one row")
         if not callable(create_model_fn):
             raise ConfigError("create_model_fn must be a function model_config -> (model, tokenizer)")
+        if not hasattr(param_config, "expand") or not hasattr(param_config, "trainer_type"):
+            raise ConfigError(
+                f"param_config must be RFGridSearch(configs=..., trainer_type=...) or RFRandomSearch(...), got "
+                f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one")
         leaves = list(param_config.expand(seed))
         if not leaves:
             raise ConfigError("the config group expands to no run")
@@ -301,7 +305,8 @@ class Experiment:
                 scheduler.on_thread_start = lambda: ip.set_thread_parent(parent)
         if background is None:
             background = _in_kernel()
-        self._say(f"experiment {self.experiment_name!r}: {len(leaves)} runs × {num_chunks} chunks ({trainer_type})"
+        self._say(f"experiment {self.experiment_name!r}: {len(leaves)} run{'s' if len(leaves) != 1 else ''} × "
+                  f"{num_chunks} chunks ({trainer_type})"
                   + ("; training in the background (experiment.wait() blocks)" if background else ""))
         scheduler.start()
         if background:
@@ -603,6 +608,8 @@ class Experiment:
         """``(model, tokenizer)`` with run ``run_id``'s trained weights, in eval mode, ready for ``generate``."""
         if self._executor is None:
             raise ExperimentError("no run trained in this kernel yet")
+        if run_id not in self._leaves:
+            raise ExperimentError(f"run {run_id} does not exist (runs: {sorted(self._leaves)})")
         if self._scheduler is not None and self._scheduler.on_device() == run_id:
             raise ExperimentError(f"run {run_id} is training right now; stop it or wait for its chunk to end")
         return self._executor.load_model(run_id)
