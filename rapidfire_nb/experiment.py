@@ -24,6 +24,7 @@ from kernel_scheduler.ops import new_op_id
 from .errors import ConfigError, ExperimentError, OpError
 from .paths import experiment_dir, experiments_root, validate_experiment_name
 from .store import Store
+from .wire import json_type_name
 
 __all__ = ["Experiment", "current_experiment", "live_experiment"]
 
@@ -499,22 +500,7 @@ class Experiment:
 
     def _store_editable_fields(self) -> None:
         """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""
-        def type_name(v: Any) -> str:
-            if isinstance(v, bool):
-                return "bool"
-            if isinstance(v, int):
-                return "int"
-            if isinstance(v, float):
-                return "float"
-            if isinstance(v, str):
-                return "str"
-            if isinstance(v, (list, tuple)):
-                return "list"
-            if v is None:
-                return "null"
-            return "other"
-
-        fields = {str(rid): {k: type_name(v) for k, v in leaf.hparams().items() if k not in NOT_EDITABLE}
+        fields = {str(rid): {k: json_type_name(v) for k, v in leaf.hparams().items() if k not in NOT_EDITABLE}
                   for rid, leaf in self._leaves.items()}
         self.store.set_meta("editable_fields", fields)
 

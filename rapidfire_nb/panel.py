@@ -46,6 +46,8 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 import anywidget
 import traitlets
 
+from .wire import _clean, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -117,68 +119,6 @@ def plotly_js_path() -> Path:
     raise ImportError(
         "plotly is installed but plotly/package_data/plotly.min.js is missing; reinstall plotly"
     )
-
-
-def _clean(value: Any) -> Any:
-    """Make ``value`` strict-JSON-able: non-finite floats -> None, tuples -> lists, unknown objects -> str."""
-    if isinstance(value, Enum):
-        return _clean(value.value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item"):  # numpy / torch scalars
-        try:
-            return _clean(value.item())
-        except (TypeError, ValueError):
-            pass
-    return str(value)
-
-
-def encode_points(points: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
-    """Columnar encoding of metric points (see the module docstring); keeps the order of ``points``."""
-    names: list[str] = []
-    index: dict[str, int] = {}
-    out: dict[str, list[Any]] = {
-        "names": names,
-        "run": [],
-        "step": [],
-        "samples": [],
-        "name": [],
-        "value": [],
-    }
-    for p in points:
-        name = str(p["name"])
-        i = index.get(name)
-        if i is None:
-            i = index[name] = len(names)
-            names.append(name)
-        out["run"].append(_clean(p["run_id"]))
-        out["step"].append(_clean(p.get("step")))
-        out["samples"].append(_clean(p.get("samples_seen")))
-        out["name"].append(i)
-        out["value"].append(_clean(p.get("value")))
-    return out
-
-
-def decode_points(encoded: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
-    """Inverse of :func:`encode_points` (used by tests and tools)."""
-    names = encoded["names"]
-    return [
-        {"run_id": r, "step": s, "samples_seen": x, "name": names[n], "value": v}
-        for r, s, x, n, v in zip(
-            encoded["run"],
-            encoded["step"],
-            encoded["samples"],
-            encoded["name"],
-            encoded["value"],
-            strict=True,
-        )
-    ]
 
 
 def _ack_dict(ack: Any) -> dict[str, Any]:

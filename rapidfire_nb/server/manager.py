@@ -30,6 +30,7 @@ from rapidfire_nb.paths import (
     validate_experiment_name,
 )
 from rapidfire_nb.store import SchemaVersionError, Store, StoreError
+from rapidfire_nb.wire import encode_points, json_type_name
 
 __all__ = [
     "OP_KINDS",
@@ -79,53 +80,6 @@ def clean_json(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [clean_json(v) for v in value]
     return str(value)
-
-
-def encode_points(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Columnar metric points, the panel's wire format (``rapidfire_nb.panel.encode_points``).
-
-    ``{"names": [metric names], "run": [...], "step": [...], "samples": [...], "name": [index into names],
-    "value": [...]}``; non-finite values become None.
-    """
-    names: list[str] = []
-    index: dict[str, int] = {}
-    out: dict[str, list[Any]] = {
-        "names": names,
-        "run": [],
-        "step": [],
-        "samples": [],
-        "name": [],
-        "value": [],
-    }
-    for p in points:
-        n = p["name"]
-        if n not in index:
-            index[n] = len(names)
-            names.append(n)
-        v = p["value"]
-        out["run"].append(p["run_id"])
-        out["step"].append(p["step"])
-        out["samples"].append(p["samples_seen"])
-        out["name"].append(index[n])
-        out["value"].append(v if v is not None and math.isfinite(v) else None)
-    return out
-
-
-def _type_name(v: Any) -> str:
-    """The kernel's JSON type name of a hyperparameter value (same rules as ``Experiment``)."""
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int"
-    if isinstance(v, float):
-        return "float"
-    if isinstance(v, str):
-        return "str"
-    if isinstance(v, (list, tuple)):
-        return "list"
-    if v is None:
-        return "null"
-    return "other"
 
 
 def _is_scalar(v: Any) -> bool:
@@ -556,7 +510,7 @@ class ExperimentsManager:
             hp = run.get("hparams") or {}
             fields = (
                 {
-                    str(k): _type_name(v)
+                    str(k): json_type_name(v)
                     for k, v in hp.items()
                     if not (isinstance(v, str) and v.startswith("<"))
                 }

@@ -1,0 +1,92 @@
+"""The panel's wire format and JSON helpers, shared by the panel (kernel side) and the server extension.
+
+Standard library only: the server extension imports this module and the store, nothing else of rapidfire_nb.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any
+
+__all__ = ["encode_points", "decode_points", "json_type_name"]
+
+
+def json_type_name(v: Any) -> str:
+    """The JSON type name of a hyperparameter value, as stored in the kernel's ``editable_fields`` meta."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, (list, tuple)):
+        return "list"
+    if v is None:
+        return "null"
+    return "other"
+
+
+def _clean(value: Any) -> Any:
+    """Make ``value`` strict-JSON-able: non-finite floats -> None, tuples -> lists, unknown objects -> str."""
+    if isinstance(value, Enum):
+        return _clean(value.value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item"):  # numpy / torch scalars
+        try:
+            return _clean(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def encode_points(points: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Columnar encoding of metric points (see the module docstring); keeps the order of ``points``."""
+    names: list[str] = []
+    index: dict[str, int] = {}
+    out: dict[str, list[Any]] = {
+        "names": names,
+        "run": [],
+        "step": [],
+        "samples": [],
+        "name": [],
+        "value": [],
+    }
+    for p in points:
+        name = str(p["name"])
+        i = index.get(name)
+        if i is None:
+            i = index[name] = len(names)
+            names.append(name)
+        out["run"].append(_clean(p["run_id"]))
+        out["step"].append(_clean(p.get("step")))
+        out["samples"].append(_clean(p.get("samples_seen")))
+        out["name"].append(i)
+        out["value"].append(_clean(p.get("value")))
+    return out
+
+
+def decode_points(encoded: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
+    """Inverse of :func:`encode_points` (used by tests and tools)."""
+    names = encoded["names"]
+    return [
+        {"run_id": r, "step": s, "samples_seen": x, "name": names[n], "value": v}
+        for r, s, x, n, v in zip(
+            encoded["run"],
+            encoded["step"],
+            encoded["samples"],
+            encoded["name"],
+            encoded["value"],
+            strict=True,
+        )
+    ]
