@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rapidfire_nb.store import Store
+from rapidfire_nb.wire import json_type_name
 
 __all__ = ["HPARAMS", "make_experiment", "type_name"]
 
@@ -41,18 +42,7 @@ HPARAMS = {
 }
 
 
-def type_name(v: Any) -> str:
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int"
-    if isinstance(v, float):
-        return "float"
-    if isinstance(v, str):
-        return "str"
-    if isinstance(v, list):
-        return "list"
-    return "null" if v is None else "other"
+type_name = json_type_name  # the kernel's own rule for editable_fields
 
 
 def make_experiment(
