@@ -25,8 +25,8 @@ from rapidfire_nb.data import create_smollm2, load_tech_support, smollm2_path, t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-steps", type=int, default=16,
-                    help="optimizer steps per run (default 16: 4 steps per chunk)")
+    ap.add_argument("--max-steps", type=int, default=32,
+                    help="optimizer steps per run (default 32 = one epoch of 128 rows at batch 4: 8 steps per chunk)")
     ap.add_argument("--num-chunks", type=int, default=4)
     ap.add_argument("--experiment-path", default=None, help="experiments root (default: a temporary folder)")
     ap.add_argument("--out", default="artifacts/sft_loss_curves.png")
