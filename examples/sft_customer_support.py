@@ -25,8 +25,9 @@ from rapidfire_nb.data import create_smollm2, load_tech_support, smollm2_path, t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-steps", type=int, default=32,
-                    help="optimizer steps per run (default 32 = one epoch of 128 rows at batch 4: 8 steps per chunk)")
+    ap.add_argument("--max-steps", type=int, default=16,
+                    help="optimizer steps per run (default 16 = one epoch of 128 rows at batch 8: 4 steps per chunk)")
+    ap.add_argument("--batch-size", type=int, default=8, help="per_device_train_batch_size (default 8)")
     ap.add_argument("--num-chunks", type=int, default=4)
     ap.add_argument("--experiment-path", default=None, help="experiments root (default: a temporary folder)")
     ap.add_argument("--out", default="artifacts/sft_loss_curves.png")
@@ -46,7 +47,7 @@ def main() -> None:
         RFModelConfig(
             model_name="SmolLM2-135M-Instruct",
             peft_config=peft_configs,
-            training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=4, max_steps=a.max_steps,
+            training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=a.batch_size, max_steps=a.max_steps,
                                       max_length=128, fp16=True, eval_strategy="no",
                                       per_device_eval_batch_size=8),
             model_type="causal_lm",
