@@ -340,12 +340,16 @@ print(f"{N_TRAIN} preference pairs (rejected: {REJECTED!r}), {MAX_STEPS} steps p
 ## 3. The preference pairs
 
 `load_tech_support_preferences` builds the pairs from the ChatterBot `tech_support` corpus: the prompt is the
-customer's question, `chosen` is the corpus's answer, `rejected` as set above. Train and eval are split by
-question, as in the SFT notebook: the eval pairs ask questions the runs never train on."""),
+customer's question, `chosen` is the corpus's answer, `rejected` as set above. The corpus has only 10 distinct
+questions, and the eval pairs here are other rows of the same questions (`split="row"`): they measure whether
+a run learned the preferences, not whether it generalizes to new questions. (Split by question, a held-out
+question's shuffled rejection would be the answer to a training question, the very reply the runs learn to
+prefer, and the eval metrics would fall as training works.)"""),
     ("code", '''\
 from rapidfire_nb.data import load_tech_support_preferences
 
-train_ds, eval_ds = load_tech_support_preferences(n_train=N_TRAIN, n_eval=N_EVAL, seed=42, rejected=REJECTED)
+train_ds, eval_ds = load_tech_support_preferences(n_train=N_TRAIN, n_eval=N_EVAL, seed=42, rejected=REJECTED,
+                                                  split="row")
 example = train_ds[0]
 print("prompt:  ", example["prompt"][-1]["content"])
 print("chosen:  ", example["chosen"][0]["content"])

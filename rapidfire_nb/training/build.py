@@ -41,7 +41,7 @@ def detect_bf16() -> bool:
     import torch
 
     try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False))
     except (RuntimeError, AssertionError):  # pragma: no cover - driver trouble: unsupported
         return False
 

@@ -23,6 +23,8 @@ def silence_globally() -> None:
     transformers.logging.disable_progress_bar()
     for name in ("trl", "peft", "accelerate"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # transformers warns about its own internal call on every forward of a PEFT model during training
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 
 @contextlib.contextmanager

@@ -4,12 +4,9 @@ Fast checks (every run of the suite): each notebook equals what ``notebooks/_bui
 outputs, execution counts or widget state, has an "Open in Colab" badge for ``REPO_URL`` and exactly one
 install cell.
 
-Execution (``real_model``): every notebook runs top to bottom in a fresh kernel of this interpreter with
-nbclient, ``RF_SMOKE=1`` (tiny sizes, same code) and ``RF_HOME`` in a temporary folder; any cell error fails.
-The executed copy, widget state included, must stay under 200 KB.
-
-Once pyproject.toml registers the marker (``"notebook: executes the tutorial notebooks with nbclient (slow)"``),
-add ``pytest.mark.notebook`` to ``EXECUTE_MARKS`` below.
+Execution (markers ``real_model`` and ``notebook``): every notebook runs top to bottom in a fresh kernel of
+this interpreter with nbclient, ``RF_SMOKE=1`` (tiny sizes, same code) and ``RF_HOME`` in a temporary folder;
+any cell error fails. The executed copy, widget state included, must stay under 200 KB.
 """
 
 from __future__ import annotations
