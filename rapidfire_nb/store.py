@@ -168,7 +168,7 @@ def _require_str(what: str, value: Any) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists on this machine (POSIX; always True on Windows)."""
+    """True when a live (not zombie) process with this pid exists on this machine (POSIX; always True on Windows)."""
     if os.name == "nt":  # os.kill(pid, 0) would send CTRL_C_EVENT there
         return True
     if pid <= 0:
@@ -181,7 +181,11 @@ def _pid_alive(pid: int) -> bool:
         return True
     except OSError:
         return False
-    return True
+    try:  # a killed process its parent has not reaped yet (a zombie) still answers kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs (macOS): trust kill(pid, 0)
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _resolve_db_path(path: str | os.PathLike[str]) -> Path:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -469,6 +472,24 @@ def test_heartbeat_with_dead_pid_is_not_alive(store):
     assert store.writer_alive() is False
     store.beat()  # this process
     assert store.writer_alive() is True
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs procfs")
+def test_heartbeat_of_a_killed_unreaped_kernel_is_not_alive(store):
+    """A SIGKILLed kernel stays a zombie until the Jupyter server reaps it; kill(pid, 0) still succeeds."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        store.beat(pid=proc.pid)
+        assert store.writer_alive() is True
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child did not become a zombie"
+            time.sleep(0.01)
+        assert store.writer_alive() is False  # not reaped yet: a zombie
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_heartbeat_from_another_host_is_judged_by_age(store, clock):
