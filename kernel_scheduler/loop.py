@@ -143,6 +143,10 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._current: tuple[int, Future[SegmentResult]] | None = None
         self._acks: dict[str, OpAck] = {}
+        # a stop/resume/delete that is queued or waiting for a chunk boundary, by (kind, run id) -> its op id; a
+        # second request of the same kind for the same run follows it (same outcome, applied once)
+        self._leaders: dict[tuple[OpKind, int], str] = {}
+        self._followers: dict[str, list[Op]] = {}
         self._next_id = first_run_id
         self._busy = False  # True while the loop has work (a segment or queued commands)
         # ops accepted by submit() whose _apply has not returned yet (a deferred op counts as applied: it
@@ -229,6 +233,14 @@ class Scheduler:
                 self._acks[op.op_id] = ack
                 self._notify_op(op, ack)
                 return ack
+            leader = self._leaders.get((op.kind, op.run_id))
+            if leader is not None:  # a repeat while the first request is pending: same outcome, applied once
+                ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.QUEUED.value,
+                            f"{op.kind.value} already requested for run {op.run_id}; this request gets its outcome")
+                self._acks[op.op_id] = ack
+                self._followers.setdefault(leader, []).append(op)
+                self._notify_op(op, ack)
+                return ack
             child_id = None
             if op.kind is OpKind.CLONE:
                 child_id = self._next_id
@@ -240,6 +252,8 @@ class Scheduler:
             ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.QUEUED.value, self._queued_message(op),
                         new_run_id=child_id)
             self._acks[op.op_id] = ack
+            if op.kind is not OpKind.CLONE:
+                self._leaders[(op.kind, op.run_id)] = op.op_id
             self._busy = True
             self._unapplied += 1
         self._notify_op(op, ack)
@@ -571,6 +585,7 @@ class Scheduler:
             ack = replace(self._acks[op.op_id], state=OpState.APPLIED.value, message=message)
             self._acks[op.op_id] = ack
         self._notify_op(op, ack)
+        self._settle_followers(op, OpState.APPLIED.value, message)
 
     def _reject(self, op: Op, reason: str) -> None:
         with self._lock:
@@ -579,6 +594,21 @@ class Scheduler:
                         new_run_id=prev.new_run_id if prev else None)
             self._acks[op.op_id] = ack
         self._notify_op(op, ack)
+        self._settle_followers(op, OpState.REJECTED.value, reason)
+
+    def _settle_followers(self, op: Op, state: str, message: str) -> None:
+        """Give the repeats of ``op`` (same kind, same run, sent while it was pending) its outcome."""
+        with self._lock:
+            if self._leaders.get((op.kind, op.run_id)) == op.op_id:
+                del self._leaders[(op.kind, op.run_id)]
+            followers = self._followers.pop(op.op_id, [])
+            acks = []
+            for f in followers:
+                ack = replace(self._acks[f.op_id], state=state, message=message)
+                self._acks[f.op_id] = ack
+                acks.append((f, ack))
+        for f, ack in acks:
+            self._notify_op(f, ack)
 
     def _notify_op(self, op: Op, ack: OpAck) -> None:
         try:

@@ -495,8 +495,10 @@ class Experiment:
             self.store.upsert_run(run_id, status=new_status.value, completed_steps=start.step,
                                   chunks_done=start.segments_done, samples_seen=start.samples_seen,
                                   total_steps=start.plan.total_steps)
-            if ckpt is not None:
+            if ckpt is not None and new_status is not RunStatus.STOPPED:
                 resumed.append(f"run {run_id} at step {start.step}")
+            elif new_status is RunStatus.STOPPED:
+                self._say(f"run {run_id} stays STOPPED at step {start.step} (experiment.resume({run_id}) continues it)")
 
     def _store_editable_fields(self) -> None:
         """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""
@@ -574,12 +576,25 @@ class Experiment:
                    "loss", "eval_loss", "checkpoint_dir", "error"]
         return pd.DataFrame(rows, columns=columns)
 
-    def get_results(self) -> Any:
-        """Every logged metric, long-form: one row per (run_id, step) with ``samples_seen`` and one column per
-        metric name (TRL's names: ``loss``, ``eval_loss``, ``learning_rate``, ``grad_norm``, ...)."""
+    def get_results(self, include_deleted: bool = False) -> Any:
+        """Every logged metric: one row per (run_id, step) with ``samples_seen`` (rows) and one column per
+        metric name (TRL's names: ``loss``, ``eval_loss``, ``learning_rate``, ``grad_norm``, ...).
+
+        Args:
+            include_deleted: keep the rows of DELETED runs (left out by default, as in ``get_runs_info``).
+
+        Returns:
+            pandas DataFrame sorted by ``run_id, step``; empty (columns ``run_id, step, samples_seen``) before the
+            first logged step.
+        """
         import pandas as pd
 
         points, _ = self.store.metrics_since(0)
+        if not include_deleted:
+            live = {s.run_id: s.status for s in self._scheduler.snapshot()} if self._scheduler is not None else {}
+            deleted = {r["run_id"] for r in self.store.runs()
+                       if live.get(r["run_id"], RunStatus(r["status"])) is RunStatus.DELETED}
+            points = [p for p in points if p["run_id"] not in deleted]
         if not points:
             return pd.DataFrame(columns=["run_id", "step", "samples_seen"])
         df = pd.DataFrame(points)

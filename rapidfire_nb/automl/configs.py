@@ -371,6 +371,9 @@ def normalize_model_field(name: str, value: Any) -> Any:
     return _map_alternatives(value, _MODEL_FIELD_CHECKS[name], f"RFModelConfig.{name}")
 
 
+_REQUIRED: Any = object()  # marks an argument that has no default (checked in the body for a clear error)
+
+
 class RFModelConfig:
     """One model + trainer configuration; any argument may be a ``List`` of alternatives.
 
@@ -404,7 +407,7 @@ class RFModelConfig:
 
     def __init__(
         self,
-        model_name: Any,
+        model_name: Any = _REQUIRED,
         tokenizer: Any = None,
         tokenizer_kwargs: Any = None,
         formatting_func: Any = None,
@@ -422,6 +425,9 @@ class RFModelConfig:
         values = locals()
         for name in unknown:  # a misspelt keyword: the same message as a misspelt attribute
             self.__setattr__(name, unknown[name])
+        if model_name is _REQUIRED:
+            raise ConfigError("RFModelConfig needs `model_name` (a model id or path passed to create_model_fn), "
+                              "e.g. RFModelConfig(model_name=\"HuggingFaceTB/SmolLM2-135M-Instruct\", ...)")
         for name in MODEL_FIELDS:
             setattr(self, name, values[name])
 

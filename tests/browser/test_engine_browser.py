@@ -119,11 +119,11 @@ def _store_statuses(rf_home: Path) -> dict[int, str]:
         return {int(r["run_id"]): r["status"] for r in store.runs()}
 
 
-def _store_points(rf_home: Path, names: tuple[str, ...]) -> int:
+def _store_points(rf_home: Path, names: tuple[str, ...], name: str = EXPERIMENT) -> int:
     from rapidfire_nb.paths import experiment_dir
     from rapidfire_nb.store import Store
 
-    with Store(experiment_dir(rf_home, EXPERIMENT), read_only=True) as store:
+    with Store(experiment_dir(rf_home, name), read_only=True) as store:
         points, _ = store.metrics_since(0)
     return sum(1 for p in points if p["name"] in names)
 
@@ -226,3 +226,264 @@ def test_engine_panel_streams_and_stop_applies(lab: Any, rf_home: Path) -> None:
     finally:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "engine-timings.txt").write_text("\n".join(timings) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernel death in the middle of an experiment: restart, re-run the same cells, the panel redraws the history and
+# the interrupted runs continue from their last chunk checkpoint.
+
+RESTART_EXPERIMENT = "browser-restart"
+RESTART_STEPS = 144  # 96 rows, batch 2, 3 epochs: 48 steps and 4 chunks per epoch
+
+SETUP_CELL = f"""\
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
+group = RFGridSearch(List([
+    RFModelConfig(model_name="tiny",
+                  peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+                  training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=2, num_train_epochs=3,
+                                            max_length=48, logging_steps=1))
+    for lr in (1e-3, 2e-3, 3e-3)]), "SFT")
+exp = Experiment("{RESTART_EXPERIMENT}")
+"""
+RESUME_FIT_CELL = "exp.run_fit(group, tiny_create_model, tiny_sft_dataset(96), tiny_sft_dataset(4, seed=1), " \
+    "num_chunks=4, seed=7)\n"
+
+
+def _store_runs(rf_home: Path, name: str) -> dict[int, dict[str, Any]]:
+    from rapidfire_nb.paths import experiment_dir
+    from rapidfire_nb.store import Store
+
+    with Store(experiment_dir(rf_home, name), read_only=True) as store:
+        return {int(r["run_id"]): r for r in store.runs()}
+
+
+def _store_losses(rf_home: Path, name: str) -> dict[int, list[int]]:
+    """Per run, the steps of its logged ``loss`` points, in store order."""
+    from rapidfire_nb.paths import experiment_dir
+    from rapidfire_nb.store import Store
+
+    with Store(experiment_dir(rf_home, name), read_only=True) as store:
+        points, _ = store.metrics_since(0)
+    steps: dict[int, list[int]] = {}
+    for p in points:
+        if p["name"] == "loss":
+            steps.setdefault(int(p["run_id"]), []).append(int(p["step"]))
+    return steps
+
+
+def _writer_pid(rf_home: Path, name: str) -> int:
+    from rapidfire_nb.paths import experiment_dir
+    from rapidfire_nb.store import Store
+
+    with Store(experiment_dir(rf_home, name), read_only=True) as store:
+        beat = store.heartbeat()
+    assert beat is not None, "the kernel never wrote a heartbeat"
+    return int(beat["pid"])
+
+
+def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Path) -> None:
+    import os
+    import signal
+
+    page = lab.page
+    t0 = time.monotonic()
+    timings: list[str] = []
+
+    def phase(name: str) -> None:
+        timings.append(f"{time.monotonic() - t0:6.1f}s  {name}")
+
+    def cell_panel() -> Any:  # the panel in the run_fit cell's output (cell 1)
+        return _current_cells(page).nth(1).locator("[data-rf-panel]")
+
+    try:
+        lab.open_notebook("restart_demo.ipynb", [SETUP_CELL, RESUME_FIT_CELL, INFO_CELL], timeout=90)
+        lab.run_cell(0)
+        lab.run_cell(1)
+        panel = cell_panel()
+        panel.wait_for(timeout=120_000)
+        phase("panel rendered")
+
+        # every run has a chunk checkpoint; stop run 3 (it must stay STOPPED across the restart)
+        _wait(lambda: all(r.get("chunks_done", 0) >= 1 for r in _store_runs(rf_home, RESTART_EXPERIMENT).values())
+              and len(_store_runs(rf_home, RESTART_EXPERIMENT)) == 3, 120, "one chunk done by every run")
+        panel.locator('tr[data-run-id="3"] [data-op="stop"]').click()
+        panel.locator('tr[data-run-id="3"][data-status="STOPPED"]').wait_for(timeout=60_000)
+        _wait(lambda: _store_runs(rf_home, RESTART_EXPERIMENT)[3]["status"] == "STOPPED", 10, "run 3 STOPPED")
+        _wait(lambda: min(r["chunks_done"] for rid, r in _store_runs(rf_home, RESTART_EXPERIMENT).items()
+                          if rid != 3) >= 2, 120, "two chunks done by runs 1 and 2")
+        before = _store_runs(rf_home, RESTART_EXPERIMENT)
+        assert all(before[r]["status"] in ("ONGOING", "NEW") for r in (1, 2)), before
+        assert all(before[r]["completed_steps"] < RESTART_STEPS for r in (1, 2)), "a run finished before the kill"
+        phase("runs 1-2 two chunks in, run 3 STOPPED: killing the kernel")
+
+        # the kernel dies (SIGKILL, as an out-of-memory kill would) in the middle of a chunk
+        page.evaluate(
+            """() => { const ctx = window.jupyterapp.shell.currentWidget.sessionContext; window.__rfStatuses = [];
+                       ctx.statusChanged.connect((_, s) => window.__rfStatuses.push(s)); }"""
+        )
+        pid = _writer_pid(rf_home, RESTART_EXPERIMENT)
+        assert "ipykernel" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "), "not the kernel's pid"
+        os.kill(pid, signal.SIGKILL)
+        killed = _store_runs(rf_home, RESTART_EXPERIMENT)
+        history = _store_points(rf_home, ("loss", "eval_loss"), RESTART_EXPERIMENT)
+        page.wait_for_function(
+            """() => { const ctx = window.jupyterapp.shell.currentWidget.sessionContext;
+                       const k = ctx.session && ctx.session.kernel;
+                       return window.__rfStatuses.some((s) => s === 'autorestarting' || s === 'restarting' ||
+                                                              s === 'dead')
+                              && !!k && k.status === 'idle' && k.connectionStatus === 'connected'; }""",
+            timeout=90_000,
+        )
+        phase("kernel restarted by the server")
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count():  # Lab's "Kernel Restarting" notice
+            page.mouse.move(2, 2)
+            lab.screenshot("restart-dialog.png")
+            dialog.locator("button").last.click()
+            dialog.wait_for(state="detached", timeout=5_000)
+
+        # the same cells again: the experiment reattaches (runs 1-2 INTERRUPTED, run 3 STOPPED) ...
+        lab.run_cell(0)
+        lab.run_cell(2)
+        _wait(lambda: "STATUS" in _cell_output(page, 2), 90, "get_runs_info() after the restart")
+        m = re.search(r"STATUS (\{.*\})", _cell_output(page, 2))
+        assert m, _cell_output(page, 2)
+        info = {int(k): v for k, v in json.loads(m.group(1)).items()}
+        assert info == {1: "INTERRUPTED", 2: "INTERRUPTED", 3: "STOPPED"}, info
+        phase("reattached: runs 1-2 INTERRUPTED, run 3 STOPPED")
+
+        # ... and run_fit continues runs 1-2 from their last chunk checkpoints, saying so
+        lab.run_cell(1)
+        _wait(lambda: "continuing from the last chunk checkpoints" in _cell_output(page, 1), 120,
+              "run_fit's resume message")
+        out = _cell_output(page, 1)
+        resumed = {int(r): int(s) for r, s in re.findall(r"run (\d+) at step (\d+)", out)}
+        assert set(resumed) == {1, 2}, out
+        assert re.search(r"run 3 stays STOPPED at step \d+", out), out
+        for rid, step in resumed.items():
+            assert 0 < step <= killed[rid]["completed_steps"], (rid, step, killed[rid])
+            assert step % (RESTART_STEPS // 12) == 0, f"run {rid} resumed at step {step}, not a chunk boundary"
+        panel = cell_panel()
+        panel.wait_for(timeout=60_000)
+        # the redrawn panel holds every point kept in the store (the history up to each resumed checkpoint)
+        kept = sum(
+            1 for rid, steps in _store_losses(rf_home, RESTART_EXPERIMENT).items()
+            for s in steps if rid == 3 or s <= resumed[rid]
+        )
+        _wait(lambda: _points(panel) >= kept, 30, f"the panel to redraw the {kept} kept loss points")
+        assert kept > 0 and history > 0
+        assert panel.locator('tr[data-run-id="3"]').get_attribute("data-status") == "STOPPED"
+        page.mouse.move(2, 2)
+        lab.screenshot("restart-redrawn.png", panel)
+        phase(f"panel redrawn ({_points(panel)} points); runs 1-2 continue")
+
+        for rid in (1, 2):
+            panel.locator(f'tr[data-run-id="{rid}"][data-status="COMPLETED"]').wait_for(timeout=240_000)
+        final = _store_runs(rf_home, RESTART_EXPERIMENT)
+        assert {r: final[r]["status"] for r in final} == {1: "COMPLETED", 2: "COMPLETED", 3: "STOPPED"}
+        assert final[3]["completed_steps"] == before[3]["completed_steps"], "the STOPPED run trained again"
+        losses = _store_losses(rf_home, RESTART_EXPERIMENT)
+        for rid in (1, 2):
+            # one loss per step from 1 to the end: the points logged after the checkpoint by the dead kernel were
+            # dropped and logged again, never twice
+            assert sorted(losses[rid]) == list(range(1, RESTART_STEPS + 1)), (rid, losses[rid][:5], len(losses[rid]))
+            cell = panel.locator(f'tr[data-run-id="{rid}"] td.rf-col-step').inner_text()
+            assert f"{RESTART_STEPS}/{RESTART_STEPS}" in cell, cell
+        expected = _store_points(rf_home, ("loss", "eval_loss"), RESTART_EXPERIMENT)
+        _wait(lambda: _points(panel) == expected, 15, f"{expected} plotted points (the store's loss/eval_loss)")
+        phase("runs 1-2 COMPLETED, run 3 still STOPPED")
+        time.sleep(1.0)
+        page.mouse.move(2, 2)
+        lab.screenshot("restart-done.png", panel)
+        errors = [m for m in lab.console if m.startswith("pageerror")]
+        assert not errors, errors
+    finally:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "restart-timings.txt").write_text("\n".join(timings) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A click while the kernel's main thread is busy in a long cell: the comm message waits in the kernel's queue, so
+# after 2.5 s the panel posts the same op (same op_id) to the server extension's inbox, which the scheduler thread
+# polls; the run stops while the cell still runs, and the late comm message is not applied a second time.
+
+FALLBACK_EXPERIMENT = "browser-fallback"
+FALLBACK_FIT_CELL = SETUP_CELL.replace(RESTART_EXPERIMENT, FALLBACK_EXPERIMENT) + RESUME_FIT_CELL
+BUSY_CELL = "import time\ntime.sleep(300)\nprint('SLEPT')\n"
+
+
+def _current_cells(page: Any) -> Any:
+    """The cells of the notebook in front (Lab keeps the notebooks of earlier tests open in hidden tabs)."""
+    widget_id = page.evaluate("() => window.jupyterapp.shell.currentWidget.id")
+    return page.locator(f'[id="{widget_id}"] .jp-Cell')
+
+
+def _kernel_status(page: Any) -> str:
+    return str(page.evaluate(
+        "() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel; return k.status; }"
+    ))
+
+
+def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home: Path) -> None:
+    from rapidfire_nb.paths import experiment_dir
+    from rapidfire_nb.store import Store
+
+    page = lab.page
+    t0 = time.monotonic()
+    timings: list[str] = []
+
+    def phase(name: str) -> None:
+        timings.append(f"{time.monotonic() - t0:6.1f}s  {name}")
+
+    try:
+        lab.open_notebook("fallback_demo.ipynb", [FALLBACK_FIT_CELL, BUSY_CELL], timeout=90)
+        lab.run_cell(0)
+        panel = _current_cells(page).nth(0).locator("[data-rf-panel]")
+        panel.wait_for(timeout=120_000)
+        _wait(lambda: _points(panel) > 0, 90, "the first plotted points")
+        phase("training, panel live")
+
+        lab.run_cell(1)  # the kernel's main thread sleeps: comm messages wait in its queue
+        _wait(lambda: _kernel_status(page) == "busy", 30, "the kernel to be busy in the sleep cell")
+        time.sleep(0.5)
+        row2 = panel.locator('tr[data-run-id="2"]')
+        assert row2.get_attribute("data-status") in ("NEW", "ONGOING"), "run 2 finished before the click"
+        row2.locator('[data-op="stop"]').click()
+        clicked = time.monotonic()
+        panel.locator(".rf-notice", has_text="kernel busy: sent through the server").wait_for(timeout=15_000)
+        phase(f"op posted to the server after {time.monotonic() - clicked:.1f}s")
+        row2.and_(page.locator('[data-status="STOPPED"]')).wait_for(timeout=90_000)
+        phase(f"run 2 STOPPED {time.monotonic() - clicked:.1f}s after the click")
+        assert _kernel_status(page) == "busy" and "SLEPT" not in _cell_output(page, 1), \
+            "the sleep cell ended before the op was applied: the comm path, not the server, applied it"
+        with Store(experiment_dir(rf_home, FALLBACK_EXPERIMENT), read_only=True) as store:
+            stops = [o for o in store.ops() if o["kind"] == "stop" and o["run_id"] == 2]
+        assert [(o["source"], o["state"]) for o in stops] == [("inbox", "applied")], stops
+        page.mouse.move(2, 2)
+        lab.screenshot("fallback-stopped.png", panel)
+
+        # the cell is interrupted; the comm message that waited (same op_id) is answered, not applied again
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.interrupt()")
+        _wait(lambda: _kernel_status(page) == "idle", 30, "the kernel to be idle again")
+        time.sleep(2.0)  # the queued comm message is handled and its ack reaches the page
+        with Store(experiment_dir(rf_home, FALLBACK_EXPERIMENT), read_only=True) as store:
+            stops = [o for o in store.ops() if o["kind"] == "stop" and o["run_id"] == 2]
+        assert len(stops) == 1 and stops[0]["state"] == "applied", stops
+        assert panel.locator(".rf-op-item", has_text="stop run 2").count() == 1
+        assert panel.locator(".rf-notice-rejected").count() == 0, panel.locator(".rf-notice").all_inner_texts()
+        assert row2.get_attribute("data-status") == "STOPPED"
+        assert panel.locator('tr[data-run-id="1"]').get_attribute("data-status") in ("NEW", "ONGOING", "COMPLETED")
+        phase("kernel idle again; op applied once")
+        errors = [m for m in lab.console if m.startswith("pageerror")]
+        assert not errors, errors
+    finally:
+        # stop the still-training kernel so it does not load the machine after this test
+        with_kernel = "() => { const s = window.jupyterapp.shell.currentWidget.sessionContext; return s.shutdown(); }"
+        try:
+            page.evaluate(with_kernel)
+        except Exception:  # noqa: BLE001 - the page may be gone after a failure
+            pass
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "fallback-timings.txt").write_text("\n".join(timings) + "\n")

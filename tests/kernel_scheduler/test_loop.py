@@ -171,6 +171,42 @@ def test_stop_of_the_run_on_device_applies_at_its_boundary(make: Make) -> None:
     assert_ops_terminal(h)
 
 
+@pytest.mark.parametrize("kind", [OpKind.STOP, OpKind.DELETE])
+def test_a_repeated_request_while_the_first_waits_gets_its_outcome(make: Make, kind: OpKind) -> None:
+    """Two clicks on Stop (or Delete) of the run on the device: both end applied, the run changes once."""
+    h = make([TWO, TWO], mode="manual")
+    assert h.fake.wait_inflight() == (1, 2)
+    first = h.sched.submit(Op(kind, 1))
+    second = h.sched.submit(Op(kind, 1))
+    assert first.state == second.state == "queued"
+    assert "already requested" in second.message
+    h.settle()
+    h.step()  # run 1 reaches its boundary: the request applies, and the repeat with it
+    a1, a2 = h.sched.ack(first.op_id), h.sched.ack(second.op_id)
+    assert a1 is not None and a2 is not None
+    assert (a1.state, a2.state) == ("applied", "applied") and a2.message == a1.message
+    target = "STOPPED" if kind is OpKind.STOP else "DELETED"
+    assert h.fake.statuses(1) == [target]
+    # once applied, a third request is judged on the new status again
+    third = h.sched.submit(Op(kind, 1))
+    assert third.state == "rejected"
+    h.run_to_idle()
+    assert_ops_terminal(h)
+
+
+def test_a_repeated_request_follows_a_rejection_too(make: Make) -> None:
+    h = make([TWO], mode="manual")
+    h.step()
+    assert h.fake.wait_inflight() == (1, 4)
+    first, second = h.sched.submit(Op(OpKind.STOP, 1)), h.sched.submit(Op(OpKind.STOP, 1))
+    h.step()  # the run completes in this chunk: the stop is rejected, and its repeat with it
+    assert h.status(1) is S.COMPLETED
+    a1, a2 = h.sched.ack(first.op_id), h.sched.ack(second.op_id)
+    assert a1 is not None and a2 is not None
+    assert a1.state == a2.state == "rejected" and "COMPLETED" in a2.message
+    assert_ops_terminal(h)
+
+
 def test_stop_of_a_parked_run_applies_at_once(make: Make) -> None:
     h = make([TWO, TWO, TWO], mode="manual")
     assert h.fake.wait_inflight() == (1, 2)

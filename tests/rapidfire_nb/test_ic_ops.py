@@ -159,6 +159,7 @@ def ic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["info"] = exp.get_runs_info()
     out["info_all"] = exp.get_runs_info(include_deleted=True)
     out["results"] = exp.get_results()
+    out["results_all"] = exp.get_results(include_deleted=True)
     out["ops"] = exp.ops()
     out["totals"] = {rid: run.plan.total_steps for rid, run in exp._executor._runs.items()}
     exp.end()
@@ -246,6 +247,11 @@ def test_delete_marks_deleted_and_hides_the_run(ic: dict[str, Any]) -> None:
         assert 3 not in list(info.run_id)
     assert _row(ic["info_all"], 3).status == "DELETED"
     assert _row(ic["info_mid_all"], 3).status == "DELETED"
+    # its metrics are left out of get_results() too, unless asked for
+    assert 3 not in set(ic["results"].run_id)
+    kept = ic["results_all"][ic["results_all"].run_id == 3]
+    assert list(kept.step) == list(range(1, snap.step + 1)), (snap.step, list(kept.step))
+    assert len(ic["results_all"]) == len(ic["results"]) + len(kept)
 
 
 def test_delete_renames_tensorboard_folder(ic: dict[str, Any]) -> None:

@@ -143,6 +143,11 @@ def test_model_config_field_checks():
         RFModelConfig("")
     with pytest.raises(ConfigError, match="did you mean `peft_config`"):
         RFModelConfig("m").peft_confg = None
+    # a misspelt or missing model_name is our ConfigError, not Python's "missing argument" TypeError
+    with pytest.raises(ConfigError, match="no field `model_nam`; did you mean `model_name`"):
+        RFModelConfig(model_nam="m")
+    with pytest.raises(ConfigError, match="needs `model_name`"):
+        RFModelConfig(peft_config=RFLoraConfig(r=4))
     cfg = RFModelConfig("m", peft_config=[RFLoraConfig(r=4), RFLoraConfig(r=8)])
     assert isinstance(cfg.peft_config, List) and len(cfg.peft_config) == 2  # plain list = alternatives
 
