@@ -5,6 +5,18 @@ epoch: 96 steps and 8 chunks per run, about 15-40 s of training here). The test 
 points grow, clicks Stop on run 2 while it is still NEW/ONGOING, and checks run 2 ends STOPPED in the panel
 (``data-status``), in ``get_runs_info()`` (a second cell) and in the store file (read from this process), then
 lets runs 1 and 3 complete. Screenshots: ``artifacts/browser/engine-*.png``.
+
+Two more scenarios on the same server (same ``RF_HOME``, their own experiments):
+
+* kernel death (``test_kernel_death_restart_redraws_history_and_resumes``): 3 runs of 144 steps; run 3 is stopped
+  after its first chunk, then the kernel is SIGKILLed mid-chunk (pid from the store's heartbeat) and the server
+  restarts it. The same cells are run again: ``get_runs_info()`` shows runs 1-2 INTERRUPTED and run 3 STOPPED,
+  ``run_fit`` says it continues runs 1-2 from chunk checkpoints, the new panel redraws every kept point, runs 1-2
+  complete with exactly one loss per step 1..144 and run 3 never trains again. Screenshots ``restart-*.png``.
+* busy kernel (``test_click_while_kernel_busy_goes_through_the_server_inbox``): while a ``time.sleep`` cell holds
+  the kernel's main thread, Stop is clicked; the comm message cannot be handled, so after 2.5 s the panel posts
+  the op to the server extension's inbox; the scheduler applies it while the cell still runs, and the comm message
+  handled after the interrupt is answered without a second application. Screenshot ``fallback-stopped.png``.
 """
 
 from __future__ import annotations
