@@ -342,9 +342,9 @@ print(f"{N_TRAIN} preference pairs (rejected: {REJECTED!r}), {MAX_STEPS} steps p
 `load_tech_support_preferences` builds the pairs from the ChatterBot `tech_support` corpus: the prompt is the
 customer's question, `chosen` is the corpus's answer, `rejected` as set above. The corpus has only 10 distinct
 questions, and the eval pairs here are other rows of the same questions (`split="row"`): they measure whether
-a run learned the preferences, not whether it generalizes to new questions. (Split by question, a held-out
-question's shuffled rejection would be the answer to a training question, the very reply the runs learn to
-prefer, and the eval metrics would fall as training works.)"""),
+a run learned the preferences, not whether it generalizes to new questions. (`split="question"`, the default,
+holds out whole questions, and their shuffled rejections come from held-out answers only; with 10 questions
+that eval set covers just 2-3 of them.)"""),
     ("code", '''\
 from rapidfire_nb.data import load_tech_support_preferences
 

@@ -47,14 +47,34 @@ def _assistant(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
 
 
-def _shuffled_rejects(rows: list[tuple[str, str]], seed: int) -> list[str]:
-    """For each row, another question's answer (never equal to the row's own answer), drawn with ``seed``."""
-    answers = sorted({a for _, a in load_tech_support_pairs()})
-    rng = random.Random(seed)
+def _shuffled_rejects(rows: list[tuple[str, str]], seed: int, pool: list[str] | None = None,
+                      rng: random.Random | None = None) -> list[str]:
+    """For each row, another answer from ``pool`` (default: every corpus answer), never equal to the row's own
+    answer, drawn with ``rng`` (default ``random.Random(seed)``)."""
+    answers = sorted(set(pool)) if pool is not None else sorted({a for _, a in load_tech_support_pairs()})
+    rng = rng or random.Random(seed)
     out = []
     for _, chosen in rows:
         others = [a for a in answers if a.strip() != chosen.strip()]
         out.append(rng.choice(others))
+    return out
+
+
+def _split_rejects(train_rows: list[tuple[str, str]], eval_rows: list[tuple[str, str]], seed: int,
+                   split: str) -> list[str]:
+    """Shuffled rejections for ``train_rows + eval_rows``.
+
+    With ``split="question"`` each part draws from its own answers, so held-out rows never get a training answer
+    as ``rejected`` (a part with fewer than 2 distinct answers draws from the whole corpus). With ``split="row"``
+    the parts share questions anyway and both draw from every answer.
+    """
+    if split != "question":
+        return _shuffled_rejects(train_rows + eval_rows, seed)
+    rng = random.Random(seed)
+    out: list[str] = []
+    for part in (train_rows, eval_rows):
+        own = {a.strip(): a for _, a in part}
+        out += _shuffled_rejects(part, seed, list(own.values()) if len(own) >= 2 else None, rng)
     return out
 
 
@@ -151,7 +171,9 @@ def load_tech_support_preferences(
       cache miss) and the fingerprint is ``default``. If a reply is empty or equal to the gold answer,
       that row falls back to the ``"shuffle"`` choice.
     * ``"shuffle"``: the answer of another question, drawn with ``random.Random(seed)`` over the distinct
-      answers; never equal to ``chosen``. No model, no cache.
+      answers; never equal to ``chosen``. With ``split="question"`` train rows draw from train answers and eval
+      rows from eval answers (a held-out row never gets a training answer as ``rejected``; a part with fewer
+      than 2 distinct answers draws from the whole corpus). No model, no cache.
 
     Args:
         n_train: number of train rows (>= 1).
@@ -182,7 +204,7 @@ def load_tech_support_preferences(
         raise ValueError("load_tech_support_preferences: pass the model's tokenizer along with model.")
     train_rows, eval_rows = split_tech_support_pairs(n_train, n_eval, seed, split)
     rows = train_rows + eval_rows
-    rejects = _shuffled_rejects(rows, seed)
+    rejects = _split_rejects(train_rows, eval_rows, seed, split)
 
     if rejected == "generate":
         replies = _cached_replies(

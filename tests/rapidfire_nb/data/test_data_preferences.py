@@ -122,3 +122,16 @@ def test_errors() -> None:
         load_tech_support_preferences(rejected="random")
     with pytest.raises(ValueError, match="tokenizer"):
         load_tech_support_preferences(model=object())
+
+
+def test_shuffle_with_question_split_keeps_training_answers_out_of_eval() -> None:
+    """Held-out rows get rejections drawn from held-out answers only (no training answer leaks into eval)."""
+    train, eval_ = load_tech_support_preferences(n_train=64, n_eval=32, seed=3, rejected="shuffle",
+                                                 split="question")
+    train_answers = {r["chosen"][0]["content"] for r in train}
+    eval_answers = {r["chosen"][0]["content"] for r in eval_}
+    assert not train_answers & eval_answers and len(eval_answers) >= 2
+    assert {r["rejected"][0]["content"] for r in eval_} <= eval_answers
+    assert {r["rejected"][0]["content"] for r in train} <= train_answers
+    for row in list(train) + list(eval_):
+        assert row["rejected"] != row["chosen"]
