@@ -21,7 +21,10 @@ trained in this kernel.
 from __future__ import annotations
 
 import ast
+import os
 import shlex
+import sys
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -198,8 +201,21 @@ def _tensorboard(exp: Any) -> Any:
     logdir.mkdir(parents=True, exist_ok=True)
     from tensorboard import notebook
 
+    _use_this_environments_tensorboard()
     notebook.start(f"--logdir {logdir} --host 127.0.0.1")
     return None
+
+
+def _use_this_environments_tensorboard() -> None:
+    """Point ``TENSORBOARD_BINARY`` at the ``tensorboard`` script next to this Python, unless it is set or that
+    script is missing. TensorBoard's notebook helper otherwise runs whatever ``tensorboard`` is first on ``PATH``,
+    which is missing (or another environment's) when a kernel runs from a virtual environment that is not
+    activated."""
+    if os.environ.get("TENSORBOARD_BINARY"):
+        return
+    script = Path(sys.executable).parent / ("tensorboard.exe" if os.name == "nt" else "tensorboard")
+    if script.is_file():
+        os.environ["TENSORBOARD_BINARY"] = str(script)
 
 
 def load_ipython_extension(ipython: Any) -> None:

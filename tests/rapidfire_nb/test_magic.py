@@ -215,3 +215,34 @@ def test_dash_e_addresses_an_experiment_by_name(shell: Any, in_root: Any) -> Non
     with pytest.raises(Exception) as ei:
         _magic(shell, "-e no_such_experiment")
     assert type(ei.value).__name__ == "UsageError" and "no_such_experiment" in str(ei.value)
+
+
+def test_tensorboard_runs_this_environments_binary_without_it_on_path(tmp_path: Any, monkeypatch: Any) -> None:
+    """A kernel from a venv that is not activated: ``%rapidfire tensorboard`` must not need ``tensorboard`` on
+    PATH. The env var it sets makes TensorBoard's own launcher start this environment's script."""
+    import os
+    import signal
+    import sys
+    from pathlib import Path
+
+    from tensorboard import manager
+
+    from rapidfire_nb.magic import _use_this_environments_tensorboard
+
+    monkeypatch.delenv("TENSORBOARD_BINARY", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no venv bin
+    _use_this_environments_tensorboard()
+    binary = os.environ["TENSORBOARD_BINARY"]
+    assert Path(binary) == Path(sys.executable).parent / "tensorboard" and Path(binary).is_file()
+    (tmp_path / "logs").mkdir()
+    result = manager.start(["--logdir", str(tmp_path / "logs"), "--host", "127.0.0.1", "--port", "0"])
+    try:
+        assert isinstance(result, manager.StartLaunched), result
+    finally:
+        info = getattr(result, "info", None)
+        if info is not None:
+            os.kill(info.pid, signal.SIGTERM)
+    # an explicit choice is kept
+    monkeypatch.setenv("TENSORBOARD_BINARY", "/opt/tb/bin/tensorboard")
+    _use_this_environments_tensorboard()
+    assert os.environ["TENSORBOARD_BINARY"] == "/opt/tb/bin/tensorboard"
