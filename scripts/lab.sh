@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
-# The kernel inherits PATH: with .venv/bin first, `%rapidfire tensorboard` finds the venv's `tensorboard`.
+# The kernel inherits PATH: .venv/bin first, so shell commands in cells (!pip, !tensorboard) use the venv.
 export PATH="$PWD/.venv/bin:$PATH"
 exec .venv/bin/python -m jupyterlab --notebook-dir=notebooks "$@"
