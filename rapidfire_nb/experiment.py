@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any
 from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus, Scheduler, SchedulerListener
 from kernel_scheduler.ops import new_op_id
 
+from ._writer_lock import LOCK_FILENAME, WriterLock
 from .errors import ConfigError, ExperimentError, OpError
 from .paths import experiment_dir, experiments_root, validate_experiment_name
 from .store import Store
@@ -30,6 +32,8 @@ __all__ = ["Experiment", "current_experiment", "live_experiment"]
 
 _LIVE: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _CURRENT: list[Any] = [None]
+#: the Experiment object of each experiment folder in this process (``Experiment(name)`` again returns it)
+_BY_PATH: weakref.WeakValueDictionary[Path, Any] = weakref.WeakValueDictionary()
 
 
 def current_experiment() -> Experiment | None:
@@ -131,20 +135,62 @@ class Experiment:
             (``platformdirs.user_data_dir("rapidfire_nb")``).
         overwrite: start the experiment afresh (deletes its folder).
 
+    In one process there is one object per experiment: ``Experiment(name)`` again (a notebook cell run twice)
+    returns the object that exists already, with its training, panel and history, unless that one was ended.
+    Only one process trains an experiment at a time (an OS lock on ``<experiment>/writer.lock``, dropped by the
+    system when that process dies); another process sees its state read-only.
+
     Raises:
         ConfigError: bad name or mode.
+        ExperimentError: ``overwrite=True`` while the experiment is training (here or in another process).
     """
+
+    def __new__(cls, experiment_name: str, mode: str = "fit", experiment_path: str | os.PathLike[str] | None = None,
+                overwrite: bool = False) -> Experiment:
+        try:
+            path = experiment_dir(experiments_root(experiment_path), validate_experiment_name(experiment_name))
+        except Exception:  # __init__ raises the error with its message
+            return super().__new__(cls)
+        live = _BY_PATH.get(path)
+        if live is None or live._ended:
+            return super().__new__(cls)
+        if not overwrite:
+            return live  # type: ignore[no-any-return]
+        if live._scheduler is not None and not live._scheduler.is_idle():
+            raise ExperimentError(
+                f"experiment {live.experiment_name!r} is training in this kernel; it cannot be overwritten while it "
+                "trains. Stop or wait for it (experiment.wait()), then end it (experiment.end()), or pick a new name")
+        live.end()
+        return super().__new__(cls)
 
     def __init__(self, experiment_name: str, mode: str = "fit", experiment_path: str | os.PathLike[str] | None = None,
                  overwrite: bool = False) -> None:
+        if getattr(self, "_initialised", False):  # the live object of this folder, returned by __new__
+            return
         if mode != "fit":
             raise ConfigError(f"mode={mode!r} is not supported; use mode='fit'")
         self.experiment_name = validate_experiment_name(experiment_name)
         self.root = experiments_root(experiment_path)
         self.path = experiment_dir(self.root, self.experiment_name)
+        self._writer_lock: WriterLock | None = None
         if overwrite and self.path.exists():
-            shutil.rmtree(self.path)
+            guard = WriterLock(self.path)
+            if not guard.acquire():
+                raise ExperimentError(
+                    f"experiment {self.experiment_name!r} is being trained by process {guard.holder_pid()}; it "
+                    "cannot be overwritten while it trains. End it there first, or pick a new name")
+            try:  # everything but the lock file, which stays locked meanwhile
+                for child in self.path.iterdir():
+                    if child.name == LOCK_FILENAME:
+                        continue
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child)
+                    else:
+                        child.unlink()
+            finally:
+                guard.release()
         self.path.mkdir(parents=True, exist_ok=True)
+        self._writer_lock = WriterLock(self.path)
         self.store = Store(self.path)
         if self.store.get_meta("name") is None:
             self.store.update_meta({"name": self.experiment_name, "created_at": time.time()})
@@ -163,17 +209,39 @@ class Experiment:
         self._quiet = False
         self._lock = threading.Lock()
         _LIVE[self.experiment_name] = self
+        _BY_PATH[self.path] = self
         _CURRENT[0] = weakref.ref(self)
+        self._initialised = True
         self._reconcile()
 
-    def _reconcile(self) -> None:
-        """Runs left ONGOING by a dead process (stale heartbeat, pid gone) become INTERRUPTED (resumable)."""
+    def _writer_elsewhere(self) -> int | None:
+        """Pid of another live process training this experiment (its writer lock is held, or — for a writer on
+        another host — its heartbeat is fresh); None when nobody else is."""
+        assert self._writer_lock is not None
+        if not self._writer_lock.held and not self._writer_lock.is_free():
+            return self._writer_lock.holder_pid() or -1
         beat = self.store.heartbeat()
-        if beat is None or self.store.writer_alive():
-            if beat is not None and beat.get("pid") != os.getpid():
-                self._say(f"experiment {self.experiment_name!r} is being trained by process {beat.get('pid')}; "
-                          "its state is shown read-only here")
+        if beat is not None and beat.get("host") != socket.gethostname() and self.store.writer_alive():
+            return int(beat.get("pid") or -1)
+        return None
+
+    def _reconcile(self) -> None:
+        """Runs left ONGOING by a process that is gone become INTERRUPTED (resumable).
+
+        "Gone": nobody holds the experiment's writer lock (the OS drops it when a process dies) and no writer on
+        another host beats. Ops posted to the inbox for the dead process are answered rejected, not applied later
+        by surprise.
+        """
+        other = self._writer_elsewhere()
+        if other is not None:
+            self._say(f"experiment {self.experiment_name!r} is being trained by process {other}; its state is "
+                      "shown read-only here")
             return
+        if self.store.heartbeat() is None:
+            return
+        for op in self.store.take_inbox_ops():
+            self.store.add_op(op["op_id"], str(op.get("kind")), op.get("run_id"), op.get("payload"), source="inbox",
+                              state="rejected", message="the kernel that was to apply it stopped first; send it again")
         for r in self.store.runs():
             if r["status"] == RunStatus.ONGOING.value:
                 self.store.upsert_run(r["run_id"], status=RunStatus.INTERRUPTED.value)
@@ -214,6 +282,12 @@ class Experiment:
             raise ExperimentError(
                 f"experiment {self.experiment_name!r} is training; use its IC Ops (experiment.stop(run_id), "
                 "resume, clone_modify, delete) or experiment.wait() before calling run_fit again")
+        if self._writer_lock is not None and not self._writer_lock.acquire():
+            other = self._writer_lock.holder_pid()
+            who = "another Experiment object in this process" if other == os.getpid() else f"process {other}"
+            raise ExperimentError(
+                f"experiment {self.experiment_name!r} is being trained by {who}; continue it there, or end it "
+                "(experiment.end(), or shut that kernel down) and run this again")
         if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
             raise ConfigError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
         if not isinstance(seed, int) or isinstance(seed, bool):
@@ -366,6 +440,8 @@ class Experiment:
         self._panels.clear()
         self.store.update_meta({"ended_at": time.time()})
         self._ended = True
+        if self._writer_lock is not None:
+            self._writer_lock.release()
         if self._scheduler is not None:
             self._say(f"experiment {self.experiment_name!r} ended")
 
