@@ -124,6 +124,25 @@ class _Listener(SchedulerListener):
             self.exp.store.beat()
 
 
+def dataset_fingerprint(dataset: Any, samples: int = 32) -> dict[str, Any] | None:
+    """A cheap identity of a dataset: ``{"rows": len, "sha256": hash of up to ``samples`` evenly spaced rows}``.
+
+    Rows are hashed as JSON (keys sorted; values JSON cannot hold hashed by ``str``), so two datasets with the same
+    rows in the same order match whatever object holds them. Differences outside the sampled rows go unnoticed.
+    Returns None for None.
+    """
+    if dataset is None:
+        return None
+    import hashlib
+
+    n = len(dataset)
+    idx = sorted({round(i * (n - 1) / max(1, samples - 1)) for i in range(min(samples, n))}) if n else []
+    digest = hashlib.sha256()
+    for i in idx:
+        digest.update(json.dumps(dataset[int(i)], sort_keys=True, default=str).encode())
+    return {"rows": n, "sha256": digest.hexdigest()[:16]}
+
+
 class Experiment:
     """One named experiment: a folder under the experiments root with its store, checkpoints and logs.
 
@@ -316,6 +335,9 @@ class Experiment:
                 self._say("the same config group is already in this experiment; every run has finished "
                           "(see experiment.get_runs_info())")
                 return
+            unfinished = [rid for rid, r in existing.items() if not RunStatus(r["status"]).is_finished()]
+            if unfinished:
+                self._check_same_inputs(num_chunks, seed, train_dataset, eval_dataset, unfinished)
 
         from .training import runtime  # torch import happens here, not at `import rapidfire_nb`
 
@@ -354,7 +376,9 @@ class Experiment:
         if resumed:
             self._say("continuing from the last chunk checkpoints: " + ", ".join(resumed))
         self.store.update_meta({"fingerprint": fingerprint, "trainer_type": trainer_type, "num_chunks": num_chunks,
-                                "seed": seed, "hparam_columns": self._hparam_cols})
+                                "seed": seed, "hparam_columns": self._hparam_cols,
+                                "train_data": dataset_fingerprint(train_dataset),
+                                "eval_data": dataset_fingerprint(eval_dataset)})
         self._store_editable_fields()
         known = {r["run_id"] for r in self.store.runs()}
         for run_id, leaf in self._leaves.items():
@@ -531,6 +555,38 @@ class Experiment:
                                            "warm": bool(warm_start)}
             self.store.set_meta("clones", clones)
         return ack
+
+    def _check_same_inputs(self, num_chunks: int, seed: int, train_dataset: Any, eval_dataset: Any,
+                           unfinished: list[int]) -> None:
+        """Continuing runs from their checkpoints needs the inputs they were started with.
+
+        Raises:
+            ExperimentError: ``num_chunks``, ``seed``, the train or the eval dataset differ from the stored ones
+                (datasets compared by :func:`dataset_fingerprint`: row count plus a hash of sampled rows).
+        """
+        meta = self.store.meta()
+        checks = [("num_chunks", "num_chunks", num_chunks), ("seed", "seed", seed),
+                  ("train_dataset", "train_data", dataset_fingerprint(train_dataset)),
+                  ("eval_dataset", "eval_data", dataset_fingerprint(eval_dataset))]
+        for field, key, given in checks:
+            if key not in meta:  # an experiment stored before this was recorded: not checked
+                continue
+            stored = meta[key]
+            if stored == given:
+                continue
+            if field in ("num_chunks", "seed"):
+                what = f"{field}={given!r}, but it was started with {field}={stored!r}"
+            elif given is None or stored is None:
+                what = (f"a different {field}: "
+                        + (f"none, but it was started with {stored['rows']} rows" if given is None else
+                           f"{given['rows']} rows, but it was started without one"))
+            else:
+                what = (f"a different {field} than the one it was started with ({given['rows']} rows vs "
+                        f"{stored['rows']}, or other content)")
+            raise ExperimentError(
+                f"experiment {self.experiment_name!r} has unfinished runs {unfinished} to continue from their "
+                f"checkpoints, and run_fit got {what}. Continuing needs the same num_chunks, seed and datasets; "
+                "pass those, or use a new experiment name (or Experiment(name, overwrite=True)) to start afresh")
 
     def _add_run(self, scheduler: Scheduler, executor: Any, run_id: int, leaf: Any, prior: dict[str, Any] | None,
                  resumed: list[str]) -> None:
