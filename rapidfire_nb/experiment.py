@@ -87,7 +87,8 @@ class _Listener(SchedulerListener):
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
         self._last_beat = 0.0
-        self._seen_segments: dict[int, int] = {}
+        self._seen_segments: dict[int, int] = {}  # chunks already reported per run (a restart starts there)
+        self._reported_end: set[int] = set()  # runs whose COMPLETED/FAILED line was printed (or predates us)
 
     def on_run(self, snap: RunSnapshot) -> None:
         exp = self.exp
@@ -100,9 +101,18 @@ class _Listener(SchedulerListener):
         if snap.status is RunStatus.DELETED and exp._tracker is not None:
             exp._tracker.mark_deleted(snap.run_id)  # TensorBoard no longer lists it under its id
         prev = self._seen_segments.get(snap.run_id, 0)
-        if snap.segments_done > prev or snap.status in (RunStatus.COMPLETED, RunStatus.FAILED):
-            self._seen_segments[snap.run_id] = snap.segments_done
+        ended = snap.status in (RunStatus.COMPLETED, RunStatus.FAILED) and snap.run_id not in self._reported_end
+        if snap.segments_done > prev or ended:
+            self._seen_segments[snap.run_id] = max(prev, snap.segments_done)
+            if ended:
+                self._reported_end.add(snap.run_id)
             exp._print_chunk_line(snap)
+
+    def known(self, run_id: int, segments_done: int, finished: bool) -> None:
+        """A run restored from the store: its chunks so far (and its end) were reported by an earlier process."""
+        self._seen_segments[run_id] = segments_done
+        if finished:
+            self._reported_end.add(run_id)
 
     def on_op(self, op: Op, ack: OpAck) -> None:
         store = self.exp.store
@@ -122,6 +132,15 @@ class _Listener(SchedulerListener):
         if now - self._last_beat > 2.0:
             self._last_beat = now
             self.exp.store.beat()
+
+
+def _readable_checkpoint(folder: Path) -> bool:
+    """True when ``folder/trainer_state.json`` parses and names its ``global_step`` (what resuming reads first)."""
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text())
+        return isinstance(state.get("global_step"), int)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def dataset_fingerprint(dataset: Any, samples: int = 32) -> dict[str, Any] | None:
@@ -345,7 +364,10 @@ class Experiment:
         executor = runtime.make_executor(trainer_type, create_model_fn, train_dataset, eval_dataset, num_chunks,
                                          seed, self.path, self._on_metrics, self._say,
                                          lambda rid, path: self.store.upsert_run(rid, checkpoint_dir=str(path)))
-        scheduler = Scheduler(executor, listener=_Listener(self))
+        listener = _Listener(self)
+        self._restoring = listener
+        self._continued: dict[int, int] = {}  # run id -> step it continues from (a restart)
+        scheduler = Scheduler(executor, listener=listener)
         self._executor = executor
         self._leaves = {}
         hp_values: dict[str, set[str]] = {}
@@ -394,6 +416,8 @@ class Experiment:
         self._num_chunks = num_chunks
         self._started_at = time.time()
         self._tracker = runtime.make_tracker(self.path / "tensorboard")
+        for run_id, step in self._continued.items():
+            self._tracker.continue_from(run_id, step)  # TensorBoard drops what a dead process logged after it
         for run_id, leaf in self._leaves.items():
             self._tracker.log_hparams(run_id, leaf.hparams())
         ip = _ipython()
@@ -600,12 +624,21 @@ class Experiment:
                               progress=(int(prior.get("completed_steps") or 0), int(prior.get("total_steps") or 0),
                                         int(prior.get("chunks_done") or 0),
                                         int(prior.get("samples_seen") or 0)) if prior else None)
+            if prior:
+                self._restoring.known(run_id, int(prior.get("chunks_done") or 0), finished=True)
             return
         run_dir = executor.run_dir(run_id)
         if prior and run_dir.is_dir():  # no writer is active here: drop half-written leftovers of a crash
             for leftover in [*run_dir.glob(".checkpoint-*.tmp-*"), *run_dir.glob(".checkpoint-*.old-*")]:
                 shutil.rmtree(leftover, ignore_errors=True)
         ckpt = latest_checkpoint(run_dir) if prior else None
+        if ckpt is not None and not _readable_checkpoint(ckpt):
+            damaged = ckpt.with_name(f"damaged-{ckpt.name}")
+            shutil.rmtree(damaged, ignore_errors=True)
+            ckpt.rename(damaged)  # kept for a look; latest_checkpoint no longer sees it
+            self._say(f"run {run_id}: checkpoint {ckpt.name} is damaged (no readable trainer_state.json; moved to "
+                      f"{damaged.name}); the run starts again from step 0")
+            ckpt = None
         if prior and prior.get("warm_start") and ckpt is None:
             scheduler.add_run(run_id, leaf, status=RunStatus.FAILED, parent_id=prior.get("parent_id"),
                               error="interrupted before its first chunk; clone it again")
@@ -624,11 +657,15 @@ class Experiment:
                           warm_start=bool(prior.get("warm_start")) if prior else False)
         if prior is not None:
             self.store.delete_metrics_after(run_id, start.step)
+            self._continued[run_id] = start.step
             self.store.upsert_run(run_id, status=new_status.value, completed_steps=start.step,
                                   chunks_done=start.segments_done, samples_seen=start.samples_seen,
                                   total_steps=start.plan.total_steps)
+            self._restoring.known(run_id, start.segments_done, finished=False)
             if ckpt is not None and new_status is not RunStatus.STOPPED:
                 resumed.append(f"run {run_id} at step {start.step}")
+            elif new_status is not RunStatus.STOPPED and int(prior.get("completed_steps") or 0) > 0:
+                resumed.append(f"run {run_id} from step 0 (it had no complete chunk checkpoint)")
             elif new_status is RunStatus.STOPPED:
                 self._say(f"run {run_id} stays STOPPED at step {start.step} (experiment.resume({run_id}) continues it)")
 

@@ -27,6 +27,9 @@ class Tracker(Protocol):
     def log_hparams(self, run_id: int, hparams: Mapping[str, Any], step: int = 0) -> None:
         """Log the run's hyperparameters once."""
 
+    def continue_from(self, run_id: int, step: int) -> None:
+        """Run ``run_id`` restarts from its checkpoint at ``step``: hide what was logged above ``step`` before."""
+
     def flush(self) -> None:
         """Write buffered data out."""
 

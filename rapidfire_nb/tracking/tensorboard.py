@@ -33,6 +33,7 @@ def _import_tensorboard() -> Any:
 
     class _TB:
         Event = event_pb2.Event
+        SessionLog = event_pb2.SessionLog
         Summary = summary_pb2.Summary
         TensorProto = tensor_pb2.TensorProto
         DT_STRING = types_pb2.DT_STRING
@@ -140,6 +141,22 @@ class TensorBoardTracker:
             if writer is not None:
                 writer.add_event(event)
 
+    def continue_from(self, run_id: int, step: int) -> None:
+        """Mark that ``run_id`` continues from ``step`` (a restart from its chunk checkpoint at ``step``).
+
+        Writes a ``SessionLog(START)`` event at ``step + 1``; TensorBoard then drops this run's earlier events with a
+        step above ``step`` — what a process that died after that checkpoint had logged — so each step is shown
+        once. Source: TensorBoard's event accumulator, ``_CheckForRestartAndMaybePurge`` (``purge_orphaned_data``,
+        on by default; event files of version 2, which this writer produces).
+        """
+        tb = self._tb
+        event = tb.Event(wall_time=time.time(), step=int(step) + 1,
+                         session_log=tb.SessionLog(status=tb.SessionLog.START))
+        with self._lock:
+            writer = self._writer(int(run_id))
+            if writer is not None:
+                writer.add_event(event)
+
     def flush(self) -> None:
         """Write everything buffered to disk."""
         with self._lock:
@@ -193,6 +210,9 @@ class NullTracker:
         return None
 
     def log_hparams(self, run_id: int, hparams: Mapping[str, Any], step: int = 0) -> None:
+        return None
+
+    def continue_from(self, run_id: int, step: int) -> None:
         return None
 
     def flush(self) -> None:

@@ -153,10 +153,19 @@ def _check_after_kill(root: Path, mode: str, info: dict, out: str, i: int) -> No
     try:
         after = {r["run_id"]: r["status"] for r in exp.store.runs()}
     finally:
+        exp.end()
         exp.store.close()
     for rid, st in before.items():
         want = "INTERRUPTED" if st == "ONGOING" else st
         assert after[rid] == want, (mode, before, after)
+
+
+def _tb_series(exp_dir: Path, run_id: int) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(exp_dir / "tensorboard" / f"run-{run_id}"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars("train/loss")]
 
 
 def test_kill_at_five_moments_then_resume_exactly(tmp_path: Path) -> None:
@@ -199,4 +208,10 @@ def test_kill_at_five_moments_then_resume_exactly(tmp_path: Path) -> None:
     assert any(k[1] == "loss" for k in ref_l)
     for k, v in ref_l.items():
         assert abs(got_l[k] - v) <= TOL, f"{k}: {got_l[k]} vs {v}"
+    # TensorBoard, as its own reader shows it: each step once, the values of the uninterrupted reference (what
+    # the killed processes logged after their last checkpoint is hidden by the restart marker)
+    for rid in (1, 2, 3):
+        ref_tb, got_tb = _tb_series(root / "ref", rid), _tb_series(root / NAME, rid)
+        assert [s for s, _ in got_tb] == [s for s, _ in ref_tb] == sorted({s for s, _ in ref_tb}), rid
+        assert max(abs(a - b) for (_, a), (_, b) in zip(got_tb, ref_tb)) <= TOL
     print(f"kill test: {time.monotonic() - t0:.1f}s;", "; ".join(timings))

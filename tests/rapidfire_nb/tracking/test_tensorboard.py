@@ -103,10 +103,32 @@ def test_logging_from_many_threads(tmp_path):
     assert len(_load(tmp_path / "run-2").Scalars("train/loss")) == 100
 
 
+def test_continue_from_hides_what_a_dead_process_logged_after_the_checkpoint(tmp_path):
+    """A process logs steps 1..7 and dies (its checkpoint is at step 4); the next one continues from step 4 and logs
+    5..10 again: TensorBoard shows each step once, steps 5..7 with the new values."""
+    first = TensorBoardTracker(tmp_path)
+    for step in range(1, 8):
+        first.log_scalars(1, step, {"train/loss": 10.0 + step})
+    first.log_scalars(1, 4, {"eval/loss": 1.0})
+    first.log_scalars(1, 6, {"eval/loss": 0.5})  # an eval after the checkpoint: gone too
+    first.flush()  # the process dies without closing
+    second = TensorBoardTracker(tmp_path)
+    second.continue_from(1, 4)
+    for step in range(5, 11):
+        second.log_scalars(1, step, {"train/loss": 20.0 + step})
+    second.log_scalars(1, 8, {"eval/loss": 0.25})
+    second.close()
+    acc = _load(tmp_path / "run-1")
+    assert _series(acc, "train/loss") == [(s, 10.0 + s) for s in range(1, 5)] + [(s, 20.0 + s) for s in range(5, 11)]
+    assert _series(acc, "eval/loss") == [(4, 1.0), (8, 0.25)]
+    first.close()
+
+
 def test_null_tracker_does_nothing(tmp_path):
     null = NullTracker()
     null.log_scalars(1, 1, {"train/loss": 1.0})
     null.log_hparams(1, {"learning_rate": 1.0})
+    null.continue_from(1, 3)
     null.flush()
     assert null.mark_deleted(1) is None
     null.close()
