@@ -95,7 +95,8 @@ class _Listener(SchedulerListener):
         ckpt = exp._executor.checkpoint_dir(snap.run_id) if exp._executor is not None else None
         exp.store.upsert_run(
             snap.run_id, status=snap.status.value, total_steps=snap.total_steps, completed_steps=snap.step,
-            chunks_done=snap.segments_done, epoch=snap.epoch, samples_seen=snap.samples_seen, error=snap.error,
+            chunks_done=snap.segments_done, num_segments=snap.num_segments, epoch=snap.epoch,
+            samples_seen=snap.samples_seen, error=snap.error,
             last_checkpoint=str(ckpt) if ckpt else None,
         )
         if snap.status is RunStatus.DELETED and exp._tracker is not None:
@@ -409,7 +410,8 @@ class Experiment:
             if run_id not in known:
                 self.store.upsert_run(run_id, status=snap.status.value, config=leaf.to_json(),
                                       hparams=leaf.hparams(), fingerprint=leaf.fingerprint(), source="fit",
-                                      total_steps=snap.total_steps, completed_steps=0, chunks_done=0, epoch=0.0,
+                                      total_steps=snap.total_steps, num_segments=snap.num_segments,
+                                      completed_steps=0, chunks_done=0, epoch=0.0,
                                       samples_seen=0)
         self._scheduler = scheduler
         _CURRENT[0] = weakref.ref(self)
@@ -660,7 +662,7 @@ class Experiment:
             self._continued[run_id] = start.step
             self.store.upsert_run(run_id, status=new_status.value, completed_steps=start.step,
                                   chunks_done=start.segments_done, samples_seen=start.samples_seen,
-                                  total_steps=start.plan.total_steps)
+                                  total_steps=start.plan.total_steps, num_segments=start.plan.num_segments)
             self._restoring.known(run_id, start.segments_done, finished=False)
             if ckpt is not None and new_status is not RunStatus.STOPPED:
                 resumed.append(f"run {run_id} at step {start.step}")
@@ -809,7 +811,7 @@ class Experiment:
                                     s.step if s else r.get("completed_steps")),
                 "total_steps": s.total_steps if s else r.get("total_steps"),
                 "chunks_done": s.segments_done if s else r.get("chunks_done"),
-                "num_segments": s.num_segments if s else None,
+                "num_segments": s.num_segments if s else r.get("num_segments"),
                 "epoch": s.epoch if s and s.steps_per_epoch else r.get("epoch"),
                 "samples_seen": s.samples_seen if s else r.get("samples_seen"),
                 "loss": latest.get(r["run_id"], {}).get("loss"),

@@ -34,7 +34,7 @@ __all__ = [
     "StoreError",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Stored in ``PRAGMA user_version``; bump it and add an entry to ``_MIGRATIONS`` to change the schema."""
 
 BUSY_TIMEOUT_MS = 5000
@@ -53,6 +53,7 @@ RUN_FIELDS = (
     "total_steps",
     "completed_steps",
     "chunks_done",
+    "num_segments",
     "epoch",
     "samples_seen",
     "checkpoint_dir",
@@ -131,8 +132,15 @@ _SCHEMA_V1 = (
     )""",
 )
 
-_MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1}
+_SCHEMA_V2 = ("ALTER TABLE runs ADD COLUMN num_segments INTEGER",)
+"""v2: a run's chunks over all its epochs (its chunk plan's ``num_segments``), so readers can show done/total."""
+
+_MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 """``_MIGRATIONS[v]`` turns a version ``v - 1`` database into version ``v`` (0 = empty file)."""
+
+_OLDEST_READABLE = 1
+"""A read-only store opens databases from this version on (later versions only add columns; missing ones read as
+absent keys)."""
 
 
 class StoreError(ExperimentError):
@@ -344,7 +352,7 @@ class Store:
                 f"versions up to {SCHEMA_VERSION}: it was written by a newer rapidfire_nb. Upgrade "
                 "rapidfire_nb, or use a different experiment name / experiment_path."
             )
-        if self.read_only and version < SCHEMA_VERSION:
+        if self.read_only and version < _OLDEST_READABLE:
             raise SchemaVersionError(
                 f"{self.path} has store schema version {version} (current: {SCHEMA_VERSION}); open it "
                 "once for writing (e.g. from the kernel that owns the experiment) to create or upgrade it."

@@ -21,7 +21,8 @@
  * @typedef {{op_id: string, run_id: number, kind: string, state: string, message: string,
  *   requested_at: number, applied_at: number|null, new_run_id?: number|null}} OpRecord
  * @typedef {{experiment: string, started_at: number, now?: number, progress: string, on_device: number|null,
- *   num_chunks: number, hparam_columns: string[], runs: Run[], ops: OpRecord[], metric_names: string[]}} Snapshot
+ *   num_chunks: number, hparam_columns: string[], runs: Run[], ops: OpRecord[], metric_names: string[],
+ *   device_status?: string}} Snapshot
  * @typedef {{names: string[], run: number[], step: number[], samples: number[], name: number[],
  *   value: (number|null)[]}} EncodedPoints
  * @typedef {{step: number[], samples: number[], value: (number|null)[]}} Series
@@ -591,7 +592,8 @@ class PanelView {
         `run ${s.on_device} on device`);
       this.deviceEl.classList.remove("rf-idle");
     } else {
-      this.deviceEl.append("device idle");
+      // the server page's snapshots (from the store) cannot name the run on the device; they say what they can
+      this.deviceEl.append(this.snapshot?.device_status || "device idle");
       this.deviceEl.classList.add("rf-idle");
     }
     this.tick();
@@ -635,7 +637,7 @@ class PanelView {
         th("Run", "rf-col-run"), th("Status", "rf-col-status"),
         ...cols.map((c) => th(shortHparam(c), "rf-num rf-col-hp", c)),
         th("Step", "rf-num rf-col-step", "completed / total optimizer steps"),
-        th("Chunks", "rf-num", "chunks done / chunks per epoch"),
+        th("Chunks", "rf-num", "chunks done / chunks in total (all epochs)"),
         th("Loss", "rf-num", "latest train loss"), th("Eval loss", "rf-num", "latest eval_loss"),
         th("Samples", "rf-num", "samples seen"), th("", "rf-col-actions"));
       for (const row of this.rows.values()) { row.tr.remove(); row.errorTr.remove(); row.formTr?.remove(); }

@@ -14,6 +14,7 @@ import html
 import json
 from collections.abc import Callable
 from concurrent.futures import Executor
+from http.client import responses
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
@@ -22,7 +23,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from .manager import ApiError, ExperimentsManager, clean_json
+from .manager import MAX_JSON_DEPTH, ApiError, ExperimentsManager, clean_json, json_text_depth
 
 __all__ = [
     "AUTH_RESOURCE",
@@ -61,6 +62,22 @@ class _ApiBase(ExtensionHandlerMixin, APIHandler):
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
         except ApiError as exc:
             raise web.HTTPError(exc.status, exc.message, reason=_reason(exc.status)) from None
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """APIHandler's JSON error reply, with the message exactly as raised.
+
+        ``HTTPError.log_message`` (what APIHandler sends) doubles every ``%`` of a message raised without
+        format args (it is meant as a %-format for the log), so a name sent as ``%252e`` would be reported as
+        ``'%%2e'``; ``get_message()`` is the text itself.
+        """
+        exc = (kwargs.get("exc_info") or (None, None, None))[1]
+        if not isinstance(exc, web.HTTPError):
+            super().write_error(status_code, **kwargs)
+            return
+        self.set_header("Content-Type", "application/json")
+        message = exc.get_message() or responses.get(status_code, "Unknown HTTP Error")
+        self.log.warning("wrote error: %r", message)
+        self.finish(json.dumps({"message": message, "reason": exc.reason}))
 
     def reply(self, body: dict[str, Any], status: int = 200) -> None:
         self.set_status(status)
@@ -136,11 +153,27 @@ class OpsHandler(_ApiBase):
         if len(raw) > MAX_BODY_BYTES:
             raise web.HTTPError(413, f"op requests are at most {MAX_BODY_BYTES} bytes", reason=_reason(413))
         try:
-            body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-        except (UnicodeDecodeError, ValueError) as exc:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise web.HTTPError(
                 400, f"the request body is not valid JSON: {exc}", reason=_reason(400)
             ) from None
+        too_deep = web.HTTPError(
+            400,
+            f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects); "
+            "an op is {op_id, kind, run_id, changes?, warm_start?}",
+            reason=_reason(400),
+        )
+        if json_text_depth(text) > MAX_JSON_DEPTH:  # json.loads recurses per level: RecursionError
+            raise too_deep
+        try:
+            body = json.loads(text, parse_constant=_no_constant)
+        except ValueError as exc:
+            raise web.HTTPError(
+                400, f"the request body is not valid JSON: {exc}", reason=_reason(400)
+            ) from None
+        except RecursionError:
+            raise too_deep from None
         self.reply(await self.call(self.manager.post_op, name, body), status=202)
 
 

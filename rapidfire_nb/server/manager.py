@@ -33,11 +33,14 @@ from rapidfire_nb.store import SchemaVersionError, Store, StoreError
 from rapidfire_nb.wire import encode_points, json_type_name
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "OP_KINDS",
     "ApiError",
     "ExperimentsManager",
     "clean_json",
     "encode_points",
+    "json_depth",
+    "json_text_depth",
 ]
 
 OP_KINDS = ("stop", "resume", "delete", "clone")
@@ -52,6 +55,9 @@ _MAX_STR = 10_000
 _MAX_LIST = 1_000
 _MAX_CHANGES = 100
 _INT_MAX = 2**63 - 1
+
+MAX_JSON_DEPTH = 16
+"""Deepest nesting of arrays/objects accepted in an op request (a valid op needs 3: body, changes, a list)."""
 
 DEFAULT_METRICS_LIMIT = 20_000
 MAX_METRICS_LIMIT = 200_000
@@ -80,6 +86,48 @@ def clean_json(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [clean_json(v) for v in value]
     return str(value)
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)
+
+
+def json_text_depth(text: str) -> int:
+    """Deepest nesting of ``[``/``{`` in JSON text, brackets inside strings not counted; never recurses.
+
+    Checked before ``json.loads``, whose decoder recurses once per level (thousands of ``[`` raise
+    RecursionError). For text json would reject anyway the count may be too high, never too low.
+    """
+    depth = deepest = 0
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in ("]", "}"):
+            depth -= 1
+    return deepest
+
+
+def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
+    """Nesting depth of lists/dicts in a decoded JSON value (a scalar is 0); stops counting past ``limit``.
+
+    Iterative, so a value nested deeper than Python's recursion limit is measured without RecursionError.
+    """
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > limit:
+            break
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _is_scalar(v: Any) -> bool:
@@ -320,9 +368,13 @@ class ExperimentsManager:
     def snapshot(self, name: Any) -> dict[str, Any]:
         """The panel's snapshot (docs/ARCHITECTURE.md, "Panel source") built from the store alone.
 
-        Differences from the kernel's: ``on_device`` is None and no run is ``on_device`` (only the kernel
-        knows); ONGOING runs of a dead writer are INTERRUPTED; without a live writer ``legal_ops`` are empty
-        (nothing would apply them). Extra keys: ``writer_alive``, ``last_beat``, ``source: "store"``.
+        Differences from the kernel's: ``on_device`` is None and no run is ``on_device`` (the store does not
+        record which run holds the device; only the kernel knows); ONGOING runs of a dead writer are
+        INTERRUPTED; without a live writer ``legal_ops`` are empty (nothing would apply them); a run's
+        ``num_segments`` (its chunks over all epochs) is the one the kernel stored (None in a store written before
+        schema v2). Extra keys:
+        ``writer_alive``, ``last_beat``, ``source: "store"`` and ``device_status``, the header's device chip
+        in place of the kernel's "run N on device" (see :meth:`_device_status`).
         """
         with self._open(name) as store:
             meta = store.meta()
@@ -358,6 +410,7 @@ class ExperimentsManager:
                     "completed_steps": r.get("completed_steps"),
                     "total_steps": r.get("total_steps"),
                     "chunks_done": r.get("chunks_done"),
+                    "num_segments": r.get("num_segments"),
                     "epoch": r.get("epoch"),
                     "samples_seen": r.get("samples_seen"),
                     "loss": m.get("loss"),
@@ -388,7 +441,21 @@ class ExperimentsManager:
             "writer_alive": alive,
             "last_beat": hb["beat_at"] if hb else None,
             "source": "store",
+            "device_status": self._device_status(runs, alive),
         }
+
+    @staticmethod
+    def _device_status(runs: list[dict[str, Any]], alive: bool) -> str:
+        """What the store can say about the device (the kernel's header says "run N on device"/"device idle").
+
+        The store does not record which run is on the device, only run statuses and the writer's heartbeat:
+        a live writer with NEW/ONGOING runs is training one of them (it rotates them chunk by chunk).
+        """
+        if not alive:
+            return "no kernel running"
+        if any(r["status"] in (_NEW, _ONGOING) for r in runs):
+            return "training (kernel alive)"
+        return "device idle (kernel alive)"
 
     @staticmethod
     def _progress(runs: list[dict[str, Any]], num_chunks: int, alive: bool) -> str:
@@ -421,6 +488,12 @@ class ExperimentsManager:
         if not isinstance(body, dict):
             raise ApiError(
                 400, "the request body must be a JSON object {op_id, kind, run_id, changes?, warm_start?}"
+            )
+        if json_depth(body) > MAX_JSON_DEPTH:
+            raise ApiError(
+                400,
+                f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects); "
+                "an op is {op_id, kind, run_id, changes?, warm_start?}",
             )
         unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start"})
         if unknown:

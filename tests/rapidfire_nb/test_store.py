@@ -82,6 +82,25 @@ def test_store_accepts_the_sqlite_file_path_and_reopens(exp_dir):
         assert s.schema_version == SCHEMA_VERSION
 
 
+def test_a_version_1_store_is_read_as_it_is_and_upgraded_by_its_writer(exp_dir):
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    raw = sqlite3.connect(exp_dir / "store.sqlite")
+    for statement in store_mod._SCHEMA_V1:
+        raw.execute(statement)
+    raw.execute("INSERT INTO runs (run_id, status, created_at, updated_at) VALUES (1, 'ONGOING', 1.0, 1.0)")
+    raw.execute("PRAGMA user_version = 1")
+    raw.commit()
+    raw.close()
+    with Store(exp_dir, read_only=True) as ro:  # a reader (the server) does not need the new column
+        assert ro.schema_version == 1
+        run = ro.get_run(1)
+        assert run is not None and run["status"] == "ONGOING" and run.get("num_segments") is None
+    with Store(exp_dir) as rw:  # the writer migrates
+        assert rw.schema_version == SCHEMA_VERSION == 2
+        rw.upsert_run(1, num_segments=8)
+        assert rw.get_run(1)["num_segments"] == 8
+
+
 def test_newer_schema_version_is_a_clear_error(exp_dir):
     Store(exp_dir).close()
     raw = sqlite3.connect(exp_dir / "store.sqlite")
@@ -163,6 +182,7 @@ def test_upsert_get_runs_round_trip(store, clock):
         status=Status.ONGOING,
         completed_steps=10,
         chunks_done=1,
+        num_segments=8,
         epoch=0.25,
         samples_seen=80,
         last_checkpoint="/ckpt/1",
@@ -182,6 +202,7 @@ def test_upsert_get_runs_round_trip(store, clock):
         "completed_steps": 10,
         "chunks_done": 1,
         "epoch": 0.25,
+        "num_segments": 8,
         "samples_seen": 80,
         "checkpoint_dir": None,
         "last_checkpoint": "/ckpt/1",

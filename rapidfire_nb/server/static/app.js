@@ -310,7 +310,7 @@ function renderBasic({ model, el }) {
   };
   const drawTable = () => {
     if (!snap) return;
-    status.textContent = `${snap.experiment} · ${snap.progress}`;
+    status.textContent = [snap.experiment, snap.progress, snap.device_status].filter(Boolean).join(" · ");
     const cols = snap.hparam_columns || [];
     const head = h("tr", {}, ...["Run", "Status", ...cols, "Steps", "Loss", "Eval loss", ""].map((t) => h("th", { text: t })));
     const rows = (snap.runs || []).filter((/** @type {any} */ r) => r.status !== "DELETED").map((/** @type {any} */ r) => {

@@ -52,8 +52,15 @@ def make_experiment(
     alive: bool = True,
     editable: bool = True,
     statuses: dict[int, str] | None = None,
+    epochs: int | None = None,
 ) -> Store:
-    """A store as a kernel leaves it: 3 runs, some metrics, an op; returns the writer's Store (caller closes)."""
+    """A store as a kernel leaves it: 3 runs, some metrics, an op; returns the writer's Store (caller closes).
+
+    ``epochs``: written as a kernel does for runs of that many epochs of 12 steps and 4 chunks each
+    (``training.num_train_epochs`` in the config, fractional ``epoch``, ``num_segments`` = 4 x epochs): run 1 is
+    3 steps (1 chunk) into its last epoch, run 2 has done all, run 3 none. Default: the older layout (12 steps,
+    no epoch, no training, no num_segments).
+    """
     statuses = statuses or {1: "ONGOING", 2: "COMPLETED", 3: "NEW"}
     store = Store(root / name)
     meta: dict[str, Any] = {
@@ -74,15 +81,32 @@ def make_experiment(
         }
     store.update_meta(meta)
     for rid, hp in HPARAMS.items():
+        if epochs is None:
+            store.upsert_run(
+                rid,
+                status=statuses.get(rid, "NEW"),
+                config={"model_name": "tiny", "rid": rid},
+                hparams=hp,
+                fingerprint=f"fp{rid}",
+                total_steps=12,
+                completed_steps=3 * (rid == 1) + 12 * (rid == 2),
+                chunks_done=1 * (rid == 1) + 4 * (rid == 2),
+                source="fit",
+            )
+            continue
+        steps = {1: 12 * (epochs - 1) + 3, 2: 12 * epochs, 3: 0}[rid]
         store.upsert_run(
             rid,
             status=statuses.get(rid, "NEW"),
-            config={"model_name": "tiny", "rid": rid},
+            config={"model_name": "tiny", "rid": rid, "training": {"num_train_epochs": epochs}},
             hparams=hp,
             fingerprint=f"fp{rid}",
-            total_steps=12,
-            completed_steps=3 * (rid == 1) + 12 * (rid == 2),
-            chunks_done=1 * (rid == 1) + 4 * (rid == 2),
+            total_steps=12 * epochs,
+            completed_steps=steps,
+            chunks_done=steps // 3,
+            num_segments=4 * epochs,
+            epoch=steps / 12,
+            samples_seen=steps * 4,
             source="fit",
         )
     rows = []

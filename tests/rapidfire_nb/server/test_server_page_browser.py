@@ -86,7 +86,7 @@ class FakeKernel(threading.Thread):
 def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
     root = tmp_path / "experiments"
     make_experiment(root, "dead-exp", alive=False).close()
-    kernel = FakeKernel(make_experiment(root, "live-exp"))
+    kernel = FakeKernel(make_experiment(root, "live-exp", epochs=3))  # 3 epochs x 4 chunks per run
     kernel.start()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -144,6 +144,17 @@ def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
         kernel.store.close()
 
 
+def _chunks_column(page: Any, view: str) -> dict[str, str]:
+    """Run id -> the text of its Chunks cell in the panel under ``view``."""
+    return page.eval_on_selector(  # type: ignore[no-any-return]
+        view,
+        """el => { const heads = [...el.querySelectorAll('thead th')].map((t) => t.textContent.trim());
+                   const i = heads.indexOf('Chunks');
+                   return Object.fromEntries([...el.querySelectorAll('tr[data-run-id]')].map(
+                     (tr) => [tr.dataset.runId, tr.children[i].textContent])); }""",
+    )
+
+
 def test_page_shows_experiments_and_sends_ops(server: dict[str, Any], tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -168,6 +179,10 @@ def test_page_shows_experiments_and_sends_ops(server: dict[str, Any], tmp_path: 
             view = '[data-rf-experiment-view="live-exp"]'
             page.wait_for_selector(f'{view}[data-rf-view="panel"] tr[data-run-id="1"][data-status="ONGOING"]')
             assert page.get_attribute('tr[data-rf-experiment="live-exp"]', "data-rf-live") == "true"
+            # the Chunks column reads done/total over all epochs, as in the kernel's panel (not "9/4")
+            assert _chunks_column(page, view) == {"1": "9/12", "2": "12/12", "3": "0/12"}
+            # the device chip says what the store can tell (no false "device idle" while a kernel trains)
+            assert page.inner_text(f"{view} .rf-device") == "training (kernel alive)"
             page.wait_for_function(
                 "() => [...document.querySelectorAll('[data-points]')].some(e => Number(e.dataset.points) > 10)"
             )
@@ -180,6 +195,7 @@ def test_page_shows_experiments_and_sends_ops(server: dict[str, Any], tmp_path: 
             dead = '[data-rf-experiment-view="dead-exp"]'
             page.wait_for_selector(f'{dead} tr[data-run-id="1"][data-status="INTERRUPTED"]')
             assert page.locator(f"{dead} button[data-op]:enabled").count() == 0  # no kernel: read-only
+            assert page.inner_text(f"{dead} .rf-device") == "no kernel running"
             shots = Path(__file__).resolve().parents[3] / "artifacts" / "browser"
             if shots.parent.is_dir():
                 shots.mkdir(exist_ok=True)
