@@ -430,9 +430,19 @@ class Experiment:
                 scheduler.on_thread_start = lambda: ip.set_thread_parent(parent)
         if background is None:
             background = _in_kernel()
-        self._say(f"experiment {self.experiment_name!r}: {len(leaves)} run{'s' if len(leaves) != 1 else ''} × "
-                  f"{num_chunks} chunks ({trainer_type})"
-                  + ("; training in the background (experiment.wait() blocks)" if background else ""))
+        n_runs = len(self._leaves)
+        to_train = [s for s in scheduler.snapshot() if s.status.in_rotation()]
+        if existing and not to_train:
+            counts: dict[str, int] = {}
+            for snap in scheduler.snapshot():
+                counts[snap.status.value] = counts.get(snap.status.value, 0) + 1
+            self._say(f"experiment {self.experiment_name!r}: no run left to train ("
+                      + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+                      + "); see experiment.get_runs_info(); resume or clone_modify trains more")
+        else:
+            self._say(f"experiment {self.experiment_name!r}: {n_runs} run{'s' if n_runs != 1 else ''} × "
+                      f"{num_chunks} chunks ({trainer_type})"
+                      + ("; training in the background (experiment.wait() blocks)" if background else ""))
         scheduler.start()
         if background:
             if _in_kernel():
@@ -844,6 +854,14 @@ class Experiment:
         return list(names or [])
 
     def _progress_text(self, snaps: dict[int, RunSnapshot]) -> str:
+        if self._scheduler is None:  # reattached, nothing trains in this kernel yet
+            runs = [r for r in self.store.runs() if r["status"] != RunStatus.DELETED.value]
+            waiting = [r for r in runs if r["status"] in (RunStatus.INTERRUPTED.value, RunStatus.ONGOING.value)]
+            done = sum(1 for r in runs if r["status"] == RunStatus.COMPLETED.value)
+            text = f"not training in this kernel — {done}/{len(runs)} runs completed"
+            if waiting:
+                text += f"; {len(waiting)} interrupted (run_fit with the same arguments continues them)"
+            return text
         active = [s for s in snaps.values() if s.status.in_rotation() and s.num_segments]
         if not active:
             done = sum(1 for s in snaps.values() if s.status is RunStatus.COMPLETED)

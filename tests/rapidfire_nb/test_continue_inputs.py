@@ -97,3 +97,15 @@ def test_dataset_fingerprint() -> None:
     assert dataset_fingerprint(_rows(100, "x")) != a
     assert dataset_fingerprint(None) is None
     assert dataset_fingerprint(_rows(0)) == {"rows": 0, "sha256": dataset_fingerprint(_rows(0))["sha256"]}
+
+
+def test_reattached_panel_says_what_waits(crashed: Path) -> None:
+    """Before run_fit in a new kernel the panel's header names the interrupted runs instead of "idle 0/0"."""
+    from rapidfire_nb import Experiment
+
+    exp = Experiment("crashed", experiment_path=crashed)
+    snap = exp.panel_snapshot()
+    assert snap["progress"] == ("not training in this kernel — 1/2 runs completed; 1 interrupted (run_fit with "
+                                "the same arguments continues them)")
+    assert {r["run_id"]: r["status"] for r in snap["runs"]} == {1: "INTERRUPTED", 2: "COMPLETED"}
+    exp.end()

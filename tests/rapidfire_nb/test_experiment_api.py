@@ -231,6 +231,25 @@ def test_load_model_after_end(done: dict[str, Any]) -> None:
     _generate(model, tok)
 
 
+def test_rerunning_a_finished_experiment_trains_nothing_and_says_so(done: dict[str, Any]) -> None:
+    """The same cells in a new kernel (here: a new object after end()): nothing trains, the message says why."""
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.testing import tiny_create_model
+
+    old = done["exp"]
+    exp = Experiment("api", experiment_path=old.root)
+    assert exp is not old  # the old one was ended
+    said: list[str] = []
+    exp._printer = said.append
+    exp.run_fit(_group(), tiny_create_model, qa_dataset(16), qa_dataset(4, seed=1), num_chunks=4, seed=SEED)
+    text = "\n".join(said)
+    assert "no run left to train (4 COMPLETED)" in text, text
+    assert "runs × " not in text and "continuing" not in text, text
+    assert {s.status.value for s in exp._scheduler.snapshot()} == {"COMPLETED"}
+    assert exp.get_results().equals(done["results"])
+    exp.end()
+
+
 def test_import_does_not_import_torch() -> None:
     code = (
         "import sys, rapidfire_nb, kernel_scheduler, rapidfire_nb.automl, rapidfire_nb.testing; "
