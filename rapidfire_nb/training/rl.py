@@ -343,7 +343,7 @@ def resume_sampler_epochs(trainer: Any) -> None:
     After transformers has read the checkpoint's position (``_init_training_state``: ``epochs_trained``) and
     before the first batch is drawn, a sampler without ``set_epoch`` is iterated once per epoch already
     trained, exactly as the uninterrupted run iterated it, so its generator is where that run's was. Samplers
-    with ``set_epoch`` and trainers that do not resume are left alone.
+    with ``set_epoch`` or without a generator of their own, and trainers that do not resume, are left alone.
     """
     if "_get_train_sampler" not in dir(trainer) or "_init_training_state" not in dir(trainer):
         return
