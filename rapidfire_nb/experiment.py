@@ -135,6 +135,21 @@ class _Listener(SchedulerListener):
             self.exp.store.beat()
 
 
+def _warm_start_checkpoint(run_dir: Path) -> Path | None:
+    """The complete ``warm-start-from-run-<parent>-step-<s>`` folder a warm clone was created from (newest step)."""
+    from ._atomic import is_complete_dir
+
+    found = []
+    for p in run_dir.glob("warm-start-from-run-*-step-*"):
+        try:
+            step = int(p.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if is_complete_dir(p) and _readable_checkpoint(p):
+            found.append((step, p))
+    return max(found)[1] if found else None
+
+
 def _readable_checkpoint(folder: Path) -> bool:
     """True when ``folder/trainer_state.json`` parses and names its ``global_step`` (what resuming reads first)."""
     try:
@@ -652,11 +667,14 @@ class Experiment:
                       f"{damaged.name}); the run starts again from step 0")
             ckpt = None
         if prior and prior.get("warm_start") and ckpt is None:
-            scheduler.add_run(run_id, leaf, status=RunStatus.FAILED, parent_id=prior.get("parent_id"),
-                              error="interrupted before its first chunk; clone it again")
-            self.store.upsert_run(run_id, status=RunStatus.FAILED.value,
-                                  error="interrupted before its first chunk; clone it again")
-            return
+            # stopped before its own first chunk: it starts again from the parent's state it was given
+            ckpt = _warm_start_checkpoint(run_dir)
+            if ckpt is None:
+                scheduler.add_run(run_id, leaf, status=RunStatus.FAILED, parent_id=prior.get("parent_id"),
+                                  error="interrupted before its warm start was written; clone it again")
+                self.store.upsert_run(run_id, status=RunStatus.FAILED.value,
+                                      error="interrupted before its warm start was written; clone it again")
+                return
         start = executor.add_run(run_id, leaf, resume_from=ckpt)
         if status is RunStatus.STOPPED:
             new_status = RunStatus.STOPPED
@@ -675,7 +693,8 @@ class Experiment:
                                   total_steps=start.plan.total_steps, num_segments=start.plan.num_segments)
             self._restoring.known(run_id, start.segments_done, finished=False)
             if ckpt is not None and new_status is not RunStatus.STOPPED:
-                resumed.append(f"run {run_id} at step {start.step}")
+                warm = " (from its warm start)" if ckpt.name.startswith("warm-start-from-run-") else ""
+                resumed.append(f"run {run_id} at step {start.step}{warm}")
             elif new_status is not RunStatus.STOPPED and int(prior.get("completed_steps") or 0) > 0:
                 resumed.append(f"run {run_id} from step 0 (it had no complete chunk checkpoint)")
             elif new_status is RunStatus.STOPPED:

@@ -117,7 +117,9 @@ class TorchExecutor(Executor):
             spec: its ``LeafConfig``.
             warm_from: parent run id for a warm-start clone (its latest chunk boundary).
             resume_from: a complete ``checkpoint-<step>`` folder of this run (crash recovery / restart): the
-                run continues exactly where that checkpoint left it.
+                run continues exactly where that checkpoint left it. A warm clone's
+                ``warm-start-from-run-<parent>-step-<s>`` folder works too (a clone restarted before its first
+                chunk ended): it starts from the parent's state with its own hyperparameters, as when created.
 
         Raises:
             ConfigError: bad input (before any training).
@@ -290,6 +292,8 @@ class TorchExecutor(Executor):
         if resume_from is not None:
             step = _checkpoint_step(resume_from)
             resume = str(resume_from)
+            if Path(resume_from).name.startswith(WARM_START_PREFIX):  # a warm clone restarted before its 1st chunk
+                _keep_own_hyperparameters(trainer)
             start = RunStart(plan=plan, step=step, segments_done=plan.segments_done_at(step),
                              samples_seen=plan.samples_seen(step))
         elif warm_from is not None:
@@ -328,7 +332,7 @@ class TorchExecutor(Executor):
             own = trainer.model.peft_config[adapter]
             snap = copy.copy(snap)
             snap.adapter_config = copy.deepcopy(own)  # the clone's own lora_alpha / lora_dropout
-        target = run_dir / f"warm-start-from-run-{parent_id}-step-{snap.step}"
+        target = run_dir / f"{WARM_START_PREFIX}{parent_id}-step-{snap.step}"
         run_dir.mkdir(parents=True, exist_ok=True)
         write_snapshot(snap, target)
         _keep_own_hyperparameters(trainer)
@@ -393,6 +397,10 @@ def _limit_malloc_arenas() -> None:
         libc.mallopt(-8, 2)  # M_ARENA_MAX = -8
     except (OSError, AttributeError):
         pass
+
+
+WARM_START_PREFIX = "warm-start-from-run-"
+"""Name prefix of the checkpoint a warm clone starts from: ``warm-start-from-run-<parent>-step-<step>``."""
 
 
 def _checkpoint_step(folder: Path) -> int:

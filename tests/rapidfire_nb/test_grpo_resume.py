@@ -61,8 +61,8 @@ class Session:
     def _sink(self, run_id: int, step: int, samples_seen: int, logs: dict[str, float]) -> None:
         self.logs.setdefault(run_id, {}).setdefault(step, {}).update(logs)
 
-    def add(self, run_id: int, **kwargs: Any) -> Any:
-        start = self.ex.add_run(run_id, _leaf(), **kwargs)
+    def add(self, run_id: int, leaf: Any = None, **kwargs: Any) -> Any:
+        start = self.ex.add_run(run_id, leaf if leaf is not None else _leaf(), **kwargs)
         self.segments[run_id] = start.segments_done
         self.plans[run_id] = start.plan
         return start
@@ -164,3 +164,45 @@ def test_warm_clone_without_changes_reproduces_its_parent(uninterrupted: dict[st
     parent = {step: v for step, v in uninterrupted["logs"][1].items() if step > at}
     _assert_same_steps(uninterrupted["logs"][clone], parent, f"warm clone from step {at}")
     assert max_abs_diff(_renamed(uninterrupted["adapters"][clone], clone, 1), uninterrupted["adapters"][1]) <= TOL
+
+
+def test_warm_clone_restarted_before_its_first_chunk_starts_from_its_warm_start(tmp_path: Path) -> None:
+    """A warm clone (own learning rate) whose process died before its first chunk ended: after the restart it
+    starts again from the warm-start folder it was created from, with its own hyperparameters, and trains exactly
+    as a clone that was never interrupted."""
+    from rapidfire_nb.experiment import _warm_start_checkpoint
+    from rapidfire_nb.training.checkpoint import latest_checkpoint
+
+    clone_leaf = _leaf().with_changes({"learning_rate": 3e-3})
+    ref = Session(tmp_path / "ref")
+    try:
+        ref.add(1)
+        ref.train(1, until_step=6)
+        ref.add(2, clone_leaf, warm_from=1)
+        ref.train(2)
+        want_logs, want_adapter = ref.logs[2], ref.adapter(2)
+    finally:
+        ref.close()
+
+    first = Session(tmp_path / "crash")
+    try:
+        first.add(1)
+        first.train(1, until_step=6)
+        first.add(2, clone_leaf, warm_from=1)  # writes runs/2/warm-start-from-run-1-step-6; then the process dies
+    finally:
+        first.close()
+    second = Session(tmp_path / "crash")
+    try:
+        run_dir = second.ex.run_dir(2)
+        assert latest_checkpoint(run_dir) is None  # no chunk of its own
+        warm = _warm_start_checkpoint(run_dir)
+        assert warm is not None and warm.name == "warm-start-from-run-1-step-6"
+        start = second.add(2, clone_leaf, resume_from=warm)
+        assert start.step == 6
+        second.train(2)
+        _assert_same_steps(second.logs[2], want_logs, "warm clone restarted from its warm start")
+        assert max_abs_diff(second.adapter(2), want_adapter) <= TOL
+        lrs = [second.logs[2][s]["learning_rate"] for s in sorted(second.logs[2])]
+        assert lrs == [want_logs[s]["learning_rate"] for s in sorted(want_logs)]  # its own schedule, not the parent's
+    finally:
+        second.close()
