@@ -5,6 +5,7 @@ Layout (what ``Trainer.train(resume_from_checkpoint=...)`` reads)::
     <run_dir>/checkpoint-<step>/
         adapter_model.safetensors, adapter_config.json     (LoRA runs)  | model.safetensors + config.json (full)
         optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json, training_args.bin
+        rapidfire_state.json     trainer counters transformers does not save (TRL's ``_total_train_tokens``)
         COMPLETE                                            (written last; a folder without it is skipped)
 
 Only the latest boundary checkpoint of each run is kept; the final weights go to ``<run_dir>/final``.
@@ -30,7 +31,7 @@ from rapidfire_nb._atomic import atomic_dir, is_complete_dir
 
 from .rng import rng_for_checkpoint
 
-__all__ = ["BoundarySnapshot", "CheckpointWriter", "latest_checkpoint", "snapshot_trainer"]
+__all__ = ["BoundarySnapshot", "CheckpointWriter", "latest_checkpoint", "restore_counters", "snapshot_trainer"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,24 @@ class BoundarySnapshot:
     rng: dict[str, Any]
     trainer_state_json: str
     training_args: Any
+    counters: dict[str, Any] = dataclasses.field(default_factory=dict)  # see TRAINER_COUNTERS
+
+
+#: trainer attributes that are part of what a run logs but not of transformers' checkpoint: TRL's SFT/DPO
+#: ``num_tokens`` metric counts from ``_total_train_tokens`` (in memory only; a plain TRL resume restarts it at 0)
+TRAINER_COUNTERS = ("_total_train_tokens",)
+COUNTERS_FILE = "rapidfire_state.json"
+
+
+def restore_counters(trainer: Any, folder: str | Path) -> None:
+    """Set the trainer's :data:`TRAINER_COUNTERS` from ``folder/rapidfire_state.json`` (if it is there)."""
+    try:
+        counters = json.loads((Path(folder) / COUNTERS_FILE).read_text()).get("counters", {})
+    except (OSError, ValueError, AttributeError):
+        return
+    for name, value in counters.items():
+        if name in TRAINER_COUNTERS and hasattr(trainer, name) and isinstance(value, (int, float)):
+            setattr(trainer, name, value)
 
 
 def _clone(obj: Any) -> Any:
@@ -88,7 +107,12 @@ def snapshot_trainer(run_id: int, trainer: Any, adapter_name: str | None, rng: d
         rng=_clone(rng),
         trainer_state_json=json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n",
         training_args=copy.deepcopy(trainer.args),
+        counters={n: _plain_number(getattr(trainer, n)) for n in TRAINER_COUNTERS if hasattr(trainer, n)},
     )
+
+
+def _plain_number(value: Any) -> Any:
+    return value.item() if isinstance(value, torch.Tensor) else value
 
 
 def write_snapshot(snap: BoundarySnapshot, target: Path) -> None:
@@ -114,6 +138,7 @@ def write_snapshot(snap: BoundarySnapshot, target: Path) -> None:
         torch.save(snap.scheduler, tmp / "scheduler.pt")
         torch.save(rng_for_checkpoint(snap.rng), tmp / "rng_state.pth")
         (tmp / "trainer_state.json").write_text(snap.trainer_state_json)
+        (tmp / COUNTERS_FILE).write_text(json.dumps({"counters": snap.counters}) + "\n")
         torch.save(snap.training_args, tmp / "training_args.bin")
 
 

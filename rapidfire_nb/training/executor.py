@@ -26,7 +26,7 @@ from rapidfire_nb.errors import ConfigError
 
 from . import rl
 from .build import build_lora_config, build_training_args
-from .checkpoint import BoundarySnapshot, CheckpointWriter, snapshot_trainer
+from .checkpoint import BoundarySnapshot, CheckpointWriter, restore_counters, snapshot_trainer
 from .data import prepare_dataset
 from .quiet import quiet_libraries
 from .rng import capture_rng
@@ -298,6 +298,8 @@ class TorchExecutor(Executor):
                              samples_seen=plan.samples_seen(step))
         elif warm_from is not None:
             resume, start = self._warm_start(run_id, warm_from, trainer, adapter, plan, run_dir)
+        if resume is not None:
+            restore_counters(trainer, resume)  # e.g. TRL's num_tokens goes on counting from the checkpoint
         worker = RunWorker(
             run_id, trainer, plan, activate=activate,
             on_boundary=lambda step, rng, rid=run_id: self._on_boundary(rid, step, rng),

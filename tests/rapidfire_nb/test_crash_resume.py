@@ -78,7 +78,7 @@ def _state(exp_dir: Path) -> tuple[dict[int, dict], dict[int, dict[str, torch.Te
         s.close()
     losses: dict[tuple, float] = {}
     for p in pts:
-        if p["name"] in ("loss", "eval_loss", "grad_norm", "learning_rate"):
+        if p["name"] in ("loss", "eval_loss", "grad_norm", "learning_rate", "num_tokens", "eval_num_tokens"):
             key = (p["run_id"], p["name"], p["step"])
             assert key not in losses, f"duplicate metric {key} after resume"
             losses[key] = p["value"]
@@ -205,7 +205,7 @@ def test_kill_at_five_moments_then_resume_exactly(tmp_path: Path) -> None:
             d = (got_w[rid][k] - v).abs().max().item()
             assert d <= TOL, f"run {rid} adapter {k}: max abs diff {d}"
     assert set(got_l) == set(ref_l), (sorted(set(ref_l) ^ set(got_l))[:20])
-    assert any(k[1] == "loss" for k in ref_l)
+    assert any(k[1] == "loss" for k in ref_l) and any(k[1] == "num_tokens" for k in ref_l)
     for k, v in ref_l.items():
         assert abs(got_l[k] - v) <= TOL, f"{k}: {got_l[k]} vs {v}"
     # TensorBoard, as its own reader shows it: each step once, the values of the uninterrupted reference (what
