@@ -663,8 +663,9 @@ class Experiment:
             damaged = ckpt.with_name(f"damaged-{ckpt.name}")
             shutil.rmtree(damaged, ignore_errors=True)
             ckpt.rename(damaged)  # kept for a look; latest_checkpoint no longer sees it
+            again = "from its warm start" if prior and prior.get("warm_start") else "from step 0"
             self._say(f"run {run_id}: checkpoint {ckpt.name} is damaged (no readable trainer_state.json; moved to "
-                      f"{damaged.name}); the run starts again from step 0")
+                      f"{damaged.name}); the run starts again {again}")
             ckpt = None
         if prior and prior.get("warm_start") and ckpt is None:
             # stopped before its own first chunk: it starts again from the parent's state it was given
