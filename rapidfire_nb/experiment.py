@@ -258,6 +258,7 @@ class Experiment:
         self._thread_parent: Any = None
         self._ended = False
         self._panels: list[Any] = []
+        self._known_metrics: set[str] | None = None  # metric names in the store's meta (this process writes them)
         self._live_step: dict[int, int] = {}  # latest logged step per run (the run on the device moves within a chunk)
         self._printer: Callable[[str], None] = print
         self._quiet = False
@@ -897,10 +898,12 @@ class Experiment:
         if not rows:
             return
         self.store.add_metrics(rows)
-        known = set(self._metric_names())
-        new = [r["name"] for r in rows if r["name"] not in known]
+        if self._known_metrics is None:  # read once; afterwards only new names touch the store's meta
+            self._known_metrics = set(self._metric_names())
+        new = {r["name"] for r in rows} - self._known_metrics
         if new:
-            self.store.set_meta("metric_names", sorted(known | set(new)))
+            self._known_metrics |= new
+            self.store.set_meta("metric_names", sorted(self._known_metrics))
         if self._tracker is not None:
             tb = {}
             for k, v in logs.items():
