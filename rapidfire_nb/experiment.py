@@ -135,6 +135,43 @@ class _Listener(SchedulerListener):
             self.exp.store.beat()
 
 
+def encode_changes(changes: dict[str, Any]) -> dict[str, Any]:
+    """A clone's changes as JSON: a function (or a list of functions, e.g. ``reward_funcs``) is stored by reference,
+    ``{"__function__": "module:qualname"}``, so a restarted kernel can find it again (nothing is pickled)."""
+    def one(value: Any) -> Any:
+        if callable(value):
+            return {"__function__": f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', '?')}"}
+        if isinstance(value, (list, tuple)):
+            return [one(v) for v in value]
+        return value
+
+    return {k: one(v) for k, v in changes.items()}
+
+
+def decode_changes(changes: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`encode_changes`: function references are looked up in their (already imported)
+    module — ``__main__`` is the notebook's namespace, so its cells must have been run again.
+
+    Raises:
+        ConfigError: a referenced function is not there (a lambda, a nested function, or a cell not re-run).
+    """
+    def one(value: Any) -> Any:
+        if isinstance(value, dict) and set(value) == {"__function__"}:
+            module_name, _, qualname = str(value["__function__"]).partition(":")
+            target: Any = sys.modules.get(module_name)
+            for part in qualname.split("."):
+                target = getattr(target, part, None) if target is not None else None
+            if not callable(target):
+                raise ConfigError(f"the function {qualname!r} of module {module_name!r} that this clone was given "
+                                  "is not defined in this process (define it again, e.g. re-run its cell)")
+            return target
+        if isinstance(value, list):
+            return [one(v) for v in value]
+        return value
+
+    return {k: one(v) for k, v in changes.items()}
+
+
 def _warm_start_checkpoint(run_dir: Path) -> Path | None:
     """The complete ``warm-start-from-run-<parent>-step-<s>`` folder a warm clone was created from (newest step)."""
     from ._atomic import is_complete_dir
@@ -174,7 +211,11 @@ def dataset_fingerprint(dataset: Any, samples: int = 32) -> dict[str, Any] | Non
     idx = sorted({round(i * (n - 1) / max(1, samples - 1)) for i in range(min(samples, n))}) if n else []
     digest = hashlib.sha256()
     for i in idx:
-        digest.update(json.dumps(dataset[int(i)], sort_keys=True, default=str).encode())
+        try:
+            row = dataset.iloc[int(i)].to_dict() if hasattr(dataset, "iloc") else dataset[int(i)]  # pandas / HF
+        except Exception:  # rows not addressable by position: the row count alone
+            return {"rows": n, "sha256": None}
+        digest.update(json.dumps(row, sort_keys=True, default=str).encode())
     return {"rows": n, "sha256": digest.hexdigest()[:16]}
 
 
@@ -297,6 +338,17 @@ class Experiment:
         for op in self.store.take_inbox_ops():
             self.store.add_op(op["op_id"], str(op.get("kind")), op.get("run_id"), op.get("payload"), source="inbox",
                               state="rejected", message="the kernel that was to apply it stopped first; send it again")
+        runs = {r["run_id"]: r for r in self.store.runs()}
+        for op in self.store.ops():  # taken by the dead kernel, not applied before it died
+            if op["state"] != "queued":
+                continue
+            child = (op.get("payload") or {}).get("child_id") if op["kind"] == "clone" else None
+            if child is not None and child in runs and runs[child]["status"] != RunStatus.FAILED.value:
+                self.store.update_op(op["op_id"], "applied", f"run {child} created; it continues after the restart",
+                                     applied_at=time.time())
+            else:
+                self.store.update_op(op["op_id"], "rejected",
+                                     "the kernel stopped before applying it; send it again", applied_at=time.time())
         for r in self.store.runs():
             if r["status"] == RunStatus.ONGOING.value:
                 self.store.upsert_run(r["run_id"], status=RunStatus.INTERRUPTED.value)
@@ -337,12 +389,26 @@ class Experiment:
             raise ExperimentError(
                 f"experiment {self.experiment_name!r} is training; use its IC Ops (experiment.stop(run_id), "
                 "resume, clone_modify, delete) or experiment.wait() before calling run_fit again")
+        held_before = self._writer_lock is not None and self._writer_lock.held
         if self._writer_lock is not None and not self._writer_lock.acquire():
             other = self._writer_lock.holder_pid()
             who = "another Experiment object in this process" if other == os.getpid() else f"process {other}"
             raise ExperimentError(
                 f"experiment {self.experiment_name!r} is being trained by {who}; continue it there, or end it "
                 "(experiment.end(), or shut that kernel down) and run this again")
+        try:
+            if not held_before and self._scheduler is None:
+                self._reconcile()  # the writer may have died since this object opened the experiment read-only
+            self._run_fit_locked(param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed,
+                                 background)
+        except BaseException:
+            if not held_before and self._scheduler is None and self._writer_lock is not None:
+                self._writer_lock.release()  # refused before training: another process may train it
+            raise
+
+    def _run_fit_locked(self, param_config: Any, create_model_fn: Callable[[dict], Any], train_dataset: Any,
+                        eval_dataset: Any, num_chunks: int, seed: int, background: bool | None) -> None:
+        """``run_fit`` once this object holds the experiment's writer lock."""
         if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
             raise ConfigError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
         if not isinstance(seed, int) or isinstance(seed, bool):
@@ -405,7 +471,19 @@ class Experiment:
                 parent = self._leaves.get(int(info["parent"]))
                 if parent is None:
                     continue
-                leaf = parent.with_changes(info.get("changes") or {})
+                try:
+                    leaf = parent.with_changes(decode_changes(info.get("changes") or {}), allow_functions=True)
+                except Exception as exc:  # e.g. a changed function that no longer exists: this clone only
+                    error = f"cannot be rebuilt after the restart: {exc}; clone run {info['parent']} again"
+                    self._leaves[r["run_id"]] = parent
+                    if RunStatus(r["status"]).is_finished():
+                        self._add_run(scheduler, executor, r["run_id"], parent, r, resumed)
+                    else:
+                        scheduler.add_run(r["run_id"], parent, status=RunStatus.FAILED, error=error,
+                                          parent_id=r.get("parent_id"))
+                        self.store.upsert_run(r["run_id"], status=RunStatus.FAILED.value, error=error)
+                        self._say(f"run {r['run_id']} {error}")
+                    continue
                 self._leaves[r["run_id"]] = leaf
                 self._add_run(scheduler, executor, r["run_id"], leaf, r, resumed)
         except BaseException:
@@ -414,10 +492,13 @@ class Experiment:
             raise
         if resumed:
             self._say("continuing from the last chunk checkpoints: " + ", ".join(resumed))
-        self.store.update_meta({"fingerprint": fingerprint, "trainer_type": trainer_type, "num_chunks": num_chunks,
-                                "seed": seed, "hparam_columns": self._hparam_cols,
-                                "train_data": dataset_fingerprint(train_dataset),
-                                "eval_data": dataset_fingerprint(eval_dataset)})
+        meta: dict[str, Any] = {"fingerprint": fingerprint, "trainer_type": trainer_type,
+                                "hparam_columns": self._hparam_cols}
+        if not existing or any(not RunStatus(r["status"]).is_finished() for r in existing.values()):
+            # the inputs the runs train with (a finished experiment keeps those it was trained with)
+            meta.update({"num_chunks": num_chunks, "seed": seed, "train_data": dataset_fingerprint(train_dataset),
+                         "eval_data": dataset_fingerprint(eval_dataset)})
+        self.store.update_meta(meta)
         self._store_editable_fields()
         known = {r["run_id"] for r in self.store.runs()}
         for run_id, leaf in self._leaves.items():
@@ -434,10 +515,12 @@ class Experiment:
         self._num_chunks = num_chunks
         self._started_at = time.time()
         self._tracker = runtime.make_tracker(self.path / "tensorboard")
+        gone = {s.run_id for s in scheduler.snapshot() if s.status is RunStatus.DELETED}
         for run_id, step in self._continued.items():
             self._tracker.continue_from(run_id, step)  # TensorBoard drops what a dead process logged after it
         for run_id, leaf in self._leaves.items():
-            self._tracker.log_hparams(run_id, leaf.hparams())
+            if run_id not in gone:  # a deleted run's folder was renamed deleted-run-<id>; do not bring it back
+                self._tracker.log_hparams(run_id, leaf.hparams())
         ip = _ipython()
         if ip is not None and _in_kernel():
             parent = getattr(ip, "parent_header", None) or getattr(getattr(ip, "kernel", None), "get_parent",
@@ -587,8 +670,7 @@ class Experiment:
                                   "batched or sampled, or the adapter's shape); use a cold clone "
                                   "(warm_start=False)")
             child = parent.with_changes(changes, allow_functions=(source == "api"))
-            payload = {"changes": {k: v for k, v in changes.items() if not callable(v)}, "warm_start": warm_start,
-                       "spec": child}
+            payload = {"changes": encode_changes(changes), "warm_start": warm_start, "spec": child}
         op = Op(kind_e, int(run_id), op_id=op_id or new_op_id(), payload=payload, source=source)
         ack = sched.submit(op)
         if kind_e is OpKind.CLONE and ack.new_run_id is not None and ack.state != "rejected":
@@ -601,6 +683,7 @@ class Experiment:
             for k in changes or {}:
                 if k not in self._hparam_cols and not callable((changes or {})[k]):
                     self._hparam_cols.append(k)
+            self.store.set_meta("hparam_columns", self._hparam_cols)  # the page and a restarted kernel show them
             self._store_editable_fields()
             clones = self.store.get_meta("clones", {}) or {}
             clones[str(ack.new_run_id)] = {"parent": int(run_id), "changes": payload["changes"],
@@ -815,7 +898,14 @@ class Experiment:
             raise ExperimentError(f"run {run_id} does not exist (runs: {sorted(self._leaves)})")
         if self._scheduler is not None and self._scheduler.on_device() == run_id:
             raise ExperimentError(f"run {run_id} is training right now; stop it or wait for its chunk to end")
-        return self._executor.load_model(run_id)
+        if run_id in getattr(self._executor, "_runs", {}):
+            return self._executor.load_model(run_id)
+        row = self.store.get_run(run_id) or {}  # ended in an earlier process: its final weights are on disk
+        final = row.get("checkpoint_dir")
+        if not final or not Path(final).is_dir():
+            raise ExperimentError(f"run {run_id} ({row.get('status', 'unknown')}) has no saved final weights; only "
+                                  "runs that completed or were stopped have them")
+        return self._executor.load_model(run_id, spec=self._leaves[run_id], final_dir=Path(final))
 
     # ================================================================== panel source
     def panel_snapshot(self) -> dict[str, Any]:

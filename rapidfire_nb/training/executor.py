@@ -188,20 +188,31 @@ class TorchExecutor(Executor):
         self.on_final(run_id, target)
         return target
 
-    def load_model(self, run_id: int) -> tuple[Any, Any]:
-        """A fresh ``(model, tokenizer)`` with the run's trained weights (from its final folder)."""
-        run = self._runs[run_id]
-        if run.final_dir is None:
-            self.save_final(run_id)
-        assert run.final_dir is not None
-        model_config = run.spec.model_config_dict()
-        model, tok = self._call_create_model(model_config)
-        if run.adapter is not None:
+    def load_model(self, run_id: int, spec: Any = None, final_dir: Path | None = None) -> tuple[Any, Any]:
+        """A fresh ``(model, tokenizer)`` with the run's trained weights (from its final folder).
+
+        A run this executor did not build (it ended in an earlier process) needs its ``spec`` and ``final_dir``.
+
+        Raises:
+            ConfigError: the run is unknown here and no ``final_dir`` with saved weights was given.
+        """
+        run = self._runs.get(run_id)
+        if run is not None:
+            if run.final_dir is None:
+                self.save_final(run_id)
+            assert run.final_dir is not None
+            spec, final_dir, lora = run.spec, run.final_dir, run.adapter is not None
+        else:
+            if spec is None or final_dir is None or not Path(final_dir).is_dir():
+                raise ConfigError(f"run {run_id} has no saved final weights to load")
+            lora = (Path(final_dir) / "adapter_config.json").is_file()
+        model, tok = self._call_create_model(spec.model_config_dict())
+        if lora:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, str(run.final_dir))
+            model = PeftModel.from_pretrained(model, str(final_dir))
         else:
-            model = type(model).from_pretrained(str(run.final_dir))
+            model = type(model).from_pretrained(str(final_dir))
         model.eval()
         return model, tok
 

@@ -247,6 +247,9 @@ def test_rerunning_a_finished_experiment_trains_nothing_and_says_so(done: dict[s
     assert "runs × " not in text and "continuing" not in text, text
     assert {s.status.value for s in exp._scheduler.snapshot()} == {"COMPLETED"}
     assert exp.get_results().equals(done["results"])
+    # runs that ended in an earlier process load from their saved final weights
+    model, tok = exp.load_model(2)
+    assert max_abs_diff(adapter_state(model), done["trained"][2]) == 0.0
     exp.end()
 
 

@@ -160,3 +160,59 @@ def test_a_live_writer_elsewhere_is_left_alone(tmp_path: Path) -> None:
         exp.end()
     finally:
         _kill(proc)
+
+
+def test_a_refused_run_fit_gives_the_lock_back(tmp_path: Path) -> None:
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.errors import ConfigError
+
+    exp = Experiment("refused", experiment_path=tmp_path)
+    with pytest.raises(ConfigError, match="num_chunks"):
+        exp.run_fit(_group(), _never, _rows(), num_chunks=0)
+    assert WriterLock(tmp_path / "refused").is_free(), "nothing trains, so another process may"
+    exp.end()
+
+
+def test_a_reader_whose_writer_died_reconciles_when_it_starts_training(tmp_path: Path) -> None:
+    """B opened the experiment while A trained (read-only, nothing reconciled); A dies; B's run_fit must first
+    do what a fresh Experiment would: runs INTERRUPTED, A's unapplied inbox ops rejected (never applied by B)."""
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.store import Store
+
+    with Store(tmp_path / "late") as store:
+        store.upsert_run(1, status="ONGOING")
+        store.beat()
+    proc = _hold_in_child(tmp_path / "late")
+    try:
+        b = Experiment("late", experiment_path=tmp_path)
+        with Store(tmp_path / "late") as store:
+            store.post_inbox_op("op-for-a", "stop", 1)
+    finally:
+        _kill(proc)
+    from rapidfire_nb.errors import ExperimentError
+
+    with pytest.raises(ExperimentError, match="different config group"):  # refused later, after reconciling
+        b.run_fit(_group(), _never, _rows(), num_chunks=2)
+    assert {r["run_id"]: r["status"] for r in b.store.runs()}[1] == "INTERRUPTED"
+    op = b.store.get_op("op-for-a")
+    assert op is not None and op["state"] == "rejected"
+    b.end()
+
+
+def test_ops_a_dead_kernel_took_but_did_not_apply_are_settled(tmp_path: Path) -> None:
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.store import Store
+
+    with Store(tmp_path / "taken") as store:
+        store.upsert_run(1, status="ONGOING")
+        store.upsert_run(3, status="NEW", source="clone", parent_id=1)
+        store.add_op("stop-1", "stop", 1, {}, source="inbox", state="queued", message="stop requested")
+        store.add_op("clone-3", "clone", 1, {"child_id": 3}, source="inbox", state="queued", message="clone")
+        store.add_op("clone-4", "clone", 1, {"child_id": 4}, source="inbox", state="queued", message="clone")
+        store.beat()
+    exp = Experiment("taken", experiment_path=tmp_path)
+    states = {o["op_id"]: (o["state"], o["message"]) for o in exp.store.ops()}
+    assert states["stop-1"][0] == "rejected" and "send it again" in states["stop-1"][1]
+    assert states["clone-3"] == ("applied", "run 3 created; it continues after the restart")
+    assert states["clone-4"][0] == "rejected"
+    exp.end()
