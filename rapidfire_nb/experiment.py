@@ -101,6 +101,8 @@ class _Listener(SchedulerListener):
         )
         if snap.status is RunStatus.DELETED and exp._tracker is not None:
             exp._tracker.mark_deleted(snap.run_id)  # TensorBoard no longer lists it under its id
+        if snap.run_id not in self._seen_segments and snap.status is RunStatus.NEW:
+            self._seen_segments[snap.run_id] = snap.segments_done  # a warm clone starts at its parent's chunk
         prev = self._seen_segments.get(snap.run_id, 0)
         ended = snap.status in (RunStatus.COMPLETED, RunStatus.FAILED) and snap.run_id not in self._reported_end
         if snap.segments_done > prev or ended:
@@ -529,7 +531,7 @@ class Experiment:
                 scheduler.on_thread_start = lambda: ip.set_thread_parent(parent)
         if background is None:
             background = _in_kernel()
-        n_runs = len(self._leaves)
+        n_runs = sum(1 for s in scheduler.snapshot() if s.status is not RunStatus.DELETED)
         to_train = [s for s in scheduler.snapshot() if s.status.in_rotation()]
         if existing and not to_train:
             counts: dict[str, int] = {}
@@ -743,7 +745,8 @@ class Experiment:
             for leftover in [*run_dir.glob(".checkpoint-*.tmp-*"), *run_dir.glob(".checkpoint-*.old-*")]:
                 shutil.rmtree(leftover, ignore_errors=True)
         ckpt = latest_checkpoint(run_dir) if prior else None
-        if ckpt is not None and not _readable_checkpoint(ckpt):
+        damaged_ckpt = ckpt is not None and not _readable_checkpoint(ckpt)
+        if ckpt is not None and damaged_ckpt:
             damaged = ckpt.with_name(f"damaged-{ckpt.name}")
             shutil.rmtree(damaged, ignore_errors=True)
             ckpt.rename(damaged)  # kept for a look; latest_checkpoint no longer sees it
@@ -781,7 +784,8 @@ class Experiment:
                 warm = " (from its warm start)" if ckpt.name.startswith("warm-start-from-run-") else ""
                 resumed.append(f"run {run_id} at step {start.step}{warm}")
             elif new_status is not RunStatus.STOPPED and int(prior.get("completed_steps") or 0) > 0:
-                resumed.append(f"run {run_id} from step 0 (it had no complete chunk checkpoint)")
+                why = "its checkpoint was damaged" if damaged_ckpt else "it had no complete chunk checkpoint"
+                resumed.append(f"run {run_id} from step 0 ({why})")
             elif new_status is RunStatus.STOPPED:
                 self._say(f"run {run_id} stays STOPPED at step {start.step} (experiment.resume({run_id}) continues it)")
 
@@ -798,6 +802,15 @@ class Experiment:
 
     def _require_scheduler(self) -> Scheduler:
         if self._scheduler is None:
+            other = self._writer_elsewhere() if not self._ended else None
+            if other is not None:
+                raise ExperimentError(
+                    f"experiment {self.experiment_name!r} is being trained by process {other}; apply IC Ops there "
+                    "(its panel, %rapidfire, or the /rapidfire/ page of its Jupyter server)")
+            if self.store.runs():
+                raise ExperimentError(
+                    f"experiment {self.experiment_name!r} is not training in this kernel: call run_fit with the same "
+                    "arguments first (it continues the interrupted runs), then use IC Ops")
             raise ExperimentError("no training in this experiment yet: call run_fit first")
         if self._ended:
             raise ExperimentError("this Experiment was ended; IC Ops are no longer accepted")
@@ -975,8 +988,9 @@ class Experiment:
             return text
         active = [s for s in snaps.values() if s.status.in_rotation() and s.num_segments]
         if not active:
-            done = sum(1 for s in snaps.values() if s.status is RunStatus.COMPLETED)
-            return f"idle — {done}/{len(snaps)} runs completed"
+            shown = [s for s in snaps.values() if s.status is not RunStatus.DELETED]
+            done = sum(1 for s in shown if s.status is RunStatus.COMPLETED)
+            return f"idle — {done}/{len(shown)} runs completed"
         epoch, chunk = min(s.position for s in active)
         return f"chunk {chunk}/{self._num_chunks} of epoch {epoch}"
 

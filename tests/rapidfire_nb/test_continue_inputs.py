@@ -109,3 +109,13 @@ def test_reattached_panel_says_what_waits(crashed: Path) -> None:
                                 "the same arguments continues them)")
     assert {r["run_id"]: r["status"] for r in snap["runs"]} == {1: "INTERRUPTED", 2: "COMPLETED"}
     exp.end()
+
+
+def test_ic_ops_before_run_fit_say_how_to_continue(crashed: Path) -> None:
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.errors import ExperimentError
+
+    exp = Experiment("crashed", experiment_path=crashed)
+    with pytest.raises(ExperimentError, match="not training in this kernel: call run_fit with the same arguments"):
+        exp.stop(1)
+    exp.end()
