@@ -33,7 +33,7 @@ __all__ = ["Experiment", "current_experiment", "live_experiment"]
 _LIVE: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _CURRENT: list[Any] = [None]
 #: the Experiment object of each experiment folder in this process (``Experiment(name)`` again returns it)
-_BY_PATH: weakref.WeakValueDictionary[Path, Any] = weakref.WeakValueDictionary()
+_BY_PATH: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()  # str: no Path at shutdown
 
 
 def current_experiment() -> Experiment | None:
@@ -190,10 +190,16 @@ def _warm_start_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _readable_checkpoint(folder: Path) -> bool:
-    """True when ``folder/trainer_state.json`` parses and names its ``global_step`` (what resuming reads first)."""
+    """True when ``folder/trainer_state.json`` parses and names its ``global_step`` and the files resuming loads
+    (weights, optimizer, scheduler) are there and not empty. Deeper damage shows when the run resumes (it fails)."""
     try:
         state = json.loads((folder / "trainer_state.json").read_text())
-        return isinstance(state.get("global_step"), int)
+        if not isinstance(state.get("global_step"), int):
+            return False
+        weights = [folder / "adapter_model.safetensors", folder / "model.safetensors"]
+        needed = [next((w for w in weights if w.is_file()), weights[0]), folder / "optimizer.pt",
+                  folder / "scheduler.pt"]
+        return all(p.is_file() and p.stat().st_size > 0 for p in needed)
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -248,7 +254,7 @@ class Experiment:
             path = experiment_dir(experiments_root(experiment_path), validate_experiment_name(experiment_name))
         except Exception:  # __init__ raises the error with its message
             return super().__new__(cls)
-        live = _BY_PATH.get(path)
+        live = _BY_PATH.get(str(path))
         if live is None or live._ended:
             return super().__new__(cls)
         if not overwrite:
@@ -307,7 +313,7 @@ class Experiment:
         self._quiet = False
         self._lock = threading.Lock()
         _LIVE[self.experiment_name] = self
-        _BY_PATH[self.path] = self
+        _BY_PATH[str(self.path)] = self
         _CURRENT[0] = weakref.ref(self)
         self._initialised = True
         self._reconcile()
@@ -751,8 +757,8 @@ class Experiment:
             shutil.rmtree(damaged, ignore_errors=True)
             ckpt.rename(damaged)  # kept for a look; latest_checkpoint no longer sees it
             again = "from its warm start" if prior and prior.get("warm_start") else "from step 0"
-            self._say(f"run {run_id}: checkpoint {ckpt.name} is damaged (no readable trainer_state.json; moved to "
-                      f"{damaged.name}); the run starts again {again}")
+            self._say(f"run {run_id}: checkpoint {ckpt.name} is damaged (a missing, empty or unreadable file; moved "
+                      f"to {damaged.name}); the run starts again {again}")
             ckpt = None
         if prior and prior.get("warm_start") and ckpt is None:
             # stopped before its own first chunk: it starts again from the parent's state it was given

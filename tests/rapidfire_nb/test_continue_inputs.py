@@ -119,3 +119,23 @@ def test_ic_ops_before_run_fit_say_how_to_continue(crashed: Path) -> None:
     with pytest.raises(ExperimentError, match="not training in this kernel: call run_fit with the same arguments"):
         exp.stop(1)
     exp.end()
+
+
+def test_a_checkpoint_with_a_missing_or_empty_file_counts_as_damaged(tmp_path: Path) -> None:
+    from rapidfire_nb.experiment import _readable_checkpoint
+
+    ck = tmp_path / "checkpoint-9"
+    ck.mkdir()
+    (ck / "trainer_state.json").write_text('{"global_step": 9}')
+    for name in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt"):
+        (ck / name).write_bytes(b"x")
+    assert _readable_checkpoint(ck)
+    (ck / "optimizer.pt").write_bytes(b"")
+    assert not _readable_checkpoint(ck)
+    (ck / "optimizer.pt").write_bytes(b"x")
+    (ck / "adapter_model.safetensors").unlink()
+    assert not _readable_checkpoint(ck)
+    (ck / "model.safetensors").write_bytes(b"x")  # full fine-tuning
+    assert _readable_checkpoint(ck)
+    (ck / "trainer_state.json").write_text("{")
+    assert not _readable_checkpoint(ck)
