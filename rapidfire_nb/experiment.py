@@ -912,7 +912,8 @@ class Experiment:
     def load_model(self, run_id: int) -> tuple[Any, Any]:
         """``(model, tokenizer)`` with run ``run_id``'s trained weights, in eval mode, ready for ``generate``."""
         if self._executor is None:
-            raise ExperimentError("no run trained in this kernel yet")
+            raise ExperimentError("no run trained in this kernel yet: call run_fit with the same arguments first (it "
+                                  "gives this kernel the model function; finished runs are not trained again)")
         if run_id not in self._leaves:
             raise ExperimentError(f"run {run_id} does not exist (runs: {sorted(self._leaves)})")
         if self._scheduler is not None and self._scheduler.on_device() == run_id:
