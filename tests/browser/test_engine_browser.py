@@ -423,7 +423,7 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
 
 FALLBACK_EXPERIMENT = "browser-fallback"
 FALLBACK_FIT_CELL = SETUP_CELL.replace(RESTART_EXPERIMENT, FALLBACK_EXPERIMENT) + RESUME_FIT_CELL
-BUSY_CELL = "import time\ntime.sleep(300)\nprint('SLEPT')\n"
+BUSY_CELL = "import time\nprint('SLEEPING', flush=True)\ntime.sleep(300)\nprint('SLEPT')\n"
 
 
 def _current_cells(page: Any) -> Any:
@@ -458,13 +458,22 @@ def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home
         phase("training, panel live")
 
         lab.run_cell(1)  # the kernel's main thread sleeps: comm messages wait in its queue
-        _wait(lambda: _kernel_status(page) == "busy", 30, "the kernel to be busy in the sleep cell")
-        time.sleep(0.5)
+        # "busy" alone is not enough: the kernel is briefly busy for every comm message too
+        _wait(lambda: "SLEEPING" in _cell_output(page, 1), 30, "the sleep cell to start")
+        assert _kernel_status(page) == "busy"
         row2 = panel.locator('tr[data-run-id="2"]')
         assert row2.get_attribute("data-status") in ("NEW", "ONGOING"), "run 2 finished before the click"
+        # every notice text shown, even briefly (the "sent through the server" line becomes "✓ ..." once applied)
+        page.evaluate(
+            """() => { window.__rfNotices = [];
+                       new MutationObserver(() => { for (const n of document.querySelectorAll('.rf-notice')) {
+                           if (!window.__rfNotices.includes(n.textContent)) window.__rfNotices.push(n.textContent); }
+                       }).observe(document.body, {subtree: true, childList: true, characterData: true}); }"""
+        )
         row2.locator('[data-op="stop"]').click()
         clicked = time.monotonic()
-        panel.locator(".rf-notice", has_text="kernel busy: sent through the server").wait_for(timeout=15_000)
+        _wait(lambda: any("kernel busy: sent through the server" in t for t in page.evaluate("() => window.__rfNotices")),
+              15, "the panel's notice that the op went through the server")
         phase(f"op posted to the server after {time.monotonic() - clicked:.1f}s")
         row2.and_(page.locator('[data-status="STOPPED"]')).wait_for(timeout=90_000)
         phase(f"run 2 STOPPED {time.monotonic() - clicked:.1f}s after the click")
