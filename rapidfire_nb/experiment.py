@@ -175,18 +175,11 @@ def decode_changes(changes: dict[str, Any]) -> dict[str, Any]:
 
 
 def _warm_start_checkpoint(run_dir: Path) -> Path | None:
-    """The complete ``warm-start-from-run-<parent>-step-<s>`` folder a warm clone was created from (newest step)."""
-    from ._atomic import is_complete_dir
+    """The complete, readable ``warm-start-from-run-<parent>-step-<s>`` folder a warm clone was created from."""
+    from .training.checkpoint import WARM_START_PREFIX, latest_checkpoint
 
-    found = []
-    for p in run_dir.glob("warm-start-from-run-*-step-*"):
-        try:
-            step = int(p.name.rsplit("-", 1)[1])
-        except ValueError:
-            continue
-        if is_complete_dir(p) and _readable_checkpoint(p):
-            found.append((step, p))
-    return max(found)[1] if found else None
+    ckpt = latest_checkpoint(run_dir, WARM_START_PREFIX)
+    return ckpt if ckpt is not None and _readable_checkpoint(ckpt) else None
 
 
 def _readable_checkpoint(folder: Path) -> bool:
@@ -357,7 +350,7 @@ class Experiment:
             else:
                 self.store.update_op(op["op_id"], "rejected",
                                      "the kernel stopped before applying it; send it again", applied_at=time.time())
-        for r in self.store.runs():
+        for r in runs.values():
             if r["status"] == RunStatus.ONGOING.value:
                 self.store.upsert_run(r["run_id"], status=RunStatus.INTERRUPTED.value)
 
@@ -456,7 +449,7 @@ class Experiment:
                                          seed, self.path, self._on_metrics, self._say,
                                          lambda rid, path: self.store.upsert_run(rid, checkpoint_dir=str(path)))
         listener = _Listener(self)
-        self._restoring = listener
+        self._listener = listener
         self._continued: dict[int, int] = {}  # run id -> step it continues from (a restart)
         scheduler = Scheduler(executor, listener=listener)
         self._executor = executor
@@ -523,7 +516,8 @@ class Experiment:
         self._num_chunks = num_chunks
         self._started_at = time.time()
         self._tracker = runtime.make_tracker(self.path / "tensorboard")
-        gone = {s.run_id for s in scheduler.snapshot() if s.status is RunStatus.DELETED}
+        snaps = scheduler.snapshot()  # the runs as registered; the scheduler thread has not started yet
+        gone = {s.run_id for s in snaps if s.status is RunStatus.DELETED}
         for run_id, step in self._continued.items():
             self._tracker.continue_from(run_id, step)  # TensorBoard drops what a dead process logged after it
         for run_id, leaf in self._leaves.items():
@@ -537,11 +531,10 @@ class Experiment:
                 scheduler.on_thread_start = lambda: ip.set_thread_parent(parent)
         if background is None:
             background = _in_kernel()
-        n_runs = sum(1 for s in scheduler.snapshot() if s.status is not RunStatus.DELETED)
-        to_train = [s for s in scheduler.snapshot() if s.status.in_rotation()]
-        if existing and not to_train:
+        n_runs = sum(1 for s in snaps if s.status is not RunStatus.DELETED)
+        if existing and not any(s.status.in_rotation() for s in snaps):
             counts: dict[str, int] = {}
-            for snap in scheduler.snapshot():
+            for snap in snaps:
                 counts[snap.status.value] = counts.get(snap.status.value, 0) + 1
             self._say(f"experiment {self.experiment_name!r}: no run left to train ("
                       + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
@@ -734,7 +727,7 @@ class Experiment:
     def _add_run(self, scheduler: Scheduler, executor: Any, run_id: int, leaf: Any, prior: dict[str, Any] | None,
                  resumed: list[str]) -> None:
         """Register one run: new, finished (shown, not retrained) or continued from its last chunk checkpoint."""
-        from .training.checkpoint import latest_checkpoint
+        from .training.checkpoint import WARM_START_PREFIX, latest_checkpoint
 
         status = RunStatus(prior["status"]) if prior else RunStatus.NEW
         if status.is_finished():
@@ -744,7 +737,7 @@ class Experiment:
                                         int(prior.get("chunks_done") or 0),
                                         int(prior.get("samples_seen") or 0)) if prior else None)
             if prior:
-                self._restoring.known(run_id, int(prior.get("chunks_done") or 0), finished=True)
+                self._listener.known(run_id, int(prior.get("chunks_done") or 0), finished=True)
             return
         run_dir = executor.run_dir(run_id)
         if prior and run_dir.is_dir():  # no writer is active here: drop half-written leftovers of a crash
@@ -785,9 +778,9 @@ class Experiment:
             self.store.upsert_run(run_id, status=new_status.value, completed_steps=start.step,
                                   chunks_done=start.segments_done, samples_seen=start.samples_seen,
                                   total_steps=start.plan.total_steps, num_segments=start.plan.num_segments)
-            self._restoring.known(run_id, start.segments_done, finished=False)
+            self._listener.known(run_id, start.segments_done, finished=False)
             if ckpt is not None and new_status is not RunStatus.STOPPED:
-                warm = " (from its warm start)" if ckpt.name.startswith("warm-start-from-run-") else ""
+                warm = " (from its warm start)" if ckpt.name.startswith(WARM_START_PREFIX) else ""
                 resumed.append(f"run {run_id} at step {start.step}{warm}")
             elif new_status is not RunStatus.STOPPED and int(prior.get("completed_steps") or 0) > 0:
                 why = "its checkpoint was damaged" if damaged_ckpt else "it had no complete chunk checkpoint"

@@ -31,7 +31,8 @@ from rapidfire_nb._atomic import atomic_dir, is_complete_dir
 
 from .rng import rng_for_checkpoint
 
-__all__ = ["BoundarySnapshot", "CheckpointWriter", "latest_checkpoint", "restore_counters", "snapshot_trainer"]
+__all__ = ["WARM_START_PREFIX", "BoundarySnapshot", "CheckpointWriter", "latest_checkpoint", "restore_counters",
+           "snapshot_trainer"]
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +143,21 @@ def write_snapshot(snap: BoundarySnapshot, target: Path) -> None:
         torch.save(snap.training_args, tmp / "training_args.bin")
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete ``checkpoint-<step>`` folder of a run (half-written ones are skipped)."""
+WARM_START_PREFIX = "warm-start-from-run-"
+"""Name prefix of the checkpoint a warm clone starts from: ``warm-start-from-run-<parent>-step-<step>``."""
+
+
+def latest_checkpoint(run_dir: Path, prefix: str = "checkpoint-") -> Path | None:
+    """The newest complete ``<prefix>...-<step>`` folder of a run (half-written ones are skipped).
+
+    ``prefix`` ``"checkpoint-"``: the run's boundary checkpoints; :data:`WARM_START_PREFIX`: a warm clone's start.
+    """
     best: tuple[int, Path] | None = None
     if not run_dir.is_dir():
         return None
-    for p in run_dir.glob("checkpoint-*"):
+    for p in run_dir.glob(f"{prefix}*"):
         try:
-            step = int(p.name.split("-", 1)[1])
+            step = int(p.name.rsplit("-", 1)[1])
         except ValueError:
             continue
         if is_complete_dir(p) and (best is None or step > best[0]):

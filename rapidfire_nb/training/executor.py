@@ -26,7 +26,7 @@ from rapidfire_nb.errors import ConfigError
 
 from . import rl
 from .build import build_lora_config, build_training_args
-from .checkpoint import BoundarySnapshot, CheckpointWriter, restore_counters, snapshot_trainer
+from .checkpoint import WARM_START_PREFIX, BoundarySnapshot, CheckpointWriter, restore_counters, snapshot_trainer
 from .data import prepare_dataset
 from .quiet import quiet_libraries
 from .rng import capture_rng
@@ -411,9 +411,6 @@ def _limit_malloc_arenas() -> None:
     except (OSError, AttributeError):
         pass
 
-
-WARM_START_PREFIX = "warm-start-from-run-"
-"""Name prefix of the checkpoint a warm clone starts from: ``warm-start-from-run-<parent>-step-<step>``."""
 
 
 def _checkpoint_step(folder: Path) -> int:
