@@ -21,6 +21,7 @@ Two more scenarios on the same server (same ``RF_HOME``, their own experiments):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -123,30 +124,59 @@ def _cell_output(page: Any, index: int) -> str:
     return "".join(parts)
 
 
-def _store_statuses(rf_home: Path) -> dict[int, str]:
-    from rapidfire_nb.paths import experiment_dir
-    from rapidfire_nb.store import Store
-
-    with Store(experiment_dir(rf_home, EXPERIMENT), read_only=True) as store:
-        return {int(r["run_id"]): r["status"] for r in store.runs()}
-
-
-def _store_points(rf_home: Path, names: tuple[str, ...], name: str = EXPERIMENT) -> int:
+@contextlib.contextmanager
+def _store(rf_home: Path, name: str = EXPERIMENT) -> Iterator[Any]:
+    """The experiment's store, read-only (as the server extension opens it)."""
     from rapidfire_nb.paths import experiment_dir
     from rapidfire_nb.store import Store
 
     with Store(experiment_dir(rf_home, name), read_only=True) as store:
+        yield store
+
+
+def _store_runs(rf_home: Path, name: str = EXPERIMENT) -> dict[int, dict[str, Any]]:
+    with _store(rf_home, name) as store:
+        return {int(r["run_id"]): r for r in store.runs()}
+
+
+def _store_statuses(rf_home: Path, name: str = EXPERIMENT) -> dict[int, str]:
+    return {rid: r["status"] for rid, r in _store_runs(rf_home, name).items()}
+
+
+def _store_points(rf_home: Path, names: tuple[str, ...], name: str = EXPERIMENT) -> int:
+    with _store(rf_home, name) as store:
         points, _ = store.metrics_since(0)
     return sum(1 for p in points if p["name"] in names)
 
 
+def _info_statuses(page: Any, index: int, timeout: float) -> dict[int, str]:
+    """Run statuses printed by cell ``index`` (:data:`INFO_CELL`: ``STATUS {run_id: status}``)."""
+    _wait(lambda: "STATUS" in _cell_output(page, index), timeout, "the get_runs_info() cell's output")
+    out = _cell_output(page, index)
+    m = re.search(r"STATUS (\{.*\})", out)
+    assert m, out
+    return {int(k): v for k, v in json.loads(m.group(1)).items()}
+
+
+class _Timeline:
+    """Seconds since the test began at each named phase, written to ``artifacts/browser/<file>``."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.lines: list[str] = []
+
+    def phase(self, name: str) -> None:
+        self.lines.append(f"{time.monotonic() - self.t0:6.1f}s  {name}")
+
+    def write(self, filename: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / filename).write_text("\n".join(self.lines) + "\n")
+
+
 def test_engine_panel_streams_and_stop_applies(lab: Any, rf_home: Path) -> None:
     page = lab.page
-    t0 = time.monotonic()
-    timings: list[str] = []
-
-    def phase(name: str) -> None:
-        timings.append(f"{time.monotonic() - t0:6.1f}s  {name}")
+    timeline = _Timeline()
+    phase = timeline.phase
 
     try:
         lab.open_notebook("engine_demo.ipynb", [FIT_CELL, INFO_CELL], timeout=90)
@@ -185,11 +215,7 @@ def test_engine_panel_streams_and_stop_applies(lab: Any, rf_home: Path) -> None:
 
         # get_runs_info() in a second cell (the kernel is free while training goes on) and the store file
         lab.run_cell(1)
-        _wait(lambda: "STATUS" in _cell_output(page, 1), 60, "the get_runs_info() cell's output")
-        out = _cell_output(page, 1)
-        m = re.search(r"STATUS (\{.*\})", out)
-        assert m, out
-        info = {int(k): v for k, v in json.loads(m.group(1)).items()}
+        info = _info_statuses(page, 1, 60)
         assert info[2] == "STOPPED", info
         assert set(info) == {1, 2, 3}
         assert _store_statuses(rf_home)[2] == "STOPPED"
@@ -236,8 +262,7 @@ def test_engine_panel_streams_and_stop_applies(lab: Any, rf_home: Path) -> None:
         done_, total_ = (int(x) for x in chunks.split("/"))
         assert done_ <= total_, f"run 1 (completed, 2 epochs x 4 chunks) shows Chunks {chunks!r}"
     finally:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        (ARTIFACTS / "engine-timings.txt").write_text("\n".join(timings) + "\n")
+        timeline.write("engine-timings.txt")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -263,20 +288,9 @@ RESUME_FIT_CELL = "exp.run_fit(group, tiny_create_model, tiny_sft_dataset(96), t
     "num_chunks=4, seed=7)\n"
 
 
-def _store_runs(rf_home: Path, name: str) -> dict[int, dict[str, Any]]:
-    from rapidfire_nb.paths import experiment_dir
-    from rapidfire_nb.store import Store
-
-    with Store(experiment_dir(rf_home, name), read_only=True) as store:
-        return {int(r["run_id"]): r for r in store.runs()}
-
-
 def _store_losses(rf_home: Path, name: str) -> dict[int, list[int]]:
     """Per run, the steps of its logged ``loss`` points, in store order."""
-    from rapidfire_nb.paths import experiment_dir
-    from rapidfire_nb.store import Store
-
-    with Store(experiment_dir(rf_home, name), read_only=True) as store:
+    with _store(rf_home, name) as store:
         points, _ = store.metrics_since(0)
     steps: dict[int, list[int]] = {}
     for p in points:
@@ -286,10 +300,7 @@ def _store_losses(rf_home: Path, name: str) -> dict[int, list[int]]:
 
 
 def _writer_pid(rf_home: Path, name: str) -> int:
-    from rapidfire_nb.paths import experiment_dir
-    from rapidfire_nb.store import Store
-
-    with Store(experiment_dir(rf_home, name), read_only=True) as store:
+    with _store(rf_home, name) as store:
         beat = store.heartbeat()
     assert beat is not None, "the kernel never wrote a heartbeat"
     return int(beat["pid"])
@@ -300,11 +311,8 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
     import signal
 
     page = lab.page
-    t0 = time.monotonic()
-    timings: list[str] = []
-
-    def phase(name: str) -> None:
-        timings.append(f"{time.monotonic() - t0:6.1f}s  {name}")
+    timeline = _Timeline()
+    phase = timeline.phase
 
     def cell_panel() -> Any:  # the panel in the run_fit cell's output (cell 1)
         return _current_cells(page).nth(1).locator("[data-rf-panel]")
@@ -318,8 +326,11 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
         phase("panel rendered")
 
         # every run has a chunk checkpoint; stop run 3 (it must stay STOPPED across the restart)
-        _wait(lambda: all(r.get("chunks_done", 0) >= 1 for r in _store_runs(rf_home, RESTART_EXPERIMENT).values())
-              and len(_store_runs(rf_home, RESTART_EXPERIMENT)) == 3, 120, "one chunk done by every run")
+        def every_run_has_a_chunk() -> bool:
+            runs = _store_runs(rf_home, RESTART_EXPERIMENT)
+            return len(runs) == 3 and all(r.get("chunks_done", 0) >= 1 for r in runs.values())
+
+        _wait(every_run_has_a_chunk, 120, "one chunk done by every run")
         panel.locator('tr[data-run-id="3"] [data-op="stop"]').click()
         panel.locator('tr[data-run-id="3"][data-status="STOPPED"]').wait_for(timeout=60_000)
         _wait(lambda: _store_runs(rf_home, RESTART_EXPERIMENT)[3]["status"] == "STOPPED", 10, "run 3 STOPPED")
@@ -359,10 +370,7 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
         # the same cells again: the experiment reattaches (runs 1-2 INTERRUPTED, run 3 STOPPED) ...
         lab.run_cell(0)
         lab.run_cell(2)
-        _wait(lambda: "STATUS" in _cell_output(page, 2), 90, "get_runs_info() after the restart")
-        m = re.search(r"STATUS (\{.*\})", _cell_output(page, 2))
-        assert m, _cell_output(page, 2)
-        info = {int(k): v for k, v in json.loads(m.group(1)).items()}
+        info = _info_statuses(page, 2, 90)
         assert info == {1: "INTERRUPTED", 2: "INTERRUPTED", 3: "STOPPED"}, info
         phase("reattached: runs 1-2 INTERRUPTED, run 3 STOPPED")
 
@@ -412,8 +420,7 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
         errors = [m for m in lab.console if m.startswith("pageerror")]
         assert not errors, errors
     finally:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        (ARTIFACTS / "restart-timings.txt").write_text("\n".join(timings) + "\n")
+        timeline.write("restart-timings.txt")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -439,15 +446,9 @@ def _kernel_status(page: Any) -> str:
 
 
 def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home: Path) -> None:
-    from rapidfire_nb.paths import experiment_dir
-    from rapidfire_nb.store import Store
-
     page = lab.page
-    t0 = time.monotonic()
-    timings: list[str] = []
-
-    def phase(name: str) -> None:
-        timings.append(f"{time.monotonic() - t0:6.1f}s  {name}")
+    timeline = _Timeline()
+    phase = timeline.phase
 
     try:
         lab.open_notebook("fallback_demo.ipynb", [FALLBACK_FIT_CELL, BUSY_CELL], timeout=90)
@@ -479,7 +480,7 @@ def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home
         phase(f"run 2 STOPPED {time.monotonic() - clicked:.1f}s after the click")
         assert _kernel_status(page) == "busy" and "SLEPT" not in _cell_output(page, 1), \
             "the sleep cell ended before the op was applied: the comm path, not the server, applied it"
-        with Store(experiment_dir(rf_home, FALLBACK_EXPERIMENT), read_only=True) as store:
+        with _store(rf_home, FALLBACK_EXPERIMENT) as store:
             stops = [o for o in store.ops() if o["kind"] == "stop" and o["run_id"] == 2]
         assert [(o["source"], o["state"]) for o in stops] == [("inbox", "applied")], stops
         page.mouse.move(2, 2)
@@ -489,7 +490,7 @@ def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home
         page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.interrupt()")
         _wait(lambda: _kernel_status(page) == "idle", 30, "the kernel to be idle again")
         time.sleep(2.0)  # the queued comm message is handled and its ack reaches the page
-        with Store(experiment_dir(rf_home, FALLBACK_EXPERIMENT), read_only=True) as store:
+        with _store(rf_home, FALLBACK_EXPERIMENT) as store:
             stops = [o for o in store.ops() if o["kind"] == "stop" and o["run_id"] == 2]
         assert len(stops) == 1 and stops[0]["state"] == "applied", stops
         assert panel.locator(".rf-op-item", has_text="stop run 2").count() == 1
@@ -502,9 +503,6 @@ def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home
     finally:
         # stop the still-training kernel so it does not load the machine after this test
         with_kernel = "() => { const s = window.jupyterapp.shell.currentWidget.sessionContext; return s.shutdown(); }"
-        try:
+        with contextlib.suppress(Exception):  # the page may be gone after a failure
             page.evaluate(with_kernel)
-        except Exception:  # noqa: BLE001 - the page may be gone after a failure
-            pass
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        (ARTIFACTS / "fallback-timings.txt").write_text("\n".join(timings) + "\n")
+        timeline.write("fallback-timings.txt")
