@@ -252,15 +252,15 @@ def _child_rf(w: dict[str, Any], num_chunks: int, out: dict[str, Any]) -> None:
                 first_eval[p["run_id"]] = min(first_eval.get(p["run_id"], float("inf")), p["wall_time"])
             elif p["name"] == "loss":
                 losses.setdefault(p["run_id"], {})[p["step"]] = p["value"]
-        started = exp._started_at or t0
+        started = exp.session.started_at or t0
         out.update(
             total_s=t_end - t0,
             setup_s=started - t0,  # Experiment + validation + model load + 4 trainer builds
             train_s=t_fit - started,  # scheduler start -> run_fit returns (training, evals, final saves)
             end_s=t_end - t_fit,  # experiment.end(): checkpoint flush, thread joins
-            switch_s=float(exp._executor.switch_seconds),
+            switch_s=float(exp.session.executor.switch_seconds),
             first_eval_all_s=(max(first_eval.values()) - t0) if len(first_eval) == out["n_configs"] else None,
-            runs=len(exp._leaves),
+            runs=len(exp.run_snapshots()),
             losses={str(k): v for k, v in losses.items()},
             costs=costs.seconds, cost_calls=costs.calls, handoff_s=costs.handoff_s, handoffs=costs.handoffs,
         )

@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "COMPLETE_MARKER",
+    "leftovers",
     "atomic_dir",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -119,6 +120,20 @@ def _tmp_prefix(final: Path) -> str:
 
 def _old_prefix(final: Path) -> str:
     return f".{final.name}.old-"
+
+
+def leftovers(parent: PathLike, name_glob: str = "*") -> list[Path]:
+    """The temporary and renamed-away siblings that :func:`atomic_dir` writes of folders named ``name_glob``
+    left in ``parent`` (a process died mid-write). Only safe to delete while no write to them is in progress.
+
+    Args:
+        parent: the folder holding the atomically written folders.
+        name_glob: which final names, as a glob (e.g. ``"checkpoint-*"``).
+    """
+    folder = Path(parent)
+    if not folder.is_dir():
+        return []
+    return [*folder.glob(f".{name_glob}.tmp-*"), *folder.glob(f".{name_glob}.old-*")]
 
 
 def _fsync_tree(root: Path) -> None:

@@ -163,11 +163,8 @@ def _find_experiment(name: str | None) -> Any:
 
     if not (experiment_dir(experiments_root(), name) / "store.sqlite").exists():
         raise UsageError(f"no experiment named {name!r} under {experiments_root()}")
-    current = experiment_mod._CURRENT[0]
-    try:
-        return experiment_mod.Experiment(name)  # opened to read it: it must not become the current one
-    finally:
-        experiment_mod._CURRENT[0] = current
+    with experiment_mod.registry.keep_current():  # opened to read it: it must not become the current one
+        return experiment_mod.Experiment(name)
 
 
 def _status(exp: Any) -> Any:

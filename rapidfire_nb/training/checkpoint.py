@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from rapidfire_nb._atomic import atomic_dir, is_complete_dir
+from rapidfire_nb._atomic import atomic_dir
+from rapidfire_nb.run_folder import WARM_START_PREFIX, latest_checkpoint
 
 from .rng import rng_for_checkpoint
 
@@ -141,28 +142,6 @@ def write_snapshot(snap: BoundarySnapshot, target: Path) -> None:
         (tmp / "trainer_state.json").write_text(snap.trainer_state_json)
         (tmp / COUNTERS_FILE).write_text(json.dumps({"counters": snap.counters}) + "\n")
         torch.save(snap.training_args, tmp / "training_args.bin")
-
-
-WARM_START_PREFIX = "warm-start-from-run-"
-"""Name prefix of the checkpoint a warm clone starts from: ``warm-start-from-run-<parent>-step-<step>``."""
-
-
-def latest_checkpoint(run_dir: Path, prefix: str = "checkpoint-") -> Path | None:
-    """The newest complete ``<prefix>...-<step>`` folder of a run (half-written ones are skipped).
-
-    ``prefix`` ``"checkpoint-"``: the run's boundary checkpoints; :data:`WARM_START_PREFIX`: a warm clone's start.
-    """
-    best: tuple[int, Path] | None = None
-    if not run_dir.is_dir():
-        return None
-    for p in run_dir.glob(f"{prefix}*"):
-        try:
-            step = int(p.name.rsplit("-", 1)[1])
-        except ValueError:
-            continue
-        if is_complete_dir(p) and (best is None or step > best[0]):
-            best = (step, p)
-    return best[1] if best else None
 
 
 class CheckpointWriter:

@@ -12,10 +12,11 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -130,6 +131,15 @@ class TorchExecutor(Executor):
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
         run = self._runs[run_id]
         return run.worker.run_until(stop_step)
+
+    @property
+    def runs(self) -> Mapping[int, _Run]:
+        """The runs this executor built, by run id (read-only; their trainers, adapters, plans; for tests)."""
+        return MappingProxyType(self._runs)
+
+    def has_run(self, run_id: int) -> bool:
+        """True when this executor built run ``run_id`` (in this process)."""
+        return run_id in self._runs
 
     def has_boundary(self, run_id: int) -> bool:
         run = self._runs.get(run_id)

@@ -171,7 +171,7 @@ def test_run_fit_in_a_real_kernel(ipy_kernel: Any) -> None:
     k.execute(
         "import time\n"
         "_t = time.time()\n"
-        "while time.time() - _t < 60 and exp._scheduler.run_snapshot(4).total_steps == 0: time.sleep(0.2)",
+        "while time.time() - _t < 60 and exp.run_snapshot(4).total_steps == 0: time.sleep(0.2)",
         timeout=90,
     )
     clone_row = k.execute(

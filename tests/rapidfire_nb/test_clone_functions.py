@@ -47,12 +47,12 @@ def test_a_clone_with_a_new_function_is_rebuilt_with_it_after_a_restart(tmp_path
 
     args = (_group(), tiny_create_model, qa_dataset(8))
     exp = Experiment("fn", experiment_path=tmp_path)
-    exp._quiet = True
+    exp.quiet = True
     exp.run_fit(*args, num_chunks=2, seed=3, background=True)
     child = exp.clone_modify(1, {"formatting_func": shout})
     other = exp.clone_modify(1, {"formatting_func": lambda row: qa_to_chat(row)})
     assert exp.wait(timeout=120)
-    assert exp._leaves[child].formatting_func is shout
+    assert exp.session.spec(child).formatting_func is shout
     exp.end()
     with Store(tmp_path / "fn") as store:  # as if the kernel had died before the clones finished
         store.upsert_run(child, status="INTERRUPTED")
@@ -61,10 +61,10 @@ def test_a_clone_with_a_new_function_is_rebuilt_with_it_after_a_restart(tmp_path
                                                                                         f"{__name__}:shout"}}
     again = Experiment("fn", experiment_path=tmp_path)
     said: list[str] = []
-    again._printer = said.append
+    again.on_message(said.append)
     again.run_fit(*args, num_chunks=2, seed=3, background=True)
     assert again.wait(timeout=120)
-    assert again._leaves[child].formatting_func is shout  # not the parent's qa_to_chat
+    assert again.session.spec(child).formatting_func is shout  # not the parent's qa_to_chat
     statuses = {r["run_id"]: r for r in again.store.runs()}
     assert statuses[child]["status"] == "COMPLETED"
     assert statuses[other]["status"] == "FAILED" and "<lambda>' of module" in statuses[other]["error"]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from rapidfire_nb.experiment import dataset_fingerprint
+from rapidfire_nb.experiment.inputs import check_same_inputs
 
 
 def _never(_cfg: Any) -> Any:
@@ -78,8 +79,8 @@ def test_an_eval_set_where_there_was_none(tmp_path: Path) -> None:
         store.update_meta({"num_chunks": 4, "seed": 5, "train_data": dataset_fingerprint(_rows(16)), "eval_data": None})
     exp = Experiment("noeval", experiment_path=tmp_path)
     with pytest.raises(ExperimentError, match="different eval_dataset: 4 rows, but it was started without one"):
-        exp._check_same_inputs(4, 5, _rows(16), _rows(4), [1])
-    exp._check_same_inputs(4, 5, _rows(16), None, [1])
+        check_same_inputs(exp.experiment_name, exp.store.meta(), 4, 5, _rows(16), _rows(4), [1])
+    check_same_inputs(exp.experiment_name, exp.store.meta(), 4, 5, _rows(16), None, [1])
     exp.end()
 
 
@@ -87,7 +88,7 @@ def test_same_inputs_pass_the_check(crashed: Path) -> None:
     from rapidfire_nb import Experiment
 
     exp = Experiment("crashed", experiment_path=crashed)
-    exp._check_same_inputs(4, 5, _rows(16), _rows(4, "e"), [1])  # no error
+    check_same_inputs(exp.experiment_name, exp.store.meta(), 4, 5, _rows(16), _rows(4, "e"), [1])  # no error
     exp.end()
 
 
@@ -122,20 +123,20 @@ def test_ic_ops_before_run_fit_say_how_to_continue(crashed: Path) -> None:
 
 
 def test_a_checkpoint_with_a_missing_or_empty_file_counts_as_damaged(tmp_path: Path) -> None:
-    from rapidfire_nb.experiment import _readable_checkpoint
+    from rapidfire_nb.run_folder import readable_checkpoint
 
     ck = tmp_path / "checkpoint-9"
     ck.mkdir()
     (ck / "trainer_state.json").write_text('{"global_step": 9}')
     for name in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt"):
         (ck / name).write_bytes(b"x")
-    assert _readable_checkpoint(ck)
+    assert readable_checkpoint(ck)
     (ck / "optimizer.pt").write_bytes(b"")
-    assert not _readable_checkpoint(ck)
+    assert not readable_checkpoint(ck)
     (ck / "optimizer.pt").write_bytes(b"x")
     (ck / "adapter_model.safetensors").unlink()
-    assert not _readable_checkpoint(ck)
+    assert not readable_checkpoint(ck)
     (ck / "model.safetensors").write_bytes(b"x")  # full fine-tuning
-    assert _readable_checkpoint(ck)
+    assert readable_checkpoint(ck)
     (ck / "trainer_state.json").write_text("{")
-    assert not _readable_checkpoint(ck)
+    assert not readable_checkpoint(ck)

@@ -103,9 +103,9 @@ def dpo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     train, evald = tiny_dpo_dataset(8, seed=0), tiny_dpo_dataset(4, seed=1)
     group = _dpo_group()
     exp = Experiment("dpo", experiment_path=root)
-    exp._quiet = True
+    exp.quiet = True
     exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=SEED)
-    ex = exp._executor
+    ex = exp.session.executor
     out = dict(info=exp.get_runs_info().set_index("run_id"), results=exp.get_results(),
                trainers={rid: run.worker.trainer for rid, run in ex._runs.items()},
                adapters={rid: run.adapter for rid, run in ex._runs.items()},
@@ -175,9 +175,9 @@ def test_dpo_full_fine_tuning_shares_one_frozen_reference(tmp_path: Any) -> None
         beta=List([0.1, 0.3]), loss_type="sigmoid", learning_rate=1e-3, per_device_train_batch_size=2,
         num_train_epochs=1, max_length=48, logging_steps=1)), "DPO")
     exp = Experiment("dpo-full", experiment_path=tmp_path)
-    exp._quiet = True
+    exp.quiet = True
     exp.run_fit(group, tiny_create_model, train, num_chunks=2, seed=SEED)
-    runs = exp._executor._runs
+    runs = exp.session.executor.runs
     refs = {rid: run.worker.trainer.ref_model for rid, run in runs.items()}
     got = {rid: {k: v.detach().clone() for k, v in run.worker.trainer.model.state_dict().items()}
            for rid, run in runs.items()}
@@ -207,9 +207,9 @@ def test_dpo_ref_model_name_loads_one_frozen_reference_through_create_model_fn(t
                                                                  per_device_train_batch_size=2, logging_steps=1)),
                          "DPO")
     exp = Experiment("dpo-ref-name", experiment_path=tmp_path)
-    exp._quiet = True
+    exp.quiet = True
     exp.run_fit(group, create, train, num_chunks=2, seed=SEED)
-    run = exp._executor._runs[1]
+    run = exp.session.executor.runs[1]
     ref_model = run.worker.trainer.ref_model
     got = adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
     results = exp.get_results()
@@ -247,7 +247,7 @@ def grpo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     train = tiny_grpo_dataset(6, seed=0)
     group = _grpo_group()
     exp = Experiment("grpo", experiment_path=root)
-    exp._quiet = True
+    exp.quiet = True
     at_boundary: list[tuple[int, int, int, bool]] = []
     original = TorchExecutor._on_boundary
 
@@ -260,7 +260,7 @@ def grpo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(TorchExecutor, "_on_boundary", spy)
         exp.run_fit(group, tiny_create_model, train, num_chunks=2, seed=SEED)
-    ex = exp._executor
+    ex = exp.session.executor
     out = dict(info=exp.get_runs_info().set_index("run_id"), results=exp.get_results(), at_boundary=at_boundary,
                trainers={rid: run.worker.trainer for rid, run in ex._runs.items()},
                in_memory={rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
@@ -389,7 +389,7 @@ def trained(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
 def fails_before_training(trained: list, match: str, group: Any, train: Any, **kwargs: Any) -> str:
     exp = Experiment("bad-input")
-    exp._quiet = True
+    exp.quiet = True
     before = worker_threads()
     with pytest.raises(ConfigError, match=match) as err:
         exp.run_fit(group, tiny_create_model, train, **kwargs)
@@ -503,10 +503,10 @@ def test_a_raising_reward_function_fails_only_its_run(tmp_path: Any) -> None:
         reward_funcs=List([[length_reward], [length_reward, exploding_reward]]),
         training_args=RFGRPOConfig(per_device_train_batch_size=4, **GRPO_COMMON)), "GRPO")
     exp = Experiment("reward-fails", experiment_path=tmp_path)
-    exp._quiet = True
+    exp.quiet = True
     exp.run_fit(group, tiny_create_model, train, num_chunks=2, seed=SEED)
     info = exp.get_runs_info().set_index("run_id")
-    run1 = exp._executor._runs[1]
+    run1 = exp.session.executor.runs[1]
     got = adapter_state(run1.worker.trainer.model, adapter_name=run1.adapter)
     results = exp.get_results()
     exp.end()

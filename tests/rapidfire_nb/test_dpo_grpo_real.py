@@ -56,10 +56,10 @@ def _run(group: Any, train: Any, root: Any, name: str) -> dict[str, Any]:
         return create_smollm2(model_config)
 
     exp = Experiment(name, experiment_path=root)
-    exp._quiet = True
+    exp.quiet = True
     exp.run_fit(group, create_model, train, num_chunks=2, seed=SEED)
     out = dict(info=exp.get_runs_info().set_index("run_id"), results=exp.get_results(), base_calls=len(calls),
-               plans={rid: run.plan for rid, run in exp._executor._runs.items()})
+               plans={rid: run.plan for rid, run in exp.session.executor.runs.items()})
     exp.end()
     out["refs"] = {rid: _plain(leaf, train, root / f"plain-{rid}") for rid, leaf in enumerate(group.expand(SEED), 1)}
     return out

@@ -183,10 +183,10 @@ def exact(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     results = exp.get_results()
     in_memory = {
         rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
-        for rid, run in exp._executor._runs.items()
+        for rid, run in exp.session.executor.runs.items()
     }
-    seeds = {rid: run.worker.trainer.args.seed for rid, run in exp._executor._runs.items()}
-    plans = {rid: run.plan for rid, run in exp._executor._runs.items()}
+    seeds = {rid: run.worker.trainer.args.seed for rid, run in exp.session.executor.runs.items()}
+    plans = {rid: run.plan for rid, run in exp.session.executor.runs.items()}
     exp.end()
     refs = {
         rid: train_plain_trl(leaf, tiny_create_model, train, evald, SEED, root / f"plain-{rid}")

@@ -66,7 +66,7 @@ def fails_before_training(
     trained: list[tuple[int, int]], match: str, *args: Any, **kwargs: Any
 ) -> Experiment:
     exp = Experiment("bad-input")
-    exp._quiet = True
+    exp.quiet = True
     before = worker_threads()
     with pytest.raises(ConfigError, match=match):
         exp.run_fit(*args, **kwargs)
@@ -292,7 +292,7 @@ def test_fp16_and_bf16_on_cpu_are_switched_off_with_a_visible_note(
     info = exp.get_runs_info()
     assert list(info.status) == ["COMPLETED", "COMPLETED"]
     assert list(info.completed_steps) == [2, 2]
-    for run in exp._executor._runs.values():
+    for run in exp.session.executor.runs.values():
         assert run.worker.trainer.args.fp16 is False and run.worker.trainer.args.bf16 is False
     exp.end()
 
@@ -323,7 +323,7 @@ def test_a_run_failing_during_training_is_failed_and_the_others_complete(trained
     import pandas as pd
 
     exp = Experiment("one-fails")
-    exp._quiet = True
+    exp.quiet = True
     # 8 rows, batch 2 -> 4 steps, 2 chunks (boundaries 2, 4): the bomb goes off in chunk 2
     exp.run_fit(
         group(model_name=List(["tiny", "bomb", "tiny-qwen2"]), per_device_train_batch_size=2),
@@ -349,7 +349,7 @@ def raising_metrics(eval_prediction: Any) -> dict:
 
 def test_a_run_whose_compute_metrics_raises_is_failed_and_the_other_completes() -> None:
     exp = Experiment("metrics-fail")
-    exp._quiet = True
+    exp.quiet = True
     gs = RFGridSearch(
         List(
             [
@@ -393,7 +393,7 @@ def test_run_fit_while_training_is_an_error_pointing_to_ic_ops() -> None:
         return model, tok
 
     exp = Experiment("busy")
-    exp._quiet = True
+    exp.quiet = True
     errors: list[BaseException] = []
 
     def first() -> None:

@@ -67,7 +67,7 @@ def real(smollm2_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     )
     root = tmp_path_factory.mktemp("real")
     exp = Experiment("real", experiment_path=root)
-    exp._quiet = True
+    exp.quiet = True
     exp.run_fit(group, create_model, train, evald, num_chunks=2, seed=SEED)
     out = {
         "info": exp.get_runs_info().set_index("run_id"),

@@ -54,11 +54,11 @@ def done(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from rapidfire_nb.testing import tiny_create_model
 
     exp = Experiment("api", experiment_path=tmp_path_factory.mktemp("api"))
-    exp._quiet = True
+    exp.quiet = True
     exp.run_fit(_group(), tiny_create_model, qa_dataset(16), qa_dataset(4, seed=1), num_chunks=4, seed=SEED)
     trained = {
         rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
-        for rid, run in exp._executor._runs.items()
+        for rid, run in exp.session.executor.runs.items()
     }
     loaded_before_end = exp.load_model(2)
     info, results = exp.get_runs_info(), exp.get_results()
@@ -113,7 +113,7 @@ def test_run_ids_follow_the_expansion_order(done: dict[str, Any]) -> None:
         assert config == leaf.to_json(), f"run {rid}"
     # the same numbers in the store, the executor and the TensorBoard folders
     assert [r["run_id"] for r in done["exp"].store.runs()] == [1, 2, 3, 4]
-    assert sorted(done["exp"]._executor._runs) == [1, 2, 3, 4]
+    assert sorted(done["exp"].session.executor.runs) == [1, 2, 3, 4]
     assert sorted(p.name for p in (done["exp"].path / "tensorboard").iterdir()) == [
         f"run-{i}" for i in range(1, 5)
     ]
@@ -240,12 +240,12 @@ def test_rerunning_a_finished_experiment_trains_nothing_and_says_so(done: dict[s
     exp = Experiment("api", experiment_path=old.root)
     assert exp is not old  # the old one was ended
     said: list[str] = []
-    exp._printer = said.append
+    exp.on_message(said.append)
     exp.run_fit(_group(), tiny_create_model, qa_dataset(16), qa_dataset(4, seed=1), num_chunks=4, seed=SEED)
     text = "\n".join(said)
     assert "no run left to train (4 COMPLETED)" in text, text
     assert "runs × " not in text and "continuing" not in text, text
-    assert {s.status.value for s in exp._scheduler.snapshot()} == {"COMPLETED"}
+    assert {s.status.value for s in exp.run_snapshots()} == {"COMPLETED"}
     assert exp.get_results().equals(done["results"])
     # runs that ended in an earlier process load from their saved final weights
     model, tok = exp.load_model(2)

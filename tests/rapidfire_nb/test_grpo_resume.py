@@ -78,7 +78,7 @@ class Session:
             self.segments[run_id] += 1
 
     def adapter(self, run_id: int) -> dict[str, Any]:
-        run = self.ex._runs[run_id]
+        run = self.ex.runs[run_id]
         return adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
 
     def close(self) -> None:
@@ -170,7 +170,7 @@ def test_warm_clone_restarted_before_its_first_chunk_starts_from_its_warm_start(
     """A warm clone (own learning rate) whose process died before its first chunk ended: after the restart it
     starts again from the warm-start folder it was created from, with its own hyperparameters, and trains exactly
     as a clone that was never interrupted."""
-    from rapidfire_nb.experiment import _warm_start_checkpoint
+    from rapidfire_nb.experiment.restore import warm_start_checkpoint
     from rapidfire_nb.training.checkpoint import latest_checkpoint
 
     clone_leaf = _leaf().with_changes({"learning_rate": 3e-3})
@@ -195,7 +195,7 @@ def test_warm_clone_restarted_before_its_first_chunk_starts_from_its_warm_start(
     try:
         run_dir = second.ex.run_dir(2)
         assert latest_checkpoint(run_dir) is None  # no chunk of its own
-        warm = _warm_start_checkpoint(run_dir)
+        warm = warm_start_checkpoint(run_dir)
         assert warm is not None and warm.name == "warm-start-from-run-1-step-6"
         start = second.add(2, clone_leaf, resume_from=warm)
         assert start.step == 6

@@ -78,7 +78,7 @@ def _group() -> Any:
 
 
 def _status(exp: Any, rid: int) -> str:
-    snap = exp._scheduler.run_snapshot(rid)
+    snap = exp.run_snapshot(rid)
     return snap.status.value if snap else "MISSING"
 
 
@@ -108,7 +108,7 @@ def ic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     train = qa_dataset(N_TRAIN, seed=0)
     group = _group()
     exp = Experiment("icops", experiment_path=root)
-    exp._quiet = True
+    exp.quiet = True
     out: dict[str, Any] = {"exp": exp}
     t0 = time.monotonic()
     exp.run_fit(group, tiny_create_model, train, num_chunks=NUM_CHUNKS, seed=SEED, background=True)
@@ -133,12 +133,12 @@ def ic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["err_unknown_clone"] = _catch(lambda: exp.clone_modify(99, {}))
     out["stopped"] = _until(lambda: _status(exp, 2) == "STOPPED")
     out["deleted"] = _until(lambda: _status(exp, 3) == "DELETED")
-    out["snap_2_stopped"] = exp._scheduler.run_snapshot(2)
-    out["snap_3_deleted"] = exp._scheduler.run_snapshot(3)
+    out["snap_2_stopped"] = exp.run_snapshot(2)
+    out["snap_3_deleted"] = exp.run_snapshot(3)
 
     # --- every other run finishes; the stopped run does not end the experiment
     out["wait_all"] = exp.wait(timeout=WAIT_S)
-    out["statuses_after_wait"] = {s.run_id: s.status.value for s in exp._scheduler.snapshot()}
+    out["statuses_after_wait"] = {s.run_id: s.status.value for s in exp.run_snapshots()}
     out["info_mid"] = exp.get_runs_info()
     out["info_mid_all"] = exp.get_runs_info(include_deleted=True)
     out["tb_dirs"] = sorted(p.name for p in (exp.path / "tensorboard").iterdir())
@@ -155,13 +155,13 @@ def ic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # --- cloning a finished run trains again
     out["clone_after"] = exp.clone_modify(1, {"learning_rate": 2e-3})
     out["wait_after"] = exp.wait(timeout=WAIT_S)
-    out["loop_error"] = exp._scheduler.loop_error
+    out["loop_error"] = exp.session.scheduler.loop_error
     out["info"] = exp.get_runs_info()
     out["info_all"] = exp.get_runs_info(include_deleted=True)
     out["results"] = exp.get_results()
     out["results_all"] = exp.get_results(include_deleted=True)
     out["ops"] = exp.ops()
-    out["totals"] = {rid: run.plan.total_steps for rid, run in exp._executor._runs.items()}
+    out["totals"] = {rid: run.plan.total_steps for rid, run in exp.session.executor.runs.items()}
     exp.end()
     out["ref_2"] = train_plain_trl(list(group.expand(SEED))[1], tiny_create_model, train, None, SEED,
                                    root / "plain-2")

@@ -66,7 +66,7 @@ def mexp(tmp_path_factory: pytest.TempPathFactory, shell: Any) -> Any:
     del other
     gc.collect()
     exp = Experiment(NAME, experiment_path=root)
-    exp._quiet = True
+    exp.quiet = True
     exp.run_fit(_group(), tiny_create_model, qa_dataset(16), num_chunks=4, seed=3, background=True)
     yield exp
     exp.end()
@@ -84,7 +84,7 @@ def _magic(ip: Any, line: str) -> Any:
 
 
 def _status(exp: Any, rid: int) -> str:
-    snap = exp._scheduler.run_snapshot(rid)
+    snap = exp.run_snapshot(rid)
     return snap.status.value if snap else "MISSING"
 
 
@@ -142,15 +142,15 @@ def test_delete(shell: Any, in_root: Any, capsys: pytest.CaptureFixture[str]) ->
 
 def test_clone_warm_and_cold(shell: Any, in_root: Any, capsys: pytest.CaptureFixture[str]) -> None:
     exp = in_root
-    before = {s.run_id for s in exp._scheduler.snapshot()}
+    before = {s.run_id for s in exp.run_snapshots()}
     _magic(shell, "clone 1 --warm learning_rate=5e-5")
     _magic(shell, "clone 1 lora.r=16")
     out = capsys.readouterr().out
-    after = {s.run_id for s in exp._scheduler.snapshot()}
+    after = {s.run_id for s in exp.run_snapshots()}
     new = sorted(after - before)
     assert new == [max(before) + 1, max(before) + 2], new
     assert f"run {new[0]} created from run 1" in out and f"run {new[1]} created from run 1" in out, out
-    warm, cold = (exp._scheduler.run_snapshot(r) for r in new)
+    warm, cold = (exp.run_snapshot(r) for r in new)
     assert warm.warm_start and warm.parent_id == 1 and warm.spec.hparams()["learning_rate"] == 5e-5
     assert not cold.warm_start and cold.spec.hparams()["lora.r"] == 16
     assert exp.wait(timeout=WAIT_S)
@@ -181,14 +181,14 @@ def test_values_are_literals_never_evaluated(
     calls: list[int] = []
     monkeypatch.setattr(os, "getpid", lambda: calls.append(1) or 12345)
     exp = in_root
-    ids = {s.run_id for s in exp._scheduler.snapshot()}
+    ids = {s.run_id for s in exp.run_snapshots()}
     n_ops = len(exp.ops())
     with pytest.raises(UsageError) as ei:
         _magic(shell, "clone 1 learning_rate=__import__('os').getpid()")
     monkeypatch.undo()
     assert calls == [], "the value was evaluated as code"
     assert "learning_rate" in str(ei.value), str(ei.value)
-    assert {s.run_id for s in exp._scheduler.snapshot()} == ids, "a run was created"
+    assert {s.run_id for s in exp.run_snapshots()} == ids, "a run was created"
     assert len(exp.ops()) == n_ops
     assert parse_changes(["a=5e-5", "b=[1, 2]", "c=True", "d=abc", "e=None"]) == {
         "a": 5e-5, "b": [1, 2], "c": True, "d": "abc", "e": None,

@@ -110,7 +110,7 @@ def test_another_process_training_blocks_run_fit_and_overwrite(tmp_path: Path) -
     try:
         said: list[str] = []
         exp = Experiment("busy", experiment_path=tmp_path)
-        exp._printer = said.append
+        exp.on_message(said.append)
         with pytest.raises(ExperimentError, match=rf"being trained by process {proc.pid}; continue it there"):
             exp.run_fit(_group(), _never, _rows(), num_chunks=2)
         exp.end()

@@ -37,7 +37,7 @@ async def test_ops_posted_over_http_are_applied_by_the_kernel(jp_fetch: Any, rf_
         ),
     )
     exp = Experiment("e2e", experiment_path=rf_root)
-    exp._quiet = True
+    exp.quiet = True
     api = ("rapidfire", "api", "experiments", "e2e")
 
     async def post(body: dict[str, Any]) -> dict[str, Any]:

@@ -150,7 +150,7 @@ async def test_server_snapshot_chunks_match_the_kernels_panel(jp_fetch: Any, rf_
         ),
     )
     exp = Experiment("chunks", experiment_path=rf_root)
-    exp._quiet = True
+    exp.quiet = True
     try:
         exp.run_fit(
             RFGridSearch(configs=config, trainer_type="SFT"),

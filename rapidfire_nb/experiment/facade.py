@@ -1,0 +1,395 @@
+"""The Experiment facade: ``run_fit``, ``wait``, IC Ops, results — the surface ``rapidfireai`` users know.
+
+Each public method is its documentation plus a short hand-off: run_fit to :mod:`.inputs` (checks),
+:mod:`.restore` (what each stored run becomes) and :mod:`.session` (the wiring); results to :mod:`.tables`.
+Threads: ``run_fit`` checks and builds on the calling thread, then one scheduler thread owns run state (see
+``kernel_scheduler.loop``). Every method may be called from any notebook cell while training runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus
+
+from .._writer_lock import WriterLock
+from ..errors import ConfigError, ExperimentError, OpError
+from ..paths import experiment_dir, experiments_root, validate_experiment_name
+from ..store import Store
+from . import panel_source, registry, tables
+from .inputs import check_fit_inputs
+from .ownership import other_writer, settle_orphan, wipe
+from .reporter import Reporter, in_kernel, thread_parent_hook
+from .session import FitSession, check_group, open_session, start_message
+
+__all__ = ["Experiment"]
+
+
+class Experiment:
+    """One named experiment: a folder under the experiments root with its store, checkpoints and logs.
+
+    Args:
+        experiment_name: letters, digits, ``-``, ``_``, ``.``; opens the experiment of that name if it exists
+            (its history is visible), creates it otherwise.
+        mode: only ``"fit"`` is supported.
+        experiment_path: the experiments root; default ``$RF_HOME``, else the user data dir
+            (``platformdirs.user_data_dir("rapidfire_nb")``).
+        overwrite: start the experiment afresh (deletes its folder).
+        quiet: print no ``[rapidfire]`` lines (also settable later: ``experiment.quiet = True``).
+
+    In one process there is one object per experiment: ``Experiment(name)`` again (a notebook cell run twice)
+    returns the object that exists already, with its training, panel and history, unless that one was ended.
+    Only one process trains an experiment at a time (an OS lock on ``<experiment>/writer.lock``, dropped by the
+    system when that process dies); another process sees its state read-only.
+
+    Raises:
+        ConfigError: bad name or mode.
+        ExperimentError: ``overwrite=True`` while the experiment is training (here or in another process).
+    """
+
+    def __new__(cls, experiment_name: str, mode: str = "fit", experiment_path: str | os.PathLike[str] | None = None,
+                overwrite: bool = False, quiet: bool = False) -> Experiment:
+        try:
+            path = experiment_dir(experiments_root(experiment_path), validate_experiment_name(experiment_name))
+        except Exception:  # __init__ raises the error with its message
+            return super().__new__(cls)
+        live = registry.live_at(path)
+        if live is None:
+            return super().__new__(cls)
+        if not overwrite:
+            return live
+        if live.training:
+            raise ExperimentError(
+                f"experiment {live.experiment_name!r} is training in this kernel; it cannot be overwritten while it "
+                "trains. Stop or wait for it (experiment.wait()), then end it (experiment.end()), or pick a new name")
+        live.end()
+        return super().__new__(cls)
+
+    def __init__(self, experiment_name: str, mode: str = "fit", experiment_path: str | os.PathLike[str] | None = None,
+                 overwrite: bool = False, quiet: bool = False) -> None:
+        if getattr(self, "_initialised", False):  # the live object of this folder, returned by __new__
+            return
+        if mode != "fit":
+            raise ConfigError(f"mode={mode!r} is not supported; use mode='fit'")
+        self.experiment_name = validate_experiment_name(experiment_name)
+        self.root = experiments_root(experiment_path)
+        self.path = experiment_dir(self.root, self.experiment_name)
+        if overwrite and self.path.exists():
+            wipe(self.path, self.experiment_name)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._reporter = Reporter(quiet=quiet)
+        self._lock = WriterLock(self.path)
+        self.store = Store(self.path)
+        if self.store.get_meta("name") is None:
+            self.store.update_meta({"name": self.experiment_name, "created_at": time.time()})
+        self._session: FitSession | None = None
+        self._panels: list[Any] = []
+        self._ended = False
+        registry.register(self)
+        self._initialised = True
+        other = settle_orphan(self._lock, self.store)
+        if other is not None:
+            self._say(f"experiment {self.experiment_name!r} is being trained by process {other}; its state is "
+                      "shown read-only here")
+
+    def __repr__(self) -> str:
+        return f"Experiment({self.experiment_name!r}, path={str(self.path)!r})"
+
+    # ================================================================== state
+    @property
+    def quiet(self) -> bool:
+        """True when the experiment prints no ``[rapidfire]`` lines (errors still raise)."""
+        return self._reporter.quiet
+
+    @quiet.setter
+    def quiet(self, value: bool) -> None:
+        self._reporter.quiet = bool(value)
+
+    def on_message(self, printer: Callable[[str], None] | None) -> None:
+        """Send the ``[rapidfire]`` lines to ``printer(line)`` instead of ``print`` (None: back to ``print``)."""
+        self._reporter.printer = printer or print
+
+    @property
+    def ended(self) -> bool:
+        """True after :meth:`end` (the object accepts no more training or IC Ops)."""
+        return self._ended
+
+    @property
+    def training(self) -> bool:
+        """True while a run is left to train in this process (or an op is still to be applied)."""
+        return self._session is not None and not self._session.scheduler.is_idle()
+
+    @property
+    def session(self) -> FitSession | None:
+        """What the latest ``run_fit`` in this process wired (scheduler, executor, recorder), or None. Advanced."""
+        return self._session
+
+    def run_snapshots(self) -> list[RunSnapshot]:
+        """Frozen views of every run this process trains (status, step, chunks, spec), by run id; [] otherwise."""
+        return self._session.scheduler.snapshot() if self._session is not None else []
+
+    def run_snapshot(self, run_id: int) -> RunSnapshot | None:
+        """The frozen view of run ``run_id`` (None when this process does not train it)."""
+        return self._session.scheduler.run_snapshot(run_id) if self._session is not None else None
+
+    # ================================================================== run_fit
+    def run_fit(self, param_config: Any, create_model_fn: Callable[[dict], Any], train_dataset: Any,
+                eval_dataset: Any = None, num_chunks: int = 4, seed: int = 42, *,
+                background: bool | None = None) -> None:
+        """Train every config of ``param_config`` concurrently, chunk by chunk.
+
+        Args:
+            param_config: ``RFGridSearch`` / ``RFRandomSearch`` (or anything with ``expand(seed)`` and
+                ``trainer_type``).
+            create_model_fn: ``create_model_fn(model_config: dict) -> (model, tokenizer)``; called once per
+                distinct base model.
+            train_dataset: a ``datasets.Dataset`` (rows before ``formatting_func``).
+            eval_dataset: optional ``datasets.Dataset``; every run is evaluated on it at the end of each chunk
+                and at its own ``eval_steps``.
+            num_chunks: chunks per epoch (1 .. a run's optimizer steps per epoch).
+            seed: the experiment seed (random search, and each run's seed unless its config sets one).
+            background: train in the background and return once validated. Default: True in a Jupyter kernel,
+                False in a plain script (which then blocks until training ends).
+
+        In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
+        goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
+        training ends.
+
+        Raises:
+            ConfigError: bad input, before any training starts.
+            ExperimentError: the experiment is training already, or holds a different config group.
+        """
+        if self._ended:
+            raise ExperimentError("this Experiment was ended; create Experiment(name) again to continue")
+        if self.training:
+            raise ExperimentError(
+                f"experiment {self.experiment_name!r} is training; use its IC Ops (experiment.stop(run_id), "
+                "resume, clone_modify, delete) or experiment.wait() before calling run_fit again")
+        background = in_kernel() if background is None else background
+        held_before = self._lock.held
+        if not self._lock.acquire():
+            other = self._lock.holder_pid()
+            who = "another Experiment object in this process" if other == os.getpid() else f"process {other}"
+            raise ExperimentError(
+                f"experiment {self.experiment_name!r} is being trained by {who}; continue it there, or end it "
+                "(experiment.end(), or shut that kernel down) and run this again")
+        try:
+            if not held_before and self._session is None:
+                settle_orphan(self._lock, self.store)  # the writer may have died since this opened it read-only
+            inputs = check_fit_inputs(param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed)
+            existing = check_group(self.experiment_name, self.store, inputs, trained_here=self._session is not None)
+            if existing is None:
+                self._say("the same config group is already in this experiment; every run has finished "
+                          "(see experiment.get_runs_info())")
+                return
+            self._start(open_session(self.store, self._reporter, self.path, inputs, existing), bool(existing),
+                        background)
+        except BaseException:
+            if not held_before and self._session is None:
+                self._lock.release()  # refused before training: another process may train it
+            raise
+        if not background:
+            self.wait()
+
+    def _start(self, session: FitSession, continued: bool, background: bool) -> None:
+        """Make ``session`` this object's, say what starts, start the scheduler thread, show the panel."""
+        session.started_at = time.time()
+        self._session = session
+        registry.set_current(self)
+        session.scheduler.on_thread_start = thread_parent_hook()
+        self._say(start_message(self.experiment_name, session, continued, background))
+        session.scheduler.start()
+        if background and in_kernel():
+            self._show_panel()
+
+    # ================================================================== waiting / ending
+    def wait(self, timeout: float | None = None, chunks: int | None = None) -> bool:
+        """Block until no run is left to train (or, with ``chunks=k``, until every active run has done k chunks).
+
+        Args:
+            timeout: seconds; ``None`` waits as long as needed.
+            chunks: wait for this many completed chunks per active run instead (counted over all epochs).
+
+        Returns:
+            True when the condition holds, False on timeout.
+
+        On Ctrl-C (kernel interrupt) every active run is stopped at the end of its current chunk (STOPPED,
+        resumable) and ``wait`` returns once they are parked; a second Ctrl-C returns at once.
+        """
+        if self._session is None:
+            return True
+        sched = self._session.scheduler
+        try:
+            return sched.wait(timeout=timeout, chunks=chunks)
+        except KeyboardInterrupt:
+            active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
+            self._say(f"interrupted: stopping runs {active} at the end of their current chunk "
+                      "(press interrupt again to return now)")
+            for rid in active:
+                sched.submit(Op(OpKind.STOP, rid, source="api"))
+            try:
+                sched.wait()
+            except KeyboardInterrupt:
+                pass
+            return False
+
+    def end(self) -> None:
+        """Wait for the runs still training, save their final weights, and close the experiment."""
+        if self._ended:
+            return
+        if self._session is not None:
+            self.wait()
+            self._session.close()
+        for panel in self._panels:
+            try:
+                panel.close()
+            except Exception:
+                pass
+        self._panels.clear()
+        self.store.update_meta({"ended_at": time.time()})
+        self._ended = True
+        self._lock.release()
+        if self._session is not None:
+            self._say(f"experiment {self.experiment_name!r} ended")
+
+    # ================================================================== IC Ops
+    def stop(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
+        """Stop run(s) at the end of their current chunk (STOPPED, resumable). Returns an OpAck (list for a list)."""
+        return self._ops(OpKind.STOP, run_id)
+
+    def resume(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
+        """Put STOPPED run(s) back into the rotation where they left off."""
+        return self._ops(OpKind.RESUME, run_id)
+
+    def delete(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
+        """Stop run(s) and mark them DELETED (hidden from listings)."""
+        return self._ops(OpKind.DELETE, run_id)
+
+    def clone_modify(self, run_id: int, changes: dict[str, Any] | None = None, warm_start: bool = False,
+                     source: str = "api") -> int:
+        """Create a new run from ``run_id``'s config plus ``changes``; returns the new run's id at once.
+
+        Args:
+            run_id: the parent run.
+            changes: hyperparameters to change, named ``learning_rate``, ``lora.r``, ``model_kwargs.<key>``;
+                functions (``formatting_func``, ``reward_funcs``, ``compute_metrics``) may be replaced here.
+            warm_start: start from the parent's adapter and optimizer state at its latest chunk boundary and
+                continue from its position in the data; otherwise a fresh adapter from chunk 1.
+
+        Raises:
+            OpError: unknown run, or a change that cannot be warm-started (suggests a cold clone).
+            ConfigError: unknown field (with the closest valid name) or invalid value.
+        """
+        ack = self.submit_op("clone", run_id, changes=changes, warm_start=warm_start, source=source)
+        if ack.state == "rejected":
+            raise OpError(ack.message)
+        self._say(f"clone of run {run_id} → run {ack.new_run_id}: {ack.message}")
+        assert ack.new_run_id is not None
+        return ack.new_run_id
+
+    def ops(self) -> Any:
+        """Every op with its outcome, as a pandas DataFrame (op_id, run_id, kind, source, state, message, ...)."""
+        return tables.ops_table(self.store)
+
+    def submit_op(self, kind: str, run_id: int, op_id: str | None = None, changes: dict[str, Any] | None = None,
+                  warm_start: bool = False, source: str = "api") -> OpAck:
+        """The one command path used by the API, the panel, the magic and the ops inbox.
+
+        Raises:
+            ExperimentError: nothing trains in this process (it says what to do), or the experiment was ended.
+            ConfigError/OpError: for a clone whose changes are invalid (the op is not queued).
+        """
+        return self._require_session().submit(kind, run_id, op_id=op_id, changes=changes, warm_start=warm_start,
+                                              source=source)
+
+    def _ops(self, kind: OpKind, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
+        if isinstance(run_id, Iterable) and not isinstance(run_id, (str, bytes)):
+            return [self.submit_op(kind.value, int(r)) for r in run_id]
+        return self.submit_op(kind.value, int(run_id))  # type: ignore[arg-type]
+
+    def _require_session(self) -> FitSession:
+        if self._session is None:
+            other = other_writer(self._lock, self.store) if not self._ended else None
+            if other is not None:
+                raise ExperimentError(
+                    f"experiment {self.experiment_name!r} is being trained by process {other}; apply IC Ops there "
+                    "(its panel, %rapidfire, or the /rapidfire/ page of its Jupyter server)")
+            if self.store.runs():
+                raise ExperimentError(
+                    f"experiment {self.experiment_name!r} is not training in this kernel: call run_fit with the same "
+                    "arguments first (it continues the interrupted runs), then use IC Ops")
+            raise ExperimentError("no training in this experiment yet: call run_fit first")
+        if self._ended:
+            raise ExperimentError("this Experiment was ended; IC Ops are no longer accepted")
+        return self._session
+
+    # ================================================================== results
+    def get_runs_info(self, include_deleted: bool = False) -> Any:
+        """One row per run: run_id, status, config, the differing hyperparameters, progress, latest metrics.
+
+        Returns:
+            pandas DataFrame with columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
+            chunks_done, epoch, loss, eval_loss, checkpoint_dir, error``. DELETED runs are left out unless
+            ``include_deleted``.
+        """
+        session = self._session
+        return tables.runs_table(self.store, session.snapshots() if session else {},
+                                 session.columns if session else [], include_deleted)
+
+    def get_results(self, include_deleted: bool = False) -> Any:
+        """Every logged metric: one row per (run_id, step) with ``samples_seen`` (rows) and one column per
+        metric name (TRL's names: ``loss``, ``eval_loss``, ``learning_rate``, ``grad_norm``, ...).
+
+        Args:
+            include_deleted: keep the rows of DELETED runs (left out by default, as in ``get_runs_info``).
+
+        Returns:
+            pandas DataFrame sorted by ``run_id, step``; empty (columns ``run_id, step, samples_seen``) before the
+            first logged step.
+        """
+        return tables.results_table(self.store, self._session.snapshots() if self._session else {}, include_deleted)
+
+    def load_model(self, run_id: int) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` with run ``run_id``'s trained weights, in eval mode, ready for ``generate``.
+
+        Raises:
+            ExperimentError: nothing was trained in this kernel (run_fit gives it the model function), no such
+                run, the run is training right now, or it has no saved final weights.
+        """
+        if self._session is None:
+            raise ExperimentError("no run trained in this kernel yet: call run_fit with the same arguments first (it "
+                                  "gives this kernel the model function; finished runs are not trained again)")
+        return self._session.load_model(run_id)
+
+    # ================================================================== panel source
+    def panel_snapshot(self) -> dict[str, Any]:
+        """JSON-able state for the panel (see docs/ARCHITECTURE.md, "Panel source")."""
+        return panel_source.panel_snapshot(self.experiment_name, self.store, self._session)
+
+    def metrics_since(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        """Metric points after ``cursor`` (the store's row id) and the new cursor."""
+        return panel_source.metrics_since(self.store, cursor)
+
+    def panel(self) -> None:
+        """Display the live panel again (full history; any number of views may be open)."""
+        self._show_panel()
+
+    def _show_panel(self) -> Any:
+        try:
+            from ..panel import display_panel
+        except Exception:  # panel unavailable (no anywidget): text lines only
+            return None
+        try:
+            panel = display_panel(self)
+        except Exception as exc:
+            self._say(f"panel unavailable ({exc}); progress is printed as text")
+            return None
+        if panel is not None and hasattr(panel, "close"):
+            self._panels.append(panel)
+        return panel
+
+    def _say(self, text: str) -> None:
+        self._reporter.say(text)

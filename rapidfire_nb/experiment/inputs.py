@@ -1,0 +1,141 @@
+"""What ``run_fit`` is given, checked before anything is built, and its identity across kernels.
+
+Torch-free. :func:`check_fit_inputs` expands the config group; :func:`dataset_fingerprint` and
+:func:`check_same_inputs` make sure a restarted kernel continues the runs with the inputs they started with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError, ExperimentError
+
+__all__ = ["FitInputs", "check_fit_inputs", "check_same_inputs", "column_names", "dataset_fingerprint"]
+
+
+@dataclass(frozen=True)
+class FitInputs:
+    """The checked arguments of one ``run_fit`` call.
+
+    Attributes:
+        specs: the expanded run specs, run ``i`` (1-based) is ``specs[i - 1]``.
+        trainer_type: ``"SFT"``, ``"DPO"`` or ``"GRPO"``.
+        fingerprint: JSON text identifying the config group (every spec's fingerprint, in order).
+        create_model_fn, train_dataset, eval_dataset: as given.
+        num_chunks: chunks per epoch; seed: the experiment seed.
+    """
+
+    specs: tuple[Any, ...]
+    trainer_type: str
+    fingerprint: str
+    create_model_fn: Callable[[dict[str, Any]], Any]
+    train_dataset: Any
+    eval_dataset: Any
+    num_chunks: int
+    seed: int
+
+    def meta(self) -> dict[str, Any]:
+        """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against)."""
+        return {"num_chunks": self.num_chunks, "seed": self.seed,
+                "train_data": dataset_fingerprint(self.train_dataset),
+                "eval_data": dataset_fingerprint(self.eval_dataset)}
+
+
+def check_fit_inputs(param_config: Any, create_model_fn: Any, train_dataset: Any, eval_dataset: Any,
+                     num_chunks: Any, seed: Any) -> FitInputs:
+    """Check ``run_fit``'s arguments and expand the config group (nothing is built or loaded).
+
+    Raises:
+        ConfigError: a bad argument, naming it and what it should be.
+    """
+    if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
+        raise ConfigError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    if train_dataset is None or len(train_dataset) == 0:
+        raise ConfigError("train_dataset is empty: pass a datasets.Dataset with at least one row")
+    if not callable(create_model_fn):
+        raise ConfigError("create_model_fn must be a function model_config -> (model, tokenizer)")
+    if not hasattr(param_config, "expand") or not hasattr(param_config, "trainer_type"):
+        raise ConfigError(
+            f"param_config must be RFGridSearch(configs=..., trainer_type=...) or RFRandomSearch(...), got "
+            f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one")
+    specs = tuple(param_config.expand(seed))
+    if not specs:
+        raise ConfigError("the config group expands to no run")
+    return FitInputs(specs=specs, trainer_type=str(param_config.trainer_type).upper(),
+                     fingerprint=json.dumps([spec.fingerprint() for spec in specs]),
+                     create_model_fn=create_model_fn, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                     num_chunks=num_chunks, seed=seed)
+
+
+def column_names(specs: Any) -> list[str]:
+    """The hyperparameter columns worth showing: the ``hparams()`` keys whose values differ between specs."""
+    values: dict[str, set[str]] = {}
+    for spec in specs:
+        for k, v in spec.hparams().items():
+            values.setdefault(k, set()).add(json.dumps(v, sort_keys=True, default=str))
+    return [k for k, vs in values.items() if len(vs) > 1]
+
+
+def dataset_fingerprint(dataset: Any, samples: int = 32) -> dict[str, Any] | None:
+    """A cheap identity of a dataset: ``{"rows": len, "sha256": hash of up to ``samples`` evenly spaced rows}``.
+
+    Rows are hashed as JSON (keys sorted; values JSON cannot hold hashed by ``str``), so two datasets with the same
+    rows in the same order match whatever object holds them. Differences outside the sampled rows go unnoticed.
+    Returns None for None.
+    """
+    if dataset is None:
+        return None
+    n = len(dataset)
+    idx = sorted({round(i * (n - 1) / max(1, samples - 1)) for i in range(min(samples, n))}) if n else []
+    digest = hashlib.sha256()
+    for i in idx:
+        try:
+            row = dataset.iloc[int(i)].to_dict() if hasattr(dataset, "iloc") else dataset[int(i)]  # pandas / HF
+        except Exception:  # rows not addressable by position: the row count alone
+            return {"rows": n, "sha256": None}
+        digest.update(json.dumps(row, sort_keys=True, default=str).encode())
+    return {"rows": n, "sha256": digest.hexdigest()[:16]}
+
+
+def check_same_inputs(experiment_name: str, meta: Mapping[str, Any], num_chunks: int, seed: int, train_dataset: Any,
+                      eval_dataset: Any, unfinished: list[int]) -> None:
+    """Continuing runs from their checkpoints needs the inputs they were started with.
+
+    Args:
+        experiment_name: for the message.
+        meta: the experiment's stored meta (``num_chunks``, ``seed``, ``train_data``, ``eval_data``; a key that is
+            missing, as in experiments stored before it was recorded, is not checked).
+        unfinished: the run ids that would continue (for the message).
+
+    Raises:
+        ExperimentError: ``num_chunks``, ``seed``, the train or the eval dataset differ from the stored ones
+            (datasets compared by :func:`dataset_fingerprint`: row count plus a hash of sampled rows).
+    """
+    checks = [("num_chunks", "num_chunks", num_chunks), ("seed", "seed", seed),
+              ("train_dataset", "train_data", dataset_fingerprint(train_dataset)),
+              ("eval_dataset", "eval_data", dataset_fingerprint(eval_dataset))]
+    for field, key, given in checks:
+        if key not in meta or meta[key] == given:
+            continue
+        raise ExperimentError(
+            f"experiment {experiment_name!r} has unfinished runs {unfinished} to continue from their "
+            f"checkpoints, and run_fit got {_difference(field, meta[key], given)}. Continuing needs the same "
+            "num_chunks, seed and datasets; pass those, or use a new experiment name (or "
+            "Experiment(name, overwrite=True)) to start afresh")
+
+
+def _difference(field: str, stored: Any, given: Any) -> str:
+    if field in ("num_chunks", "seed"):
+        return f"{field}={given!r}, but it was started with {field}={stored!r}"
+    if given is None or stored is None:
+        return (f"a different {field}: "
+                + (f"none, but it was started with {stored['rows']} rows" if given is None else
+                   f"{given['rows']} rows, but it was started without one"))
+    return (f"a different {field} than the one it was started with ({given['rows']} rows vs "
+            f"{stored['rows']}, or other content)")

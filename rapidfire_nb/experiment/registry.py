@@ -1,0 +1,63 @@
+"""The live ``Experiment`` objects of this process: one per experiment folder, and the current one.
+
+``Experiment(name)`` again in one process (a notebook cell run twice) returns the live object of that folder;
+``%rapidfire`` addresses the current experiment (the one most recently created or trained here). Entries are
+weak: an experiment nobody refers to any more leaves the registry. Keys are ``str`` (no ``Path`` objects are
+needed at interpreter exit). Called from the caller's thread only (cells, the magic).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .facade import Experiment
+
+__all__ = ["current_experiment", "keep_current", "live_at", "live_experiment", "register", "set_current"]
+
+_BY_NAME: weakref.WeakValueDictionary[str, Experiment] = weakref.WeakValueDictionary()
+_BY_PATH: weakref.WeakValueDictionary[str, Experiment] = weakref.WeakValueDictionary()
+_CURRENT: list[weakref.ref[Experiment] | None] = [None]
+
+
+def current_experiment() -> Experiment | None:
+    """The experiment most recently created or trained in this process (what ``%rapidfire`` addresses)."""
+    ref = _CURRENT[0]
+    return ref() if ref is not None else None
+
+
+def live_experiment(name: str) -> Experiment | None:
+    """The live Experiment object of that name in this process, if any."""
+    return _BY_NAME.get(name)
+
+
+def live_at(path: Path) -> Experiment | None:
+    """The live object of the experiment folder ``path`` unless it was ended."""
+    live = _BY_PATH.get(str(path))
+    return None if live is None or live.ended else live
+
+
+def register(exp: Experiment) -> None:
+    """Record ``exp`` as the live object of its name and folder, and make it the current experiment."""
+    _BY_NAME[exp.experiment_name] = exp
+    _BY_PATH[str(exp.path)] = exp
+    set_current(exp)
+
+
+def set_current(exp: Experiment) -> None:
+    """Make ``exp`` the experiment ``%rapidfire`` addresses."""
+    _CURRENT[0] = weakref.ref(exp)
+
+
+@contextlib.contextmanager
+def keep_current() -> Iterator[None]:
+    """Open experiments inside this block without changing the current one (the magic reading another)."""
+    saved = _CURRENT[0]
+    try:
+        yield
+    finally:
+        _CURRENT[0] = saved

@@ -1,0 +1,84 @@
+"""The experiment's results as pandas tables: one row per run, one row per logged step, the ops log.
+
+Read from the store (the source of truth), with the live scheduler's snapshots (the freshest statuses) when this
+process trains the experiment. pandas is imported when a table is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kernel_scheduler import RunSnapshot, RunStatus
+
+__all__ = ["ops_table", "results_table", "runs_table"]
+
+_TAIL_COLUMNS = ["completed_steps", "total_steps", "chunks_done", "epoch", "loss", "eval_loss", "checkpoint_dir",
+                 "error"]
+
+
+def runs_table(store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[str], include_deleted: bool) -> Any:
+    """``get_runs_info()``: columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
+    chunks_done, epoch, loss, eval_loss, checkpoint_dir, error``.
+
+    Args:
+        live: the scheduler's snapshots by run id (empty when nothing trains in this process).
+        columns: this process's hyperparameter columns (added after the stored ones).
+        include_deleted: keep DELETED runs.
+    """
+    import pandas as pd
+
+    latest = store.latest_metrics(["loss", "eval_loss"])
+    cols = list(store.get_meta("hparam_columns", []) or [])
+    cols += [c for c in columns if c not in cols]
+    rows = []
+    for r in store.runs():
+        snap = live.get(r["run_id"])
+        if snap is not None:  # the scheduler's view is the freshest (e.g. a clone applied a moment ago)
+            r = {**r, "status": snap.status.value, "completed_steps": snap.step, "total_steps": snap.total_steps,
+                 "chunks_done": snap.segments_done,
+                 "epoch": snap.epoch if snap.steps_per_epoch else r.get("epoch"), "error": snap.error}
+        if r["status"] == RunStatus.DELETED.value and not include_deleted:
+            continue
+        hp = r.get("hparams") or {}
+        m = latest.get(r["run_id"], {})
+        row = {"run_id": r["run_id"], "status": r["status"], "config": r.get("config")}
+        row.update({c: hp.get(c) for c in cols})
+        row.update(completed_steps=r.get("completed_steps"), total_steps=r.get("total_steps"),
+                   chunks_done=r.get("chunks_done"), epoch=r.get("epoch"), loss=m.get("loss"),
+                   eval_loss=m.get("eval_loss"), checkpoint_dir=r.get("checkpoint_dir"), error=r.get("error"))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *_TAIL_COLUMNS])
+
+
+def results_table(store: Any, live: Mapping[int, RunSnapshot], include_deleted: bool) -> Any:
+    """``get_results()``: one row per (run_id, step), ``samples_seen`` (rows) and one column per metric name.
+
+    Returns:
+        A DataFrame sorted by ``run_id, step``; empty (columns ``run_id, step, samples_seen``) before the first
+        logged step.
+    """
+    import pandas as pd
+
+    points, _ = store.metrics_since(0)
+    if not include_deleted:
+        deleted = {r["run_id"] for r in store.runs()
+                   if (live[r["run_id"]].status if r["run_id"] in live else RunStatus(r["status"]))
+                   is RunStatus.DELETED}
+        points = [p for p in points if p["run_id"] not in deleted]
+    if not points:
+        return pd.DataFrame(columns=["run_id", "step", "samples_seen"])
+    df = pd.DataFrame(points)
+    wide = df.pivot_table(index=["run_id", "step"], columns="name", values="value", aggfunc="last")
+    samples = df.groupby(["run_id", "step"])["samples_seen"].max()
+    wide.insert(0, "samples_seen", samples)
+    wide = wide.reset_index()
+    wide.columns.name = None
+    return wide.sort_values(["run_id", "step"]).reset_index(drop=True)
+
+
+def ops_table(store: Any) -> Any:
+    """Every op with its outcome (op_id, run_id, kind, source, state, message, ...)."""
+    import pandas as pd
+
+    return pd.DataFrame(store.ops())
