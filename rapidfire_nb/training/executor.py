@@ -23,9 +23,9 @@ from transformers import set_seed
 
 from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult
 from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.spec import build_lora_config, build_training_args
 
 from . import rl
-from .build import build_lora_config, build_training_args
 from .checkpoint import WARM_START_PREFIX, BoundarySnapshot, CheckpointWriter, restore_counters, snapshot_trainer
 from .data import prepare_dataset
 from .quiet import quiet_libraries

@@ -96,7 +96,7 @@ def precheck(kind: TrainerKind, spec: Any, train_dataset: Any, eval_dataset: Any
 
 
 def _training_value(spec: Any, name: str) -> Any:
-    from . import fields
+    from rapidfire_nb import schema as fields
 
     if name in spec.training:
         return spec.training[name]

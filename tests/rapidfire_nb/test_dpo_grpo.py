@@ -48,7 +48,7 @@ def plain_trl(leaf: Any, create_model_fn: Any, train: Any, evald: Any, output_di
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import DPOTrainer, GRPOTrainer
 
-    from rapidfire_nb.training.build import build_lora_config, build_training_args
+    from rapidfire_nb.spec import build_lora_config, build_training_args
 
     args, _ = build_training_args(leaf, output_dir=str(output_dir), default_seed=SEED)
     model, tok = create_model_fn(leaf.model_config_dict())
@@ -331,7 +331,7 @@ def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, t
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from rapidfire_nb.training.build import build_lora_config, build_training_args
+    from rapidfire_nb.spec import build_lora_config, build_training_args
     from rapidfire_nb.training.trainers import plan_run, step_geometry, trainer_kind
 
     args = dict(num_generations=4, max_completion_length=4, logging_steps=1)

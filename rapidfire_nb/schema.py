@@ -1,8 +1,10 @@
-"""What TRL's and PEFT's config classes accept: field names, defaults, value checks, renamed names.
+"""The TRL/PEFT field schema: what TRL's and PEFT's config classes accept (names, defaults, checks, renames).
 
-``rapidfire_nb.automl`` checks the user's arguments against these lists when a config is written, without
-building any TRL/PEFT object. Importing this module is cheap: ``trl``/``peft`` (and with them torch) are
-imported on the first call that needs a class, and every answer is cached per class.
+The bottom layer after ``errors``: the run spec (``rapidfire_nb.spec``), ``rapidfire_nb.automl`` and
+``rapidfire_nb.training`` read it; it imports none of them. ``rapidfire_nb.automl`` checks the user's arguments
+against these lists when a config is written, without building any TRL/PEFT object. Importing this module
+is cheap: ``trl``/``peft`` (and with them torch) are imported on the first call that needs a class, and every
+answer is cached per class.
 
 The one table of renamed/deprecated argument names lives here (``RENAMES``). A rename applies only when the
 installed library really lacks the old name and has the new one, so the table stays correct across the
@@ -360,7 +362,7 @@ def find_model_kwargs_rename(key: str) -> Rename | None:
     return None
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # the rapidfire_nb folder
 
 
 def warn_user(message: str, category: type[Warning] = FutureWarning) -> None:
