@@ -201,15 +201,15 @@ def _type_text(tp: Any) -> str:
 
 
 def _positive(value: Any) -> bool:
-    return value > 0
+    return bool(value > 0)
 
 
 def _non_negative(value: Any) -> bool:
-    return value >= 0
+    return bool(value >= 0)
 
 
 def _unit_interval(value: Any) -> bool:
-    return 0 <= value <= 1
+    return bool(0 <= value <= 1)
 
 
 # (library, field) -> (rule, message). Library messages are quoted where the library has one.
@@ -266,7 +266,7 @@ def check_value(cls: type, name: str, value: Any) -> str | None:
 
 
 def _warmup_ratio_to_steps(value: Any) -> Any:
-    if not isinstance(value, numbers.Real) or _is_bool(value) or not 0 <= value < 1:
+    if not isinstance(value, numbers.Real) or _is_bool(value) or not 0 <= value < 1:  # type: ignore[operator]
         raise ConfigError(
             f"warmup_ratio={value!r} cannot be carried over: transformers 5 has no warmup_ratio, and "
             "warmup_steps reads a float in [0, 1) as a fraction of the training steps and a value >= 1 "

@@ -42,7 +42,7 @@ class TrainerSettings(Protocol):
     def model_type(self) -> str: ...  # "causal_lm"
 
 
-_NOT_REPORTING = (None, "none", [], ["none"], ("none",))
+_NOT_REPORTING: tuple[Any, ...] = (None, "none", [], ["none"], ("none",))
 # Checkpointing names: transformers 5 calls it activation_checkpointing; TRL still documents (and defaults)
 # gradient_checkpointing, a deprecated alias there. We pass both, equal, so transformers does not warn.
 _CHECKPOINTING_ALIASES = (

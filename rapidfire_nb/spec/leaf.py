@@ -19,7 +19,7 @@ from rapidfire_nb.errors import ConfigError, closest_name
 from .build import build_lora_config, build_training_args
 from .values import check_model_field, deep_copy, find_knob, jsonable
 
-__all__ = ["FUNCTION_KEYS", "LeafConfig", "REF_MODEL_TRAINERS", "REWARD_FUNCS_TRAINERS"]
+__all__ = ["FUNCTION_KEYS", "REF_MODEL_TRAINERS", "REWARD_FUNCS_TRAINERS", "LeafConfig"]
 
 FUNCTION_KEYS: tuple[str, ...] = ("formatting_func", "compute_metrics", "reward_funcs")
 """``with_changes`` keys whose values are functions (accepted only with ``allow_functions=True``)."""
@@ -317,7 +317,8 @@ class LeafConfig:
         if not sub:
             raise ConfigError(f"`{attr}.` needs a key after the dot, e.g. {attr}.name")
         if attr == "lora":
-            if dicts["lora"] is None:
+            lora = dicts["lora"]
+            if lora is None:
                 raise ConfigError(
                     f"lora.{sub}: this run trains without LoRA (peft_config=None); nothing to change"
                 )
@@ -330,7 +331,7 @@ class LeafConfig:
             problem = schema.check_value(lora_cls, sub, value)
             if problem:
                 raise ConfigError(problem.replace(f"{lora_cls.__name__}.{sub}", f"lora.{sub}", 1))
-            dicts["lora"][sub] = value  # type: ignore[index]
+            lora[sub] = value
             return
         if (
             attr == "generation_config"
@@ -345,6 +346,8 @@ class LeafConfig:
             if rename is not None:
                 schema.warn_user(f"{attr}: " + rename.message(value))
                 sub = rename.new
-        data = dicts[attr] if dicts[attr] is not None else {}
+        data = dicts[attr]
+        if data is None:
+            data = {}
         data[sub] = value
         dicts[attr] = data
