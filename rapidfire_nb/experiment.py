@@ -26,6 +26,7 @@ from ._writer_lock import LOCK_FILENAME, WriterLock
 from .errors import ConfigError, ExperimentError, OpError
 from .paths import experiment_dir, experiments_root, validate_experiment_name
 from .store import Store
+from .training.kinds import WARM_FORBIDDEN  # torch-free: the kinds' warm-start rules
 from .wire import json_type_name
 
 __all__ = ["Experiment", "current_experiment", "live_experiment"]
@@ -45,12 +46,6 @@ def current_experiment() -> Experiment | None:
 def live_experiment(name: str) -> Experiment | None:
     """The live Experiment object of that name in this process, if any."""
     return _LIVE.get(name)
-
-#: trainer fields that change how data is batched or sampled, or the adapter's shape: no warm start.
-WARM_FORBIDDEN = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed", "num_generations",
-                  "max_length", "max_prompt_length", "max_completion_length", "packing", "lora.r",
-                  "lora.target_modules", "model_name", "steps_per_generation", "dataloader_drop_last",
-                  "group_by_length", "data_seed", "num_train_epochs", "generation_batch_size", "num_iterations")
 
 
 #: hyperparameter columns that the panel, the magic and the server cannot change (functions: API only).

@@ -332,7 +332,7 @@ def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, t
     from trl import GRPOTrainer
 
     from rapidfire_nb.spec import build_lora_config, build_training_args
-    from rapidfire_nb.training.trainers import plan_run, step_geometry, trainer_kind
+    from rapidfire_nb.training.kinds import get_kind
 
     args = dict(num_generations=4, max_completion_length=4, logging_steps=1)
     args.update(training)
@@ -351,7 +351,8 @@ def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, t
     trainer = GRPOTrainer(model=model, args=targs, reward_funcs=[length_reward], processing_class=tok,
                           train_dataset=tiny_grpo_dataset(n_rows), peft_config=build_lora_config(leaf),
                           callbacks=[Probe()])
-    geo = step_geometry(trainer, trainer_kind("GRPO"))
+    grpo_kind = get_kind("GRPO")
+    geo = grpo_kind.step_geometry(trainer)
     assert geo.grpo is not None
     assert geo.grpo.micro_steps_per_epoch == len(trainer.get_train_dataloader())
     with pytest.raises(_Stop):
@@ -360,14 +361,14 @@ def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, t
     # every boundary of every plan ends a generation round and an optimizer step
     g = geo.grpo
     for k in range(1, len(g.boundary_steps) + 1):
-        plan = plan_run(geo, k)
+        plan = grpo_kind.plan_chunks(geo, k)
         assert plan.boundaries[-1] == geo.total_steps
         for b in plan.boundaries:
             within = b % geo.steps_per_epoch
             micro = min(within * g.gradient_accumulation_steps, g.micro_steps_per_epoch)
             assert micro % g.micro_steps_per_generation == 0 or b == geo.total_steps, (k, plan.boundaries)
     with pytest.raises(Exception, match=f"num_chunks <= {len(g.boundary_steps)}"):
-        plan_run(geo, len(g.boundary_steps) + 1)
+        grpo_kind.plan_chunks(geo, len(g.boundary_steps) + 1)
 
 
 # ================================================================================================ bad input
@@ -416,18 +417,18 @@ def test_dpo_rows_without_preference_columns(trained: list) -> None:
     assert "formatting_func" in msg and "completion" in msg
     # the same rows through a formatting_func that builds the pair are accepted
     from rapidfire_nb.training.data import prepare_dataset
-    from rapidfire_nb.training.trainers import trainer_kind
+    from rapidfire_nb.training.kinds import get_kind
 
     def to_pair(row: dict) -> dict:
         return {"prompt": row["prompt"], "chosen": row["completion"], "rejected": "8"}
 
-    assert {"prompt", "chosen", "rejected"} <= set(prepare_dataset(rows, to_pair, trainer_kind("DPO"), "train").column_names)
+    assert {"prompt", "chosen", "rejected"} <= set(prepare_dataset(rows, to_pair, get_kind("DPO"), "train").column_names)
 
 
 def test_grpo_without_reward_funcs(trained: list) -> None:
     with pytest.raises(ConfigError, match="GRPO needs reward functions"):
         _grpo(reward_funcs=None).expand(SEED)
-    from rapidfire_nb.training.rl import check_reward_funcs
+    from rapidfire_nb.training.kinds.rewards import check_reward_funcs
 
     with pytest.raises(ConfigError, match="GRPO needs reward functions"):
         check_reward_funcs([], ["prompt"])
@@ -474,7 +475,7 @@ def test_reward_function_that_cannot_bind_trl_call(trained: list, bad: Any, why:
 
 def test_reward_functions_of_the_issue_bind() -> None:
     from rapidfire_nb.data.gsm import correctness_reward, format_reward
-    from rapidfire_nb.training.rl import check_reward_funcs, reward_call_names
+    from rapidfire_nb.training.kinds.rewards import check_reward_funcs, reward_call_names
 
     check_reward_funcs([correctness_reward, format_reward, length_reward, digit_reward, lambda **kw: []],
                        ["prompt", "answer"])
@@ -525,7 +526,7 @@ def test_reward_wrapper_keeps_name_and_async() -> None:
 
     from trl.trainer.utils import get_callable_name, is_async_callable
 
-    from rapidfire_nb.training.rl import RewardFunctionError, wrap_reward_funcs
+    from rapidfire_nb.training.kinds.rewards import RewardFunctionError, wrap_reward_funcs
 
     async def async_reward(completions: Any, **kwargs: Any) -> list[float]:
         raise KeyError("x")
