@@ -45,8 +45,11 @@ __all__ = [
     "warn_user",
 ]
 
-TRAINER_TYPES: tuple[str, ...] = ("SFT", "DPO", "GRPO")
-_TRAINER_CLASS_NAMES = {"SFT": "SFTConfig", "DPO": "DPOConfig", "GRPO": "GRPOConfig"}
+_TRAINER_CLASS_NAMES: dict[str, str] = {"SFT": "SFTConfig", "DPO": "DPOConfig", "GRPO": "GRPOConfig"}
+"""Trainer type -> its TRL config class's name in ``trl`` (one line per supported trainer type)."""
+
+TRAINER_TYPES: tuple[str, ...] = tuple(_TRAINER_CLASS_NAMES)
+"""The supported trainer types: ``("SFT", "DPO", "GRPO")``."""
 
 
 def normalize_trainer_type(trainer_type: object) -> str:
@@ -63,7 +66,8 @@ def normalize_trainer_type(trainer_type: object) -> str:
     """
     if isinstance(trainer_type, str) and trainer_type.strip().upper() in TRAINER_TYPES:
         return trainer_type.strip().upper()
-    raise ConfigError(f"trainer_type must be one of 'SFT', 'DPO', 'GRPO', got {trainer_type!r}")
+    names = ", ".join(repr(t) for t in TRAINER_TYPES)
+    raise ConfigError(f"trainer_type must be one of {names}, got {trainer_type!r}")
 
 
 def trainer_config_class(trainer_type: str) -> type:

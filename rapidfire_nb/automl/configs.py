@@ -214,7 +214,7 @@ class RFGRPOConfig(RFWrappedConfig):
     _trainer_type = "GRPO"
 
 
-TRAINER_CONFIG_CLASSES: dict[str, type[RFWrappedConfig]] = {
+TRAINER_CONFIG_CLASSES: dict[str, type[RFWrappedConfig]] = {  # one line per trainer type
     "SFT": RFSFTConfig,
     "DPO": RFDPOConfig,
     "GRPO": RFGRPOConfig,
@@ -252,13 +252,15 @@ def _check_peft(value: Any) -> Any:
 
 
 def _check_training(value: Any) -> Any:
-    if value is None or isinstance(value, (RFSFTConfig, RFDPOConfig, RFGRPOConfig)):
+    wrappers = tuple(TRAINER_CONFIG_CLASSES.values())
+    if value is None or isinstance(value, wrappers):
         return value
     hint = ""
-    if type(value).__name__ in ("SFTConfig", "DPOConfig", "GRPOConfig"):
+    if type(value).__name__ in {w.__name__.removeprefix("RF") for w in wrappers}:
         hint = f"; wrap the arguments instead: RF{type(value).__name__}(learning_rate=..., ...)"
+    names = [w.__name__ for w in wrappers]
     raise ConfigError(
-        "RFModelConfig.training_args must be an RFSFTConfig, RFDPOConfig or RFGRPOConfig, a List of them, "
+        f"RFModelConfig.training_args must be an {', '.join(names[:-1])} or {names[-1]}, a List of them, "
         f"or None, got {type(value).__name__}{hint}"
     )
 

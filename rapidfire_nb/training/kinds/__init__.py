@@ -5,10 +5,18 @@ keyword arguments, build/activation hooks, step geometry and chunk plan. Importi
 import torch, transformers, trl or peft, so the experiment layer reads the warm-start rules
 (``WARM_FORBIDDEN``, ``warm_start_violations``) on the caller thread before any torch import.
 
-Adding a trainer kind (e.g. ORPO): a ``TrainerKind`` subclass in its own file here (``orpo.py``: name, TRL
-trainer class name, required columns, and the hooks that differ from SFT's) and its line in ``_KINDS`` below;
-outside this package, its TRL config class name in ``rapidfire_nb.schema`` (``_TRAINER_CLASS_NAMES``) and the
-user's ``RFORPOConfig`` wrapper in ``rapidfire_nb.automl.configs``.
+Adding a trainer kind (e.g. ORPO):
+
+1. ``orpo.py`` here: a ``TrainerKind`` subclass with ``name``, ``trainer_class_name``, ``required_columns`` and
+   only the hooks that differ from SFT's (``precheck``, ``trainer_kwargs``, ``building``, ``step_geometry``,
+   ``plan_chunks``, ``warm_forbidden``), and its instance in ``_KINDS`` below;
+2. its TRL config class name, one line in ``rapidfire_nb.schema._TRAINER_CLASS_NAMES``;
+3. the user's wrapper, ``class RFORPOConfig(RFWrappedConfig): _trainer_type = "ORPO"`` and its line in
+   ``rapidfire_nb.automl.configs.TRAINER_CONFIG_CLASSES`` (and the ``rapidfire_nb.automl`` export);
+4. if it takes a reference model or reward functions: ``rapidfire_nb.spec.REF_MODEL_TRAINERS`` /
+   ``REWARD_FUNCS_TRAINERS``.
+
+``tests/rapidfire_nb/training/test_kinds.py`` checks the registry and the schema name the same kinds.
 """
 
 from __future__ import annotations
