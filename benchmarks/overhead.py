@@ -8,7 +8,7 @@ One invocation measures, per model (the tiny random Llama and SmolLM2-135M-Instr
   it: ``model, tok = create_model_fn(leaf.model_config_dict())`` (SmolLM2: from the converted safetensors
   folder), ``SFTTrainer(model, args, train_dataset, eval_dataset, processing_class, peft_config).train()``,
   ``trainer.save_model()``; ``args``/``peft_config`` come from
-  ``rapidfire_nb.training.build.build_training_args(leaf, ...)``/``build_lora_config(leaf)``.
+  ``rapidfire_nb.spec.build_training_args(leaf, ...)``/``build_lora_config(leaf)``.
 
 Evaluation: every leaf sets ``eval_strategy="steps"`` with ``eval_steps`` = the chunk length, so both sides
 evaluate at exactly the same steps (the end of every chunk; rapidfire_nb's own end-of-chunk evaluation is
@@ -274,7 +274,7 @@ def _child_base(w: dict[str, Any], out: dict[str, Any]) -> None:
     from transformers import TrainerCallback
     from trl import SFTTrainer
 
-    from rapidfire_nb.training.build import build_lora_config, build_training_args
+    from rapidfire_nb.spec import build_lora_config, build_training_args
 
     class Clock(TrainerCallback):
         def __init__(self) -> None:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from kernel_scheduler import OpAck, RunStatus
 
+from ._version import __version__
 from .errors import ConfigError, ExperimentError, OpError
 from .experiment import Experiment
-
-__version__ = "0.1.0"
 
 __all__ = ["Experiment", "RunStatus", "OpAck", "ConfigError", "ExperimentError", "OpError", "__version__",
            "load_ipython_extension"]

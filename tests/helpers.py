@@ -1,7 +1,7 @@
 """Shared helpers for engine tests: the plain-TRL reference run, adapter comparison, schedule recording.
 
 The reference is what a user would write without rapidfire_nb: the SAME TRL config (built by
-``rapidfire_nb.training.build``, so CPU adaptation is identical), the SAME ``peft.LoraConfig``, the rows mapped
+``rapidfire_nb.spec.build``, so CPU adaptation is identical), the SAME ``peft.LoraConfig``, the rows mapped
 through the run's ``formatting_func`` with ``Dataset.map``, and ``SFTTrainer(...).train()`` in one go.
 """
 
@@ -115,7 +115,7 @@ def train_plain_trl(
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import SFTTrainer
 
-    from rapidfire_nb.training.build import build_lora_config, build_training_args
+    from rapidfire_nb.spec import build_lora_config, build_training_args
 
     args, _notes = build_training_args(leaf, output_dir=str(output_dir), default_seed=default_seed)
     lora = build_lora_config(leaf)

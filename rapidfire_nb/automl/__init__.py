@@ -2,13 +2,14 @@
 
 ``List``/``Range`` knobs, the config wrappers (``RFModelConfig``, ``RFLoraConfig``, ``RFSFTConfig``,
 ``RFDPOConfig``, ``RFGRPOConfig``), the searches that expand a config group into runs (``RFGridSearch``,
-``RFRandomSearch``) and the resolved run config (``LeafConfig``). Importing this package does not import
+``RFRandomSearch``) and the resolved run config (``LeafConfig``, defined in ``rapidfire_nb.spec``). Importing this package does not import
 torch, transformers, trl or peft; constructing a wrapper imports trl/peft to read their field lists.
 """
 
+from rapidfire_nb.spec import LeafConfig  # the run spec the searches expand into (public here too)
+
 from .configs import RFDPOConfig, RFGRPOConfig, RFLoraConfig, RFModelConfig, RFSFTConfig
 from .knobs import List, Range
-from .leaf import LeafConfig
 from .search import RFGridSearch, RFRandomSearch
 
 __all__ = [

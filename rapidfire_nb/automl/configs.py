@@ -3,7 +3,7 @@
 They are drop-in replacements for ``rapidfireai.automl``'s classes. Each wrapper accepts every field of the
 class it wraps (``peft.LoraConfig``, ``trl.SFTConfig``, ...), checks names and values as they are written, and
 keeps the arguments exactly as given (values may be ``List``/``Range`` knobs). No TRL/PEFT object is built
-here: that happens per expanded run in ``rapidfire_nb.training.build``, after adapting the config to the
+here: that happens per expanded run in ``rapidfire_nb.spec.build``, after adapting the config to the
 machine (TRL's defaults fail at construction on a CPU-only machine).
 """
 
@@ -13,8 +13,9 @@ import copy
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError, closest_name
-from rapidfire_nb.training import fields
+from rapidfire_nb.spec.values import MODEL_VALUE_CHECKS
 
 from .knobs import List, Range
 
@@ -65,8 +66,8 @@ class RFWrappedConfig:
     def wrapped_class(cls) -> type:
         """The TRL/PEFT class this wrapper records arguments for (imports trl/peft on first use)."""
         if cls._trainer_type is None:
-            return fields.lora_config_class()
-        return fields.trainer_config_class(cls._trainer_type)
+            return schema.lora_config_class()
+        return schema.trainer_config_class(cls._trainer_type)
 
     def __init__(self, **kwargs: Any) -> None:
         object.__setattr__(self, "_kwargs", {})
@@ -89,12 +90,12 @@ class RFWrappedConfig:
     def _record(self, name: str, value: Any) -> str:
         target = self.wrapped_class()
         owner = type(self).__name__
-        if name not in fields.field_names(target):
-            rename = fields.find_rename(target, name)
+        if name not in schema.field_names(target):
+            rename = schema.find_rename(target, name)
             if rename is None:
                 raise ConfigError(self._unknown_message(name))
             value = _convert_knob(value, rename.convert)
-            fields.warn_user(f"{owner}: " + rename.message(value))
+            schema.warn_user(f"{owner}: " + rename.message(value))
             name = rename.new
         _check_field(target, owner, name, value)
         self._kwargs[name] = value
@@ -102,7 +103,7 @@ class RFWrappedConfig:
 
     def _unknown_message(self, name: str) -> str:
         target = self.wrapped_class()
-        hint = closest_name(name, fields.field_names(target))
+        hint = closest_name(name, schema.field_names(target))
         suggestion = f"; did you mean `{hint}`?" if hint else ""
         return (
             f"{type(self).__name__}: unknown argument `{name}` "
@@ -115,15 +116,15 @@ class RFWrappedConfig:
         return dict(self._kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        # Only called when normal lookup fails, i.e. for fields.
+        # Only called when normal lookup fails, i.e. for schema.
         if name.startswith("__") or name == "_kwargs":
             raise AttributeError(name)
         recorded = self.__dict__.get("_kwargs", {})
         if name in recorded:
             return recorded[name]
         target = self.wrapped_class()
-        if name in fields.field_names(target):
-            return fields.field_default(target, name)
+        if name in schema.field_names(target):
+            return schema.field_default(target, name)
         raise AttributeError(self._unknown_message(name))
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -139,7 +140,7 @@ class RFWrappedConfig:
             object.__delattr__(self, name)
 
     def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | fields.field_names(self.wrapped_class()))
+        return sorted(set(super().__dir__()) | schema.field_names(self.wrapped_class()))
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other._kwargs == self._kwargs  # type: ignore[attr-defined]
@@ -163,11 +164,11 @@ def _check_field(target: type, owner: str, name: str, value: Any) -> None:
         return
     if isinstance(value, Range):
         for bound in (value.start, value.end):
-            problem = fields.check_value(target, name, bound)
+            problem = schema.check_value(target, name, bound)
             if problem:
                 raise ConfigError(f"{owner}({name}={value!r}): {problem}")
         return
-    problem = fields.check_value(target, name, value)
+    problem = schema.check_value(target, name, value)
     if problem:
         raise ConfigError(f"{owner}: {problem}")
 
@@ -213,7 +214,7 @@ class RFGRPOConfig(RFWrappedConfig):
     _trainer_type = "GRPO"
 
 
-TRAINER_CONFIG_CLASSES: dict[str, type[RFWrappedConfig]] = {
+TRAINER_CONFIG_CLASSES: dict[str, type[RFWrappedConfig]] = {  # one line per trainer type
     "SFT": RFSFTConfig,
     "DPO": RFDPOConfig,
     "GRPO": RFGRPOConfig,
@@ -239,56 +240,6 @@ MODEL_FIELDS: tuple[str, ...] = (
 """``RFModelConfig``'s fields in declaration order (the grid search varies the last one fastest)."""
 
 
-def _check_str(name: str, optional: bool) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is None and optional:
-            return None
-        if not isinstance(value, str) or not value:
-            raise ConfigError(
-                f"RFModelConfig.{name} must be a {'string or None' if optional else 'non-empty string'}, got {value!r}"
-            )
-        return value
-
-    return check
-
-
-def _check_callable(name: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is not None and not callable(value):
-            raise ConfigError(
-                f"RFModelConfig.{name} must be a function or None, got {type(value).__name__} {value!r}"
-            )
-        return value
-
-    return check
-
-
-def _check_dict(name: str, renames: bool = False) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise ConfigError(
-                f"RFModelConfig.{name} must be a dict or None, got {type(value).__name__} {value!r}"
-            )
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ConfigError(f"RFModelConfig.{name} keys must be strings, got {key!r}")
-            rename = fields.find_model_kwargs_rename(key) if renames else None
-            if rename is not None:
-                if rename.new in value:
-                    raise ConfigError(
-                        f"RFModelConfig.{name}: both `{key}` and `{rename.new}` given; keep `{rename.new}`"
-                    )
-                fields.warn_user(f"RFModelConfig.{name}: " + rename.message(item))
-                key = rename.new
-            out[key] = item
-        return out
-
-    return check
-
-
 def _check_peft(value: Any) -> Any:
     if value is None or isinstance(value, RFLoraConfig):
         return value
@@ -301,54 +252,23 @@ def _check_peft(value: Any) -> Any:
 
 
 def _check_training(value: Any) -> Any:
-    if value is None or isinstance(value, (RFSFTConfig, RFDPOConfig, RFGRPOConfig)):
+    wrappers = tuple(TRAINER_CONFIG_CLASSES.values())
+    if value is None or isinstance(value, wrappers):
         return value
     hint = ""
-    if type(value).__name__ in ("SFTConfig", "DPOConfig", "GRPOConfig"):
+    if type(value).__name__ in {w.__name__.removeprefix("RF") for w in wrappers}:
         hint = f"; wrap the arguments instead: RF{type(value).__name__}(learning_rate=..., ...)"
+    names = [w.__name__ for w in wrappers]
     raise ConfigError(
-        "RFModelConfig.training_args must be an RFSFTConfig, RFDPOConfig or RFGRPOConfig, a List of them, "
+        f"RFModelConfig.training_args must be an {', '.join(names[:-1])} or {names[-1]}, a List of them, "
         f"or None, got {type(value).__name__}{hint}"
     )
 
 
-def _check_reward_funcs(value: Any) -> Any:
-    if value is None:
-        return None
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not items:
-        raise ConfigError("RFModelConfig.reward_funcs is empty; give one or more reward functions, or None")
-    for item in items:
-        if not (callable(item) or isinstance(item, str)):
-            raise ConfigError(
-                "RFModelConfig.reward_funcs must be a reward function, a reward model id, or a list of them "
-                f"(List([...]) of such lists for alternatives), got {type(item).__name__} {item!r}"
-            )
-    return tuple(items)
-
-
-def _check_generation_config(value: Any) -> Any:
-    if value is None or isinstance(value, dict) or hasattr(value, "to_dict"):
-        return dict(value) if isinstance(value, dict) else value
-    raise ConfigError(
-        f"RFModelConfig.generation_config must be a dict, a GenerationConfig or None, got {type(value).__name__}"
-    )
-
-
 _MODEL_FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "model_name": _check_str("model_name", optional=False),
-    "tokenizer": _check_str("tokenizer", optional=True),
-    "tokenizer_kwargs": _check_dict("tokenizer_kwargs"),
-    "formatting_func": _check_callable("formatting_func"),
-    "compute_metrics": _check_callable("compute_metrics"),
+    **MODEL_VALUE_CHECKS,  # the concrete model-level fields, checked as the run spec checks them
     "peft_config": _check_peft,
     "training_args": _check_training,
-    "model_type": _check_str("model_type", optional=False),
-    "model_kwargs": _check_dict("model_kwargs", renames=True),
-    "ref_model_name": _check_str("ref_model_name", optional=True),
-    "ref_model_kwargs": _check_dict("ref_model_kwargs", renames=True),
-    "reward_funcs": _check_reward_funcs,
-    "generation_config": _check_generation_config,
 }
 
 

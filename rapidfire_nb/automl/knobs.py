@@ -2,7 +2,8 @@
 
 A knob may stand in for any value of a config: a whole ``RFModelConfig`` field, a field of an
 ``RFLoraConfig``/``RFSFTConfig``/..., or a value inside ``model_kwargs``. ``RFGridSearch`` enumerates
-every ``List``; ``RFRandomSearch`` draws from ``List`` and ``Range``. Standard library only.
+every ``List``; ``RFRandomSearch`` draws from ``List`` and ``Range``. Standard library only, besides the
+spec's ``Knob`` marker both subclass (so a ``LeafConfig`` recognises a knob left in it).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.spec.values import Knob
 
 __all__ = ["List", "Range", "is_knob"]
 
 
-class List:
+class List(Knob):
     """A categorical knob: one of several alternative values.
 
     ``List([a, b])`` expands to two runs in a grid search and is drawn uniformly in a random search.
@@ -78,7 +80,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-class Range:
+class Range(Knob):
     """A numeric interval knob ``[start, end]`` (both ends inclusive) for random search.
 
     Args:

@@ -8,14 +8,14 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError
-from rapidfire_nb.training import fields
+from rapidfire_nb.spec import LeafConfig, deep_copy
 
-from .configs import MODEL_FIELDS, TRAINER_CONFIG_CLASSES, RFModelConfig, RFWrappedConfig
+from .configs import MODEL_FIELDS, TRAINER_CONFIG_CLASSES, RFLoraConfig, RFModelConfig, RFWrappedConfig
 from .knobs import List, Range
-from .leaf import LeafConfig, make_leaf
 
-__all__ = ["RFGridSearch", "RFRandomSearch"]
+__all__ = ["RFGridSearch", "RFRandomSearch", "make_leaf"]
 
 
 def _normalize_configs(configs: Any) -> list[RFModelConfig]:
@@ -132,7 +132,7 @@ def _check_seed(seed: Any) -> int:
 
 class _Search:
     def __init__(self, configs: Any, trainer_type: str) -> None:
-        self.trainer_type: str = fields.normalize_trainer_type(trainer_type)
+        self.trainer_type: str = schema.normalize_trainer_type(trainer_type)
         self.configs: list[RFModelConfig] = _normalize_configs(configs)
         _check_group(self.configs, self.trainer_type, allow_range=isinstance(self, RFRandomSearch))
 
@@ -277,3 +277,51 @@ class RFRandomSearch(_Search):
             f"RFRandomSearch(configs=<{len(self.configs)} RFModelConfig>, trainer_type={self.trainer_type!r}, "
             f"num_runs={self.num_runs})"
         )
+
+
+def make_leaf(trainer_type: str, resolved: Mapping[str, Any], where: str = "config") -> LeafConfig:
+    """Turn one knob-free assignment of ``RFModelConfig`` fields into a ``LeafConfig``.
+
+    Args:
+        trainer_type: ``"SFT"``, ``"DPO"`` or ``"GRPO"`` (already normalised).
+        resolved: ``{field: value}`` for every ``RFModelConfig`` field, knobs already chosen;
+            ``peft_config``/``training_args`` are wrapper instances or ``None``.
+        where: Where the config sits in the user's group (for messages), e.g. ``"configs[1]"``.
+
+    Returns:
+        The leaf (values deep-copied, so leaves share no mutable state).
+
+    Raises:
+        ConfigError: ``training_args`` of the wrong trainer type, or a trainer requirement not met.
+    """
+    training_args = resolved.get("training_args")
+    expected = TRAINER_CONFIG_CLASSES[trainer_type]
+    if training_args is not None and not isinstance(training_args, expected):
+        raise ConfigError(
+            f"{where}.training_args is {type(training_args).__name__} but trainer_type is {trainer_type!r}: "
+            f"use {expected.__name__}"
+        )
+    peft_config = resolved.get("peft_config")
+    if peft_config is not None and not isinstance(peft_config, RFLoraConfig):
+        raise ConfigError(
+            f"{where}.peft_config must be an RFLoraConfig or None, got {type(peft_config).__name__}"
+        )
+    try:
+        return LeafConfig(
+            trainer_type=trainer_type,
+            model_name=resolved["model_name"],
+            tokenizer=resolved.get("tokenizer"),
+            tokenizer_kwargs=deep_copy(resolved.get("tokenizer_kwargs")),
+            formatting_func=resolved.get("formatting_func"),
+            compute_metrics=resolved.get("compute_metrics"),
+            lora=deep_copy(peft_config.kwargs) if peft_config is not None else None,
+            training=deep_copy(training_args.kwargs) if training_args is not None else {},
+            model_type=resolved.get("model_type") or "causal_lm",
+            model_kwargs=deep_copy(resolved.get("model_kwargs")) or {},
+            ref_model_name=resolved.get("ref_model_name"),
+            ref_model_kwargs=deep_copy(resolved.get("ref_model_kwargs")),
+            reward_funcs=resolved.get("reward_funcs"),
+            generation_config=deep_copy(resolved.get("generation_config")),
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None

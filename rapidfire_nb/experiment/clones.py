@@ -13,16 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, OpError
+from ..training.kinds import WARM_FORBIDDEN, warm_start_violations  # torch-free: the kinds' warm-start rules
 
 __all__ = ["CloneRequest", "WARM_FORBIDDEN", "decode_changes", "encode_changes", "prepare_clone",
            "rebuild_clone_spec", "record_clone"]
-
-#: trainer fields that change how data is batched or sampled, or the adapter's shape: no warm start.
-WARM_FORBIDDEN = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed", "num_generations",
-                  "max_length", "max_prompt_length", "max_completion_length", "packing", "lora.r",
-                  "lora.target_modules", "model_name", "steps_per_generation", "dataloader_drop_last",
-                  "group_by_length", "data_seed", "num_train_epochs", "generation_batch_size", "num_iterations")
-
 
 @dataclass(frozen=True)
 class CloneRequest:
@@ -56,7 +50,7 @@ def prepare_clone(parent: Any, run_id: int, changes: Mapping[str, Any] | None, w
         raise OpError(f"run {run_id} does not exist")
     changes = dict(changes or {})
     if warm_start:
-        bad = [k for k in changes if k in WARM_FORBIDDEN or k.startswith("model_kwargs.")]
+        bad = warm_start_violations(changes)
         if bad:
             raise OpError(f"{', '.join(bad)} cannot be changed in a warm start (it changes how data is batched or "
                           "sampled, or the adapter's shape); use a cold clone (warm_start=False)")

@@ -12,10 +12,17 @@ import contextlib
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .facade import Experiment
+
+class Experiment(Protocol):
+    """What the registry needs of an experiment object (the facade's ``Experiment``)."""
+
+    experiment_name: str
+    path: Path
+
+    @property
+    def ended(self) -> bool: ...
 
 __all__ = ["current_experiment", "keep_current", "live_at", "live_experiment", "register", "set_current"]
 
@@ -24,18 +31,18 @@ _BY_PATH: weakref.WeakValueDictionary[str, Experiment] = weakref.WeakValueDictio
 _CURRENT: list[weakref.ref[Experiment] | None] = [None]
 
 
-def current_experiment() -> Experiment | None:
+def current_experiment() -> Any:
     """The experiment most recently created or trained in this process (what ``%rapidfire`` addresses)."""
     ref = _CURRENT[0]
     return ref() if ref is not None else None
 
 
-def live_experiment(name: str) -> Experiment | None:
+def live_experiment(name: str) -> Any:
     """The live Experiment object of that name in this process, if any."""
     return _BY_NAME.get(name)
 
 
-def live_at(path: Path) -> Experiment | None:
+def live_at(path: Path) -> Any:
     """The live object of the experiment folder ``path`` unless it was ended."""
     live = _BY_PATH.get(str(path))
     return None if live is None or live.ended else live

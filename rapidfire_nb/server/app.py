@@ -85,7 +85,7 @@ class RapidfireApp(ExtensionApp):
     )
 
     def initialize_settings(self) -> None:
-        from rapidfire_nb import __version__
+        from rapidfire_nb._version import __version__
 
         self.manager = ExperimentsManager(self.experiments_root or None, stale_after=self.heartbeat_timeout)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rapidfire-server")

@@ -10,57 +10,46 @@ import copy
 import json
 import logging
 import shutil
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import torch
-from transformers import set_seed
-
 from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult
 from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.spec import LeafConfig, build_lora_config, build_training_args
 
-from . import rl
-from .build import build_lora_config, build_training_args
-from .checkpoint import WARM_START_PREFIX, BoundarySnapshot, CheckpointWriter, restore_counters, snapshot_trainer
+from .checkpoint import (
+    WARM_START_PREFIX,
+    BoundarySnapshot,
+    CheckpointWriter,
+    restore_counters,
+    snapshot_trainer,
+)
 from .data import prepare_dataset
+from .kinds import TrainerKind, get_kind
+from .models import BaseModels, SharedBase, attach_run_model
 from .quiet import quiet_libraries
 from .rng import capture_rng
-from .trainers import TrainerKind, plan_run, step_geometry, trainer_kind
 from .worker import RunWorker
 
-__all__ = ["TorchExecutor", "MetricSink"]
+__all__ = ["MetricSink", "TorchExecutor"]
 
 log = logging.getLogger(__name__)
 
 MetricSink = Callable[[int, int, int, dict[str, float]], None]
 """``sink(run_id, step, samples_seen, logs)`` — called from the training thread for every TRL log."""
 
-# TrainingArguments fields that act on the shared model itself: runs on one base must agree on them.
-_SHARED_MODEL_FIELDS = ("gradient_checkpointing", "neftune_noise_alpha", "disable_dropout", "use_liger_kernel",
-                        "torch_compile", "cast_lm_head_to_fp32")  # GRPO's cast replaces the shared lm_head
-
-
-@dataclass
-class _Base:
-    key: str
-    model: Any  # the user's model; a PeftModel once the first adapter is added
-    tokenizer: Any
-    peft: bool = False
-    adapters: list[str] = field(default_factory=list)
-
 
 @dataclass
 class _Run:
     run_id: int
-    spec: Any
+    spec: LeafConfig
     kind: TrainerKind
-    base: _Base | None
+    base: SharedBase | None
     adapter: str | None
     worker: RunWorker
     plan: ChunkPlan
@@ -90,7 +79,7 @@ class TorchExecutor(Executor):
                  eval_dataset: Any, num_chunks: int, seed: int, exp_dir: Path, metric_sink: MetricSink,
                  notes: Callable[[str], None] | None = None,
                  on_final: Callable[[int, Path], None] | None = None) -> None:
-        self.kind = trainer_kind(trainer_type)
+        self.kind = get_kind(trainer_type)
         self.create_model_fn = create_model_fn
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
@@ -100,16 +89,15 @@ class TorchExecutor(Executor):
         self.metric_sink = metric_sink
         self.notes = notes or (lambda s: None)
         self.on_final = on_final or (lambda run_id, path: None)
-        self._bases: dict[str, _Base] = {}
+        self.models = BaseModels(create_model_fn, self._note)  # create_model_fn calls, shared bases
         self._runs: dict[int, _Run] = {}
         _limit_malloc_arenas()
         self._writer = CheckpointWriter()
-        self._lock = threading.Lock()
         self.switch_seconds = 0.0  # time spent in handovers + snapshots (benchmark)
         self._noted: set[str] = set()
 
     # ------------------------------------------------------------------ Executor API
-    def add_run(self, run_id: int, spec: Any, warm_from: int | None = None,
+    def add_run(self, run_id: int, spec: LeafConfig, warm_from: int | None = None,
                 resume_from: Path | None = None) -> RunStart:
         """Build the run's trainer (validation happens here) and return its plan and start position.
 
@@ -198,7 +186,8 @@ class TorchExecutor(Executor):
         self.on_final(run_id, target)
         return target
 
-    def load_model(self, run_id: int, spec: Any = None, final_dir: Path | None = None) -> tuple[Any, Any]:
+    def load_model(self, run_id: int, spec: LeafConfig | None = None,
+                   final_dir: Path | None = None) -> tuple[Any, Any]:
         """A fresh ``(model, tokenizer)`` with the run's trained weights (from its final folder).
 
         A run this executor did not build (it ended in an earlier process) needs its ``spec`` and ``final_dir``.
@@ -216,7 +205,7 @@ class TorchExecutor(Executor):
             if spec is None or final_dir is None or not Path(final_dir).is_dir():
                 raise ConfigError(f"run {run_id} has no saved final weights to load")
             lora = (Path(final_dir) / "adapter_config.json").is_file()
-        model, tok = self._call_create_model(spec.model_config_dict())
+        model, tok = self.models.create(spec.model_config_dict())
         if lora:
             from peft import PeftModel
 
@@ -232,95 +221,21 @@ class TorchExecutor(Executor):
             self._noted.add(text)
             self.notes(text)
 
-    def _call_create_model(self, model_config: dict) -> tuple[Any, Any]:
-        try:
-            out = self.create_model_fn(copy.deepcopy(model_config))
-        except Exception as exc:
-            raise ConfigError(f"create_model_fn raised {type(exc).__name__}: {exc}") from exc
-        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module)
-                and out[1] is not None and hasattr(out[1], "__call__")):
-            raise ConfigError(
-                "create_model_fn must return a (model, tokenizer) tuple, e.g. "
-                "`return AutoModelForCausalLM.from_pretrained(...), AutoTokenizer.from_pretrained(...)`; "
-                f"got {type(out).__name__}"
-            )
-        return out
-
-    def _base_for(self, spec: Any, args: Any) -> _Base:
-        shared = {f: getattr(args, f, None) for f in _SHARED_MODEL_FIELDS}
-        key = json.dumps({"model_name": spec.model_name, "model_kwargs": repr(sorted(spec.model_kwargs.items())),
-                          "tokenizer": repr(spec.tokenizer), "shared": repr(shared)}, sort_keys=True)
-        base = self._bases.get(key)
-        if base is None:
-            model, tok = self._call_create_model(spec.model_config_dict())
-            base = _Base(key=key, model=model, tokenizer=tok)
-            self._bases[key] = base
-            if len({b.key.split('"shared"')[0] for b in self._bases.values()}) < len(self._bases):
-                self._note("runs on the same base model disagree on settings that act on the shared model "
-                           f"({', '.join(_SHARED_MODEL_FIELDS)}); they get their own base copy")
-        return base
-
-    def _add_run(self, run_id: int, spec: Any, warm_from: int | None, resume_from: Path | None) -> RunStart:
+    def _add_run(self, run_id: int, spec: LeafConfig, warm_from: int | None, resume_from: Path | None) -> RunStart:
         run_dir = self.run_dir(run_id)
-        rl.precheck(self.kind, spec, self.train_dataset, self.eval_dataset)  # rl: GRPO batch + reward checks
-        args, notes = build_training_args(spec, output_dir=str(run_dir / "trainer"), default_seed=self.seed)
-        for n in notes:
-            self._note(n)
-        train_ds = prepare_dataset(self.train_dataset, spec.formatting_func, self.kind, "train_dataset")
-        eval_ds = (prepare_dataset(self.eval_dataset, spec.formatting_func, self.kind, "eval_dataset")
-                   if self.eval_dataset is not None else None)
-        lora = build_lora_config(spec)
-        base = self._base_for(spec, args)
-        adapter: str | None = None
-        if lora is not None:
-            from peft import PeftModel, get_peft_model
-
-            adapter = f"run_{run_id}"
-            set_seed(args.seed)  # what TRL does right before get_peft_model: initial adapter weights match
-            try:
-                if not isinstance(base.model, PeftModel):
-                    base.model = get_peft_model(base.model, lora, adapter_name=adapter)
-                    base.peft = True
-                else:
-                    base.model.add_adapter(adapter, lora)
-            except ValueError as exc:
-                if isinstance(base.model, PeftModel) and adapter in base.model.peft_config:
-                    base.model.delete_adapter(adapter)  # leave no half-registered adapter on the shared base
-                raise ConfigError(f"lora.target_modules={lora.target_modules!r} does not fit the model "
-                                  f"{spec.model_name!r}: {exc}") from exc
-            base.model.set_adapter(adapter)
-            base.adapters.append(adapter)
-            model = base.model
-        else:
-            if base.peft:
-                raise ConfigError("mixing LoRA and full fine-tuning runs on one base is not supported")
-            model = copy.deepcopy(base.model)  # full fine-tuning: each run its own copy
-        with rl.building(self.kind, model, adapter):  # rl: DPO/GRPO on a shared PeftModel (reference = base)
-            trainer = self._build_trainer(spec, model, base.tokenizer, args, train_ds, eval_ds)
-        rl.after_build(trainer)  # rl: remember the forward this trainer patched in (per-run settings)
+        args, train_ds, eval_ds, lora = self._inputs(spec, run_dir)
+        base = self.models.base_for(spec, args)
+        model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
+        trainer = self._build_trainer(spec, model, adapter, base.tokenizer, args, train_ds, eval_ds)
         initial_rng = capture_rng()
-        geo = step_geometry(trainer, self.kind)
-        try:
-            plan = plan_run(geo, self.num_chunks)  # GRPO: boundaries on generation rounds
-        except ChunkPlanError as exc:
-            raise ConfigError(f"num_chunks: {exc} (run {run_id})") from exc
+        plan = self._plan(run_id, trainer)
+        resume, start = self._start_position(run_id, trainer, adapter, plan, run_dir, warm_from, resume_from)
+        if resume is not None:
+            restore_counters(trainer, resume)  # e.g. TRL's num_tokens goes on counting from the checkpoint
 
         def activate(run_id: int = run_id) -> None:
             self._activate(run_id)
 
-        start = RunStart(plan=plan)
-        resume: str | None = None
-        if resume_from is not None:
-            step = _checkpoint_step(resume_from)
-            resume = str(resume_from)
-            if Path(resume_from).name.startswith(WARM_START_PREFIX):  # a warm clone restarted before its 1st chunk
-                _keep_own_hyperparameters(trainer)
-            start = RunStart(plan=plan, step=step, segments_done=plan.segments_done_at(step),
-                             samples_seen=plan.samples_seen(step))
-        elif warm_from is not None:
-            resume, start = self._warm_start(run_id, warm_from, trainer, adapter, plan, run_dir)
-        if resume is not None:
-            restore_counters(trainer, resume)  # e.g. TRL's num_tokens goes on counting from the checkpoint
         worker = RunWorker(
             run_id, trainer, plan, activate=activate,
             on_boundary=lambda step, rng, rid=run_id: self._on_boundary(rid, step, rng),
@@ -329,6 +244,37 @@ class TorchExecutor(Executor):
         )
         self._runs[run_id] = _Run(run_id, spec, self.kind, base, adapter, worker, plan, run_dir)
         return start
+
+    def _inputs(self, spec: LeafConfig, run_dir: Path) -> tuple[Any, Any, Any, Any]:
+        """The run's checked inputs: ``(TRL config, train rows, eval rows or None, LoraConfig or None)``."""
+        self.kind.precheck(spec, self.train_dataset, self.eval_dataset)  # e.g. GRPO: batch + reward checks
+        args, notes = build_training_args(spec, output_dir=str(run_dir / "trainer"), default_seed=self.seed)
+        for n in notes:
+            self._note(n)
+        train_ds = prepare_dataset(self.train_dataset, spec.formatting_func, self.kind, "train_dataset")
+        eval_ds = (prepare_dataset(self.eval_dataset, spec.formatting_func, self.kind, "eval_dataset")
+                   if self.eval_dataset is not None else None)
+        return args, train_ds, eval_ds, build_lora_config(spec)
+
+    def _plan(self, run_id: int, trainer: Any) -> ChunkPlan:
+        geo = self.kind.step_geometry(trainer)
+        try:
+            return self.kind.plan_chunks(geo, self.num_chunks)  # GRPO: boundaries on generation rounds
+        except ChunkPlanError as exc:
+            raise ConfigError(f"num_chunks: {exc} (run {run_id})") from exc
+
+    def _start_position(self, run_id: int, trainer: Any, adapter: str | None, plan: ChunkPlan, run_dir: Path,
+                        warm_from: int | None, resume_from: Path | None) -> tuple[str | None, RunStart]:
+        """Where the run starts: ``(checkpoint folder to resume from or None, RunStart)``."""
+        if resume_from is not None:
+            step = _checkpoint_step(resume_from)
+            if Path(resume_from).name.startswith(WARM_START_PREFIX):  # a warm clone restarted before its 1st chunk
+                _keep_own_hyperparameters(trainer)
+            return str(resume_from), RunStart(plan=plan, step=step, segments_done=plan.segments_done_at(step),
+                                              samples_seen=plan.samples_seen(step))
+        if warm_from is not None:
+            return self._warm_start(run_id, warm_from, trainer, adapter, plan, run_dir)
+        return None, RunStart(plan=plan)
 
     def _warm_start(self, run_id: int, parent_id: int, trainer: Any, adapter: str | None, plan: ChunkPlan,
                     run_dir: Path) -> tuple[str, RunStart]:
@@ -363,23 +309,28 @@ class TorchExecutor(Executor):
                          samples_seen=plan.samples_seen(snap.step))
         return str(target), start
 
-    def _build_trainer(self, spec: Any, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any) -> Any:
-        cls = self.kind.trainer_class()
-        kwargs: dict[str, Any] = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                                      processing_class=tokenizer)
-        if spec.compute_metrics is not None:
-            kwargs["compute_metrics"] = spec.compute_metrics
-        kwargs.update(rl.trainer_kwargs(self.kind, spec, model, args, self))  # rl: reward_funcs, DPO ref_model
-        try:
-            trainer = cls(**kwargs)
-        except ConfigError:
-            raise
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{cls.__name__} rejected the config or data: {type(exc).__name__}: {exc}") from exc
-        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    def _build_trainer(self, spec: LeafConfig, model: Any, adapter: str | None, tokenizer: Any, args: Any,
+                       train_ds: Any, eval_ds: Any) -> Any:
+        kind = self.kind
+        with kind.building(model, adapter):  # e.g. DPO/GRPO on a shared PeftModel (reference = base)
+            cls = kind.trainer_class()
+            kwargs: dict[str, Any] = {"model": model, "args": args, "train_dataset": train_ds,
+                                      "eval_dataset": eval_ds, "processing_class": tokenizer}
+            if spec.compute_metrics is not None:
+                kwargs["compute_metrics"] = spec.compute_metrics
+            kwargs.update(kind.trainer_kwargs(spec, model, args, self.models))  # reward_funcs, DPO ref_model
+            try:
+                trainer = cls(**kwargs)
+            except ConfigError:
+                raise
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"{cls.__name__} rejected the config or data: {type(exc).__name__}: {exc}") \
+                    from exc
+            from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-        trainer.remove_callback(PrinterCallback)  # rapidfire_nb prints one line per chunk instead
-        trainer.remove_callback(ProgressCallback)
+            trainer.remove_callback(PrinterCallback)  # rapidfire_nb prints one line per chunk instead
+            trainer.remove_callback(ProgressCallback)
+        kind.after_build(trainer)  # remember the forward this trainer patched in (per-run settings)
         return trainer
 
     def _activate(self, run_id: int) -> None:
@@ -390,7 +341,7 @@ class TorchExecutor(Executor):
             active = run.base.model.active_adapter
             if active != run.adapter:  # a wrong active adapter raises nothing: it trains the wrong weights
                 raise RuntimeError(f"active adapter is {active!r}, expected {run.adapter!r}")
-        rl.on_activate(run.worker.trainer)  # rl: the run's own patched forward on the shared base
+        run.kind.on_activate(run.worker.trainer)  # e.g. the run's own patched forward on the shared base
         self.switch_seconds += time.perf_counter() - t0
 
     def _on_boundary(self, run_id: int, step: int, rng: dict[str, Any]) -> None:
@@ -420,7 +371,6 @@ def _limit_malloc_arenas() -> None:
         libc.mallopt(-8, 2)  # M_ARENA_MAX = -8
     except (OSError, AttributeError):
         pass
-
 
 
 def _checkpoint_step(folder: Path) -> int:

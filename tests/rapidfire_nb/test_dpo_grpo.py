@@ -48,7 +48,7 @@ def plain_trl(leaf: Any, create_model_fn: Any, train: Any, evald: Any, output_di
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import DPOTrainer, GRPOTrainer
 
-    from rapidfire_nb.training.build import build_lora_config, build_training_args
+    from rapidfire_nb.spec import build_lora_config, build_training_args
 
     args, _ = build_training_args(leaf, output_dir=str(output_dir), default_seed=SEED)
     model, tok = create_model_fn(leaf.model_config_dict())
@@ -107,12 +107,12 @@ def dpo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=SEED)
     ex = exp.session.executor
     out = dict(info=exp.get_runs_info().set_index("run_id"), results=exp.get_results(),
-               trainers={rid: run.worker.trainer for rid, run in ex._runs.items()},
-               adapters={rid: run.adapter for rid, run in ex._runs.items()},
-               bases={rid: run.base for rid, run in ex._runs.items()},
+               trainers={rid: run.worker.trainer for rid, run in ex.runs.items()},
+               adapters={rid: run.adapter for rid, run in ex.runs.items()},
+               bases={rid: run.base for rid, run in ex.runs.items()},
                in_memory={rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
-                          for rid, run in ex._runs.items()},
-               plans={rid: run.plan for rid, run in ex._runs.items()}, tb=exp.path / "tensorboard")
+                          for rid, run in ex.runs.items()},
+               plans={rid: run.plan for rid, run in ex.runs.items()}, tb=exp.path / "tensorboard")
     exp.end()
     out["refs"] = {rid: plain_trl(leaf, tiny_create_model, train, None, root / f"plain-{rid}")
                    for rid, leaf in enumerate(group.expand(SEED), start=1)}
@@ -262,10 +262,10 @@ def grpo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         exp.run_fit(group, tiny_create_model, train, num_chunks=2, seed=SEED)
     ex = exp.session.executor
     out = dict(info=exp.get_runs_info().set_index("run_id"), results=exp.get_results(), at_boundary=at_boundary,
-               trainers={rid: run.worker.trainer for rid, run in ex._runs.items()},
+               trainers={rid: run.worker.trainer for rid, run in ex.runs.items()},
                in_memory={rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
-                          for rid, run in ex._runs.items()},
-               plans={rid: run.plan for rid, run in ex._runs.items()}, tb=exp.path / "tensorboard")
+                          for rid, run in ex.runs.items()},
+               plans={rid: run.plan for rid, run in ex.runs.items()}, tb=exp.path / "tensorboard")
     exp.end()
     out["refs"] = {rid: plain_trl(leaf, tiny_create_model, train, None, root / f"plain-{rid}")
                    for rid, leaf in enumerate(group.expand(SEED), start=1)}
@@ -331,8 +331,8 @@ def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, t
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from rapidfire_nb.training.build import build_lora_config, build_training_args
-    from rapidfire_nb.training.trainers import plan_run, step_geometry, trainer_kind
+    from rapidfire_nb.spec import build_lora_config, build_training_args
+    from rapidfire_nb.training.kinds import get_kind
 
     args = dict(num_generations=4, max_completion_length=4, logging_steps=1)
     args.update(training)
@@ -351,7 +351,8 @@ def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, t
     trainer = GRPOTrainer(model=model, args=targs, reward_funcs=[length_reward], processing_class=tok,
                           train_dataset=tiny_grpo_dataset(n_rows), peft_config=build_lora_config(leaf),
                           callbacks=[Probe()])
-    geo = step_geometry(trainer, trainer_kind("GRPO"))
+    grpo_kind = get_kind("GRPO")
+    geo = grpo_kind.step_geometry(trainer)
     assert geo.grpo is not None
     assert geo.grpo.micro_steps_per_epoch == len(trainer.get_train_dataloader())
     with pytest.raises(_Stop):
@@ -360,14 +361,14 @@ def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, t
     # every boundary of every plan ends a generation round and an optimizer step
     g = geo.grpo
     for k in range(1, len(g.boundary_steps) + 1):
-        plan = plan_run(geo, k)
+        plan = grpo_kind.plan_chunks(geo, k)
         assert plan.boundaries[-1] == geo.total_steps
         for b in plan.boundaries:
             within = b % geo.steps_per_epoch
             micro = min(within * g.gradient_accumulation_steps, g.micro_steps_per_epoch)
             assert micro % g.micro_steps_per_generation == 0 or b == geo.total_steps, (k, plan.boundaries)
     with pytest.raises(Exception, match=f"num_chunks <= {len(g.boundary_steps)}"):
-        plan_run(geo, len(g.boundary_steps) + 1)
+        grpo_kind.plan_chunks(geo, len(g.boundary_steps) + 1)
 
 
 # ================================================================================================ bad input
@@ -416,18 +417,18 @@ def test_dpo_rows_without_preference_columns(trained: list) -> None:
     assert "formatting_func" in msg and "completion" in msg
     # the same rows through a formatting_func that builds the pair are accepted
     from rapidfire_nb.training.data import prepare_dataset
-    from rapidfire_nb.training.trainers import trainer_kind
+    from rapidfire_nb.training.kinds import get_kind
 
     def to_pair(row: dict) -> dict:
         return {"prompt": row["prompt"], "chosen": row["completion"], "rejected": "8"}
 
-    assert {"prompt", "chosen", "rejected"} <= set(prepare_dataset(rows, to_pair, trainer_kind("DPO"), "train").column_names)
+    assert {"prompt", "chosen", "rejected"} <= set(prepare_dataset(rows, to_pair, get_kind("DPO"), "train").column_names)
 
 
 def test_grpo_without_reward_funcs(trained: list) -> None:
     with pytest.raises(ConfigError, match="GRPO needs reward functions"):
         _grpo(reward_funcs=None).expand(SEED)
-    from rapidfire_nb.training.rl import check_reward_funcs
+    from rapidfire_nb.training.kinds.rewards import check_reward_funcs
 
     with pytest.raises(ConfigError, match="GRPO needs reward functions"):
         check_reward_funcs([], ["prompt"])
@@ -474,7 +475,7 @@ def test_reward_function_that_cannot_bind_trl_call(trained: list, bad: Any, why:
 
 def test_reward_functions_of_the_issue_bind() -> None:
     from rapidfire_nb.data.gsm import correctness_reward, format_reward
-    from rapidfire_nb.training.rl import check_reward_funcs, reward_call_names
+    from rapidfire_nb.training.kinds.rewards import check_reward_funcs, reward_call_names
 
     check_reward_funcs([correctness_reward, format_reward, length_reward, digit_reward, lambda **kw: []],
                        ["prompt", "answer"])
@@ -525,7 +526,7 @@ def test_reward_wrapper_keeps_name_and_async() -> None:
 
     from trl.trainer.utils import get_callable_name, is_async_callable
 
-    from rapidfire_nb.training.rl import RewardFunctionError, wrap_reward_funcs
+    from rapidfire_nb.training.kinds.rewards import RewardFunctionError, wrap_reward_funcs
 
     async def async_reward(completions: Any, **kwargs: Any) -> list[float]:
         raise KeyError("x")

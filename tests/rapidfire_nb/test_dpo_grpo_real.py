@@ -31,7 +31,7 @@ def _plain(leaf: Any, train: Any, output_dir: Any) -> dict[str, Any]:
     from trl import DPOTrainer, GRPOTrainer
 
     from rapidfire_nb.data.smollm2 import create_smollm2
-    from rapidfire_nb.training.build import build_lora_config, build_training_args
+    from rapidfire_nb.spec import build_lora_config, build_training_args
 
     args, _ = build_training_args(leaf, output_dir=str(output_dir), default_seed=SEED)
     model, tok = create_smollm2(leaf.model_config_dict())

@@ -8,7 +8,7 @@ import pytest
 
 from rapidfire_nb.automl import LeafConfig
 from rapidfire_nb.errors import ConfigError
-from rapidfire_nb.training.build import build_lora_config, build_training_args
+from rapidfire_nb.spec import build_lora_config, build_training_args
 
 
 def reward(completions, **kwargs):

@@ -1,8 +1,10 @@
-"""What TRL's and PEFT's config classes accept: field names, defaults, value checks, renamed names.
+"""The TRL/PEFT field schema: what TRL's and PEFT's config classes accept (names, defaults, checks, renames).
 
-``rapidfire_nb.automl`` checks the user's arguments against these lists when a config is written, without
-building any TRL/PEFT object. Importing this module is cheap: ``trl``/``peft`` (and with them torch) are
-imported on the first call that needs a class, and every answer is cached per class.
+The bottom layer after ``errors``: the run spec (``rapidfire_nb.spec``), ``rapidfire_nb.automl`` and
+``rapidfire_nb.training`` read it; it imports none of them. ``rapidfire_nb.automl`` checks the user's arguments
+against these lists when a config is written, without building any TRL/PEFT object. Importing this module
+is cheap: ``trl``/``peft`` (and with them torch) are imported on the first call that needs a class, and every
+answer is cached per class.
 
 The one table of renamed/deprecated argument names lives here (``RENAMES``). A rename applies only when the
 installed library really lacks the old name and has the new one, so the table stays correct across the
@@ -43,8 +45,11 @@ __all__ = [
     "warn_user",
 ]
 
-TRAINER_TYPES: tuple[str, ...] = ("SFT", "DPO", "GRPO")
-_TRAINER_CLASS_NAMES = {"SFT": "SFTConfig", "DPO": "DPOConfig", "GRPO": "GRPOConfig"}
+_TRAINER_CLASS_NAMES: dict[str, str] = {"SFT": "SFTConfig", "DPO": "DPOConfig", "GRPO": "GRPOConfig"}
+"""Trainer type -> its TRL config class's name in ``trl`` (one line per supported trainer type)."""
+
+TRAINER_TYPES: tuple[str, ...] = tuple(_TRAINER_CLASS_NAMES)
+"""The supported trainer types: ``("SFT", "DPO", "GRPO")``."""
 
 
 def normalize_trainer_type(trainer_type: object) -> str:
@@ -61,7 +66,8 @@ def normalize_trainer_type(trainer_type: object) -> str:
     """
     if isinstance(trainer_type, str) and trainer_type.strip().upper() in TRAINER_TYPES:
         return trainer_type.strip().upper()
-    raise ConfigError(f"trainer_type must be one of 'SFT', 'DPO', 'GRPO', got {trainer_type!r}")
+    names = ", ".join(repr(t) for t in TRAINER_TYPES)
+    raise ConfigError(f"trainer_type must be one of {names}, got {trainer_type!r}")
 
 
 def trainer_config_class(trainer_type: str) -> type:
@@ -199,15 +205,15 @@ def _type_text(tp: Any) -> str:
 
 
 def _positive(value: Any) -> bool:
-    return value > 0
+    return bool(value > 0)
 
 
 def _non_negative(value: Any) -> bool:
-    return value >= 0
+    return bool(value >= 0)
 
 
 def _unit_interval(value: Any) -> bool:
-    return 0 <= value <= 1
+    return bool(0 <= value <= 1)
 
 
 # (library, field) -> (rule, message). Library messages are quoted where the library has one.
@@ -264,7 +270,7 @@ def check_value(cls: type, name: str, value: Any) -> str | None:
 
 
 def _warmup_ratio_to_steps(value: Any) -> Any:
-    if not isinstance(value, numbers.Real) or _is_bool(value) or not 0 <= value < 1:
+    if not isinstance(value, numbers.Real) or _is_bool(value) or not 0 <= value < 1:  # type: ignore[operator]
         raise ConfigError(
             f"warmup_ratio={value!r} cannot be carried over: transformers 5 has no warmup_ratio, and "
             "warmup_steps reads a float in [0, 1) as a fraction of the training steps and a value >= 1 "
@@ -360,7 +366,7 @@ def find_model_kwargs_rename(key: str) -> Rename | None:
     return None
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # the rapidfire_nb folder
 
 
 def warn_user(message: str, category: type[Warning] = FutureWarning) -> None:

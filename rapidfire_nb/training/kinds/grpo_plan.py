@@ -1,66 +1,20 @@
-"""Per-trainer-type knowledge: which TRL trainer, which columns, how many optimizer steps.
+"""GRPO's step geometry and chunk plan: chunk boundaries fall on generation rounds and optimizer steps.
 
-Kept in one table so SFT, DPO and GRPO go through the same engine.
+Standard library and ``kernel_scheduler`` only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from kernel_scheduler import ChunkPlan, ChunkPlanError, plan_chunks
+from kernel_scheduler import ChunkPlan, ChunkPlanError
 from rapidfire_nb.errors import ConfigError
 
-__all__ = ["GRPOChunkPlan", "GRPOGeometry", "StepGeometry", "TrainerKind", "plan_run", "step_geometry", "trainer_kind"]
+from .base import StepGeometry
 
-
-@dataclass(frozen=True)
-class TrainerKind:
-    name: str  # "SFT" | "DPO" | "GRPO"
-    required_columns: tuple[tuple[str, ...], ...]  # any one of these column sets must be present
-    keep_extra_columns: bool  # GRPO passes extra columns to reward functions
-
-    def trainer_class(self) -> Any:
-        import trl
-
-        return {"SFT": trl.SFTTrainer, "DPO": trl.DPOTrainer, "GRPO": trl.GRPOTrainer}[self.name]
-
-
-_KINDS = {
-    "SFT": TrainerKind("SFT", (("prompt", "completion"), ("messages",), ("text",)), keep_extra_columns=False),
-    "DPO": TrainerKind("DPO", (("prompt", "chosen", "rejected"), ("chosen", "rejected")), keep_extra_columns=False),
-    "GRPO": TrainerKind("GRPO", (("prompt",),), keep_extra_columns=True),
-}
-
-
-def trainer_kind(name: str) -> TrainerKind:
-    try:
-        return _KINDS[name.upper()]
-    except KeyError:
-        raise ConfigError(f"trainer_type={name!r} is not supported; use one of 'SFT', 'DPO', 'GRPO'") from None
-
-
-@dataclass(frozen=True)
-class StepGeometry:
-    """How a run walks through its data, in TRL's own terms.
-
-    Attributes:
-        rows_per_epoch: rows (prompts for GRPO) one epoch consumes.
-        rows_per_step: rows one optimizer step consumes (GRPO: rounded down, at least 1; see ``GRPOChunkPlan``).
-        steps_per_epoch: optimizer steps per epoch (transformers' ``num_update_steps_per_epoch``).
-        total_steps: the run's optimizer steps (``max_steps`` or ``ceil(num_train_epochs * steps_per_epoch)``);
-            equal to the trainer's ``state.max_steps`` once it trains.
-        step_multiple: chunk boundaries must be multiples of this many global steps (1; GRPO uses ``grpo``).
-        grpo: GRPO's generation geometry (``None`` for SFT/DPO).
-    """
-
-    rows_per_epoch: int
-    rows_per_step: int
-    steps_per_epoch: int
-    total_steps: int
-    step_multiple: int = 1
-    grpo: GRPOGeometry | None = None
+__all__ = ["GRPOChunkPlan", "GRPOGeometry", "GRPOStepGeometry", "grpo_step_geometry", "plan_grpo_chunks"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +45,17 @@ class GRPOGeometry:
     boundary_steps: tuple[tuple[int, int], ...]  # ((rounds i, optimizer step within the epoch), ...)
 
 
+@dataclass(frozen=True)
+class GRPOStepGeometry(StepGeometry):
+    """A GRPO run's ``StepGeometry`` with its generation rounds (``rows_per_step`` rounded down, at least 1).
+
+    Attributes:
+        grpo: The generation rounds the boundaries must respect.
+    """
+
+    grpo: GRPOGeometry = field(kw_only=True)
+
+
 class GRPOChunkPlan(ChunkPlan):
     """A ``ChunkPlan`` whose ``samples_seen`` counts GRPO prompts exactly (prompts whose completions were
     generated), also when an optimizer step covers a fraction of a generation round."""
@@ -109,37 +74,27 @@ class GRPOChunkPlan(ChunkPlan):
         return epochs * self.rows_per_epoch + rounds * g.prompts_per_generation
 
 
-def _dataloader_batches(n_rows: int, batch_size: int, drop_last: bool) -> int:
-    return n_rows // batch_size if drop_last else math.ceil(n_rows / batch_size)
+def grpo_step_geometry(trainer: Any) -> GRPOStepGeometry:
+    """Compute a built ``GRPOTrainer``'s step geometry exactly as its sampler, dataloader and buffer walk it.
 
+    ``RepeatSampler`` yields each of ``generation_batch_size // num_generations`` prompts ``num_generations``
+    times, the whole generation batch ``steps_per_generation x num_iterations`` times, and drops an incomplete
+    last batch of prompts; the dataloader yields ``per_device_train_batch_size x steps_per_generation`` rows
+    per micro-step (see :class:`GRPOGeometry`). Nothing is built or iterated (no dataloader is created).
 
-def step_geometry(trainer: Any, kind: TrainerKind) -> StepGeometry:
-    """Compute a built trainer's step geometry exactly as ``Trainer.set_initial_training_values`` does.
+    Args:
+        trainer: A built ``trl.GRPOTrainer``.
 
-    For GRPO this follows ``GRPOTrainer``: its ``RepeatSampler`` yields each of ``generation_batch_size //
-    num_generations`` prompts ``num_generations`` times, the whole generation batch
-    ``steps_per_generation x num_iterations`` times, and drops an incomplete last batch of prompts; its
-    dataloader yields ``per_device_train_batch_size x steps_per_generation`` rows per micro-step (see
-    :class:`GRPOGeometry`). Nothing is built or iterated (no dataloader is created).
+    Returns:
+        The geometry, with the generation rounds in ``.grpo``.
 
     Raises:
-        ConfigError: GRPO whose training set has fewer prompts than one generation batch needs.
+        ConfigError: The training set has fewer prompts than one generation batch needs, or the generation
+            batch is not divisible by ``num_generations``.
     """
     args = trainer.args
     n_rows = len(trainer.train_dataset)
-    world = max(1, int(getattr(args, "world_size", 1) or 1))
-    bs = args.per_device_train_batch_size * world
     ga = args.gradient_accumulation_steps
-    if kind.name == "GRPO":
-        return _grpo_geometry(args, n_rows, ga)
-    len_dl = _dataloader_batches(n_rows, bs, args.dataloader_drop_last)
-    spe = max(len_dl // ga + int(len_dl % ga > 0), 1)
-    total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * spe)
-    rows_per_epoch = len_dl * bs if args.dataloader_drop_last else n_rows
-    return StepGeometry(rows_per_epoch, bs * ga, spe, total)
-
-
-def _grpo_geometry(args: Any, n_rows: int, ga: int) -> StepGeometry:
     g = int(args.num_generations)
     gbs = int(args.generation_batch_size)  # global, set by GRPOConfig.__post_init__
     spg = int(args.steps_per_generation)
@@ -164,25 +119,29 @@ def _grpo_geometry(args: Any, n_rows: int, ga: int) -> StepGeometry:
                        rounds_per_epoch=rounds, micro_steps_per_epoch=micro, boundary_steps=valid)
     step_multiple = micro_per_round // math.gcd(micro_per_round, ga)
     rows_per_step = max(1, (prompts * ga) // micro_per_round)
-    return StepGeometry(rounds * prompts, rows_per_step, spe, total, step_multiple, geo)
+    return GRPOStepGeometry(rounds * prompts, rows_per_step, spe, total, step_multiple, grpo=geo)
 
 
-def plan_run(geo: StepGeometry, num_chunks: int) -> ChunkPlan:
-    """The run's chunk plan: ``kernel_scheduler.plan_chunks`` for SFT/DPO; generation-aligned for GRPO.
+def plan_grpo_chunks(geo: GRPOStepGeometry, num_chunks: int) -> GRPOChunkPlan:
+    """A GRPO run's chunk plan, aligned on generation rounds.
 
-    GRPO: chunk ``k`` of an epoch ends after the first *valid* generation round ``i`` (see
+    Chunk ``k`` of an epoch ends after the first *valid* generation round ``i`` (see
     :class:`GRPOGeometry`) with ``i >= ceil(k x rounds_per_epoch / num_chunks)``, i.e. once at least ``k/K`` of
     the epoch's prompts have been generated for, so every run with the same seed sees the same prompts per
     chunk up to one generation batch; the boundary is the optimizer step that ends round ``i``. A run whose
     ``max_steps`` ends inside a chunk ends there.
 
+    Args:
+        geo: The run's ``grpo_step_geometry``.
+        num_chunks: Chunks per epoch.
+
+    Returns:
+        The plan; its ``samples_seen`` counts prompts exactly.
+
     Raises:
-        ChunkPlanError: ``num_chunks`` larger than the steps per epoch (SFT/DPO) or than the valid generation
-            boundaries per epoch (GRPO); the message says the largest legal value.
+        ChunkPlanError: ``num_chunks`` larger than the valid generation boundaries per epoch; the message says
+            the largest legal value.
     """
-    if geo.grpo is None:
-        return plan_chunks(geo.rows_per_epoch, num_chunks, geo.rows_per_step, geo.total_steps,
-                           steps_per_epoch=geo.steps_per_epoch, step_multiple=geo.step_multiple)
     g = geo.grpo
     if num_chunks < 1:
         raise ChunkPlanError(f"num_chunks must be >= 1, got {num_chunks}")

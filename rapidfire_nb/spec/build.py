@@ -1,4 +1,8 @@
-"""Build the real TRL config and ``peft.LoraConfig`` of one run, adapted to this machine.
+"""Build the real TRL config and ``peft.LoraConfig`` of one run spec, adapted to this machine.
+
+Part of the spec layer because ``LeafConfig.validate``/``with_changes`` check a spec by building them; the
+training layer builds its trainers' configs here too, so a validated spec is exactly what trains. trl, peft,
+torch and accelerate are imported inside the functions, never at module level.
 
 The user's arguments (``LeafConfig.training``/``.lora``) are kept as written; what rapidfire_nb must
 override to run them here (precision on a CPU-only machine, its own checkpointing and tracking) is applied
@@ -7,20 +11,38 @@ on top and reported as human-readable notes, never silently.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
+from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError, closest_name
 
-from . import fields
+__all__ = ["TrainerSettings", "build_lora_config", "build_training_args", "detect_bf16", "detect_cuda"]
 
-if TYPE_CHECKING:  # pragma: no cover
-    from rapidfire_nb.automl.leaf import LeafConfig
 
-__all__ = ["build_lora_config", "build_training_args", "detect_bf16", "detect_cuda"]
+class TrainerSettings(Protocol):
+    """What building the real configs reads from a run spec (``rapidfire_nb.spec.LeafConfig`` has it all).
 
-_NOT_REPORTING = (None, "none", [], ["none"], ("none",))
+    Typed as a protocol so that this module need not import ``LeafConfig`` (whose ``validate`` calls it).
+    """
+
+    @property
+    def trainer_type(self) -> str: ...  # "SFT" | "DPO" | "GRPO"
+
+    @property
+    def training(self) -> Mapping[str, Any]: ...  # trainer-config keyword arguments as the user set them
+
+    @property
+    def lora(self) -> Mapping[str, Any] | None: ...  # peft.LoraConfig keyword arguments, None: full fine-tuning
+
+    @property
+    def model_type(self) -> str: ...  # "causal_lm"
+
+
+_NOT_REPORTING: tuple[Any, ...] = (None, "none", [], ["none"], ("none",))
 # Checkpointing names: transformers 5 calls it activation_checkpointing; TRL still documents (and defaults)
 # gradient_checkpointing, a deprecated alias there. We pass both, equal, so transformers does not warn.
 _CHECKPOINTING_ALIASES = (
@@ -47,7 +69,7 @@ def detect_bf16() -> bool:
 
 
 def _check_user_values(cls: type, values: dict[str, Any], prefix: str = "") -> None:
-    names = fields.field_names(cls)
+    names = schema.field_names(cls)
     for name, value in values.items():
         if name not in names:
             hint = closest_name(name, names)
@@ -55,7 +77,7 @@ def _check_user_values(cls: type, values: dict[str, Any], prefix: str = "") -> N
                 f"{prefix}{name} is not a field of {cls.__name__}"
                 + (f"; did you mean `{prefix}{hint}`?" if hint else "")
             )
-        problem = fields.check_value(cls, name, value)
+        problem = schema.check_value(cls, name, value)
         if problem:
             raise ConfigError(problem)
 
@@ -87,8 +109,27 @@ def _accelerate_state_configured() -> bool:
     return bool(PartialState._shared_state) and bool(AcceleratorState._shared_state)
 
 
+@dataclasses.dataclass
+class _Args:
+    """The keyword arguments of one TRL config being assembled, with the notes about what was changed."""
+
+    cls: type
+    user: dict[str, Any]
+    kwargs: dict[str, Any]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return schema.field_names(self.cls)
+
+    def set(self, name: str, value: Any) -> None:
+        """Set ``name`` when the installed TRL config has that field (names differ across versions)."""
+        if name in self.names:
+            self.kwargs[name] = value
+
+
 def build_training_args(
-    leaf: LeafConfig,
+    leaf: TrainerSettings,
     output_dir: str,
     default_seed: int,
     *,
@@ -110,7 +151,7 @@ def build_training_args(
       ``dataloader_num_workers=0`` and ``logging_steps=1`` (live curves) unless the user set them.
 
     Args:
-        leaf: The run's resolved config.
+        leaf: The run's resolved config (a ``LeafConfig``).
         output_dir: The trainer's output directory (not created here).
         default_seed: The experiment's seed, used when the run sets none.
         cuda_available: Whether a CUDA GPU is usable; detected with torch when ``None``.
@@ -126,123 +167,132 @@ def build_training_args(
     """
     if not isinstance(default_seed, numbers.Integral) or isinstance(default_seed, bool):
         raise ConfigError(f"default_seed must be an int, got {default_seed!r}")
-    cls = fields.trainer_config_class(leaf.trainer_type)
-    names = fields.field_names(cls)
+    cls = schema.trainer_config_class(leaf.trainer_type)
     user = dict(leaf.training)
     _check_user_values(cls, user)
-    kwargs: dict[str, Any] = dict(user)
-    notes: list[str] = []
-
-    def set_field(name: str, value: Any) -> None:
-        if name in names:
-            kwargs[name] = value
-
-    kwargs["seed"] = user["seed"] if "seed" in user else int(default_seed)
-
+    a = _Args(cls, user, dict(user))
+    a.kwargs["seed"] = user["seed"] if "seed" in user else int(default_seed)
     if cuda_available is None:
         cuda_available = detect_cuda()
-    on_cpu = not cuda_available or user.get("use_cpu") is True
-    if on_cpu:
-        reason = "no CUDA GPU" if not cuda_available else "use_cpu=True"
-        for flag, what in (
-            ("fp16", "training"),
-            ("bf16", "training"),
-            ("fp16_full_eval", "evaluating"),
-            ("bf16_full_eval", "evaluating"),
-        ):
-            if _is_true(user.get(flag)):
-                notes.append(f"{flag}=True requested but {reason}: {what} in fp32 ({flag} switched off)")
-            if flag in ("fp16", "bf16") or flag in user:
-                set_field(flag, False)
-        if _is_true(user.get("tf32")):
-            notes.append(f"tf32=True requested but {reason}: tf32 switched off")
-            set_field("tf32", False)
-        set_field("use_cpu", True)
-        if "gradient_checkpointing" not in user and "activation_checkpointing" not in user:
-            default = (
-                fields.field_default(cls, "gradient_checkpointing")
-                if "gradient_checkpointing" in names
-                else None
-            )
-            set_field("gradient_checkpointing", False)
-            set_field("activation_checkpointing", False)
-            if default:
-                notes.append(
-                    "gradient_checkpointing switched off on CPU (TRL turns it on by default; on CPU it only slows "
-                    "training); set gradient_checkpointing=True to keep it"
-                )
+    if not cuda_available or user.get("use_cpu") is True:
+        _cpu_rules(a, "no CUDA GPU" if not cuda_available else "use_cpu=True")
     else:
-        if bf16_supported is None:
-            bf16_supported = detect_bf16()
-        if not bf16_supported:
-            if _is_true(user.get("bf16")):
-                notes.append(
-                    "bf16=True requested but this GPU does not support bf16: training in fp32 (bf16 switched off)"
-                )
-            elif (
-                "bf16" not in user
-                and not _is_true(user.get("fp16"))
-                and fields.field_default(cls, "bf16") in (None, True)
-            ):
-                notes.append(
-                    "TRL's default bf16=True is not supported by this GPU: training in fp32 (bf16 switched off)"
-                )
-            set_field("bf16", False)
-            if _is_true(user.get("bf16_full_eval")):
-                notes.append(
-                    "bf16_full_eval=True requested but this GPU does not support bf16: bf16_full_eval switched off"
-                )
-                set_field("bf16_full_eval", False)
+        _gpu_rules(a, detect_bf16() if bf16_supported is None else bf16_supported)
+    _checkpointing_aliases(a)
+    _owned_by_rapidfire(a, output_dir)
+    try:
+        config = cls(**a.kwargs)
+    except Exception as exc:
+        raise _rejected(cls, a.kwargs, user, exc) from exc
+    return config, a.notes
 
+
+def _cpu_rules(a: _Args, reason: str) -> None:
+    """No CUDA (or ``use_cpu=True``): fp32 on the CPU; TRL's default gradient checkpointing off."""
+    user = a.user
+    for flag, what in (
+        ("fp16", "training"),
+        ("bf16", "training"),
+        ("fp16_full_eval", "evaluating"),
+        ("bf16_full_eval", "evaluating"),
+    ):
+        if _is_true(user.get(flag)):
+            a.notes.append(f"{flag}=True requested but {reason}: {what} in fp32 ({flag} switched off)")
+        if flag in ("fp16", "bf16") or flag in user:
+            a.set(flag, False)
+    if _is_true(user.get("tf32")):
+        a.notes.append(f"tf32=True requested but {reason}: tf32 switched off")
+        a.set("tf32", False)
+    a.set("use_cpu", True)
+    if "gradient_checkpointing" not in user and "activation_checkpointing" not in user:
+        default = (
+            schema.field_default(a.cls, "gradient_checkpointing")
+            if "gradient_checkpointing" in a.names
+            else None
+        )
+        a.set("gradient_checkpointing", False)
+        a.set("activation_checkpointing", False)
+        if default:
+            a.notes.append(
+                "gradient_checkpointing switched off on CPU (TRL turns it on by default; on CPU it only slows "
+                "training); set gradient_checkpointing=True to keep it"
+            )
+
+
+def _gpu_rules(a: _Args, bf16_supported: bool) -> None:
+    """CUDA: bf16 off (with a note) where the GPU does not support it."""
+    if bf16_supported:
+        return
+    user = a.user
+    if _is_true(user.get("bf16")):
+        a.notes.append(
+            "bf16=True requested but this GPU does not support bf16: training in fp32 (bf16 switched off)"
+        )
+    elif (
+        "bf16" not in user
+        and not _is_true(user.get("fp16"))
+        and schema.field_default(a.cls, "bf16") in (None, True)
+    ):
+        a.notes.append(
+            "TRL's default bf16=True is not supported by this GPU: training in fp32 (bf16 switched off)"
+        )
+    a.set("bf16", False)
+    if _is_true(user.get("bf16_full_eval")):
+        a.notes.append(
+            "bf16_full_eval=True requested but this GPU does not support bf16: bf16_full_eval switched off"
+        )
+        a.set("bf16_full_eval", False)
+
+
+def _checkpointing_aliases(a: _Args) -> None:
+    """Pass both checkpointing names, equal, so transformers does not warn about the deprecated one."""
     for old, new in _CHECKPOINTING_ALIASES:
-        if old in names and new in names and kwargs.get(new) is None:
-            value = kwargs[old] if old in kwargs else fields.field_default(cls, old)
+        if old in a.names and new in a.names and a.kwargs.get(new) is None:
+            value = a.kwargs[old] if old in a.kwargs else schema.field_default(a.cls, old)
             if value is not None:
-                kwargs[new] = kwargs[old] = value
+                a.kwargs[new] = a.kwargs[old] = value
 
+
+def _owned_by_rapidfire(a: _Args, output_dir: str) -> None:
+    """Fields rapidfire_nb decides itself (tracking, checkpoints, output folder, logging cadence)."""
+    user = a.user
     report_to = user.get("report_to")
     if report_to not in _NOT_REPORTING:
-        notes.append(f"report_to={report_to!r} replaced by 'none': rapidfire_nb records the metrics itself")
-    set_field("report_to", "none")
+        a.notes.append(f"report_to={report_to!r} replaced by 'none': rapidfire_nb records the metrics itself")
+    a.set("report_to", "none")
     save_strategy = getattr(user.get("save_strategy"), "value", user.get("save_strategy"))
     if save_strategy not in (None, "no"):
-        notes.append(
+        a.notes.append(
             f"save_strategy={save_strategy!r} replaced by 'no': rapidfire_nb checkpoints every run at chunk boundaries"
         )
-    set_field("save_strategy", "no")
+    a.set("save_strategy", "no")
     if _is_true(user.get("load_best_model_at_end")):
-        notes.append(
+        a.notes.append(
             "load_best_model_at_end=True switched off: rapidfire_nb saves the checkpoints, not the Trainer"
         )
-        set_field("load_best_model_at_end", False)
+        a.set("load_best_model_at_end", False)
     if _is_true(user.get("push_to_hub")):
-        notes.append("push_to_hub=True switched off: push a finished run's saved adapter yourself")
-        set_field("push_to_hub", False)
+        a.notes.append("push_to_hub=True switched off: push a finished run's saved adapter yourself")
+        a.set("push_to_hub", False)
     if user.get("output_dir") not in (None, output_dir):
-        notes.append(f"output_dir={user['output_dir']!r} replaced by the run's own folder {output_dir!r}")
-    set_field("output_dir", output_dir)
-    set_field("disable_tqdm", True)
+        a.notes.append(f"output_dir={user['output_dir']!r} replaced by the run's own folder {output_dir!r}")
+    a.set("output_dir", output_dir)
+    a.set("disable_tqdm", True)
     if "dataloader_num_workers" not in user:
-        set_field("dataloader_num_workers", 0)
+        a.set("dataloader_num_workers", 0)
     if "logging_steps" not in user:
-        set_field("logging_steps", 1)
+        a.set("logging_steps", 1)
     if "accelerator_config" not in user and _accelerate_state_configured():
         # Building TrainingArguments otherwise resets accelerate's process-wide state, which breaks the parked
         # trainers of runs that are training in this process (one device per process: they share it).
-        set_field("accelerator_config", {"use_configured_state": True})
-
-    try:
-        config = cls(**kwargs)
-    except Exception as exc:
-        raise _rejected(cls, kwargs, user, exc) from exc
-    return config, notes
+        a.set("accelerator_config", {"use_configured_state": True})
 
 
-def build_lora_config(leaf: LeafConfig) -> Any:
+def build_lora_config(leaf: TrainerSettings) -> Any:
     """Build the run's ``peft.LoraConfig`` (``None`` for full fine-tuning).
 
     Args:
-        leaf: The run's resolved config; ``leaf.lora`` holds the user's LoRA arguments.
+        leaf: The run's resolved config (a ``LeafConfig``); ``leaf.lora`` holds the user's LoRA arguments.
 
     Returns:
         A ``peft.LoraConfig`` with ``task_type="CAUSAL_LM"`` unless the user set one (or the model type is
@@ -254,7 +304,7 @@ def build_lora_config(leaf: LeafConfig) -> Any:
     """
     if leaf.lora is None:
         return None
-    cls = fields.lora_config_class()
+    cls = schema.lora_config_class()
     user = dict(leaf.lora)
     try:
         _check_user_values(cls, user, prefix="lora.")

@@ -1,0 +1,185 @@
+"""The model provider: where the training layer gets its models (the user's ``create_model_fn``, shared bases).
+
+Trainer kinds (``rapidfire_nb.training.kinds``) receive a :class:`ModelProvider` instead of the executor, so
+they load and share models without reaching into executor internals. :class:`BaseModels` is the one
+implementation; each ``TorchExecutor`` owns one (``executor.models``). Importing this module does not import
+torch (it is imported by the calls that need it).
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import json
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.spec import LeafConfig
+
+__all__ = ["SHARED_MODEL_FIELDS", "BaseModels", "ModelProvider", "SharedBase"]
+
+SHARED_MODEL_FIELDS: tuple[str, ...] = (
+    "gradient_checkpointing", "neftune_noise_alpha", "disable_dropout", "use_liger_kernel", "torch_compile",
+    "cast_lm_head_to_fp32",  # GRPO's cast replaces the shared lm_head
+)
+"""TrainingArguments fields that act on the shared model itself: runs on one base must agree on them."""
+
+
+@dataclass
+class SharedBase:
+    """One loaded base model, shared by the LoRA runs whose base settings are equal.
+
+    Attributes:
+        key: Canonical JSON of what makes bases equal (``model_name``, ``model_kwargs``, ``tokenizer`` and the
+            ``SHARED_MODEL_FIELDS`` values).
+        model: The user's model; a ``peft.PeftModel`` holding one adapter per run once the first LoRA run
+            was added.
+        tokenizer: The tokenizer ``create_model_fn`` returned with it.
+        peft: Whether ``model`` has been wrapped into a ``PeftModel``.
+        adapters: The adapter names on it (``run_<id>``), in the order they were added.
+    """
+
+    key: str
+    model: Any
+    tokenizer: Any
+    peft: bool = False
+    adapters: list[str] = field(default_factory=list)
+
+
+class ModelProvider(abc.ABC):
+    """How trainer kinds and the executor get models. One per executor; called from its (one) calling thread."""
+
+    @abc.abstractmethod
+    def create(self, model_config: dict[str, Any]) -> tuple[Any, Any]:
+        """Call the user's ``create_model_fn`` on a deep copy of ``model_config``.
+
+        Args:
+            model_config: ``LeafConfig.model_config_dict()``, possibly with ``model_name``/``model_kwargs``
+                replaced (e.g. a DPO reference model).
+
+        Returns:
+            ``(model, tokenizer)``: a ``torch.nn.Module`` and a callable tokenizer.
+
+        Raises:
+            ConfigError: ``create_model_fn`` raised, or returned something else.
+        """
+
+    @abc.abstractmethod
+    def base_for(self, spec: LeafConfig, args: Any) -> SharedBase:
+        """The shared base of a run (created with ``create`` on first use).
+
+        Args:
+            spec: The run's spec.
+            args: Its built TRL config (the ``SHARED_MODEL_FIELDS`` are read from it).
+
+        Returns:
+            The base shared by every run with equal model settings.
+        """
+
+    @abc.abstractmethod
+    def shared(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """A model made once per ``key`` and shared by the runs that ask for it (e.g. a frozen reference).
+
+        Args:
+            key: Identifies the model among this provider's shared models.
+            make: Builds it; called only when ``key`` is new.
+
+        Returns:
+            The model made for ``key``.
+        """
+
+
+class BaseModels(ModelProvider):
+    """The executor's models: ``create_model_fn`` is called once per distinct base (and per shared model).
+
+    Args:
+        create_model_fn: ``create_model_fn(model_config: dict) -> (model, tokenizer)``.
+        note: Receives user-facing notes (one string each), e.g. that bases were split.
+    """
+
+    def __init__(self, create_model_fn: Callable[[dict[str, Any]], Any], note: Callable[[str], None]) -> None:
+        self.create_model_fn = create_model_fn
+        self._note = note
+        self._bases: dict[str, SharedBase] = {}
+        self._shared: dict[Hashable, Any] = {}
+
+    def create(self, model_config: dict[str, Any]) -> tuple[Any, Any]:
+        import torch
+
+        try:
+            out = self.create_model_fn(copy.deepcopy(model_config))
+        except Exception as exc:
+            raise ConfigError(f"create_model_fn raised {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module)
+                and out[1] is not None and hasattr(out[1], "__call__")):
+            raise ConfigError(
+                "create_model_fn must return a (model, tokenizer) tuple, e.g. "
+                "`return AutoModelForCausalLM.from_pretrained(...), AutoTokenizer.from_pretrained(...)`; "
+                f"got {type(out).__name__}"
+            )
+        return out
+
+    def base_for(self, spec: LeafConfig, args: Any) -> SharedBase:
+        shared = {f: getattr(args, f, None) for f in SHARED_MODEL_FIELDS}
+        key = json.dumps({"model_name": spec.model_name, "model_kwargs": repr(sorted(spec.model_kwargs.items())),
+                          "tokenizer": repr(spec.tokenizer), "shared": repr(shared)}, sort_keys=True)
+        base = self._bases.get(key)
+        if base is None:
+            model, tok = self.create(spec.model_config_dict())
+            base = SharedBase(key=key, model=model, tokenizer=tok)
+            self._bases[key] = base
+            if len({b.key.split('"shared"')[0] for b in self._bases.values()}) < len(self._bases):
+                self._note("runs on the same base model disagree on settings that act on the shared model "
+                           f"({', '.join(SHARED_MODEL_FIELDS)}); they get their own base copy")
+        return base
+
+    def shared(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
+
+
+def attach_run_model(base: SharedBase, run_id: int, spec: LeafConfig, lora: Any, seed: int) -> tuple[Any, str | None]:
+    """The model one run trains: its own LoRA adapter on the shared base, or its own copy of the base.
+
+    Args:
+        base: The run's shared base.
+        run_id: The run's id (its adapter is named ``run_<id>``).
+        spec: The run's spec (for messages).
+        lora: Its ``peft.LoraConfig``, or ``None`` for full fine-tuning.
+        seed: The run's training seed: ``set_seed(seed)`` right before the adapter is created, as TRL does
+            before ``get_peft_model``, so its initial weights match a plain run's.
+
+    Returns:
+        ``(model, adapter)``: the shared ``PeftModel`` with ``run_<id>`` active and ``"run_<id>"``, or
+        ``(deep copy of the base, None)``.
+
+    Raises:
+        ConfigError: ``lora.target_modules`` does not fit the model (no half-registered adapter is left), or
+            LoRA and full fine-tuning runs on one base.
+    """
+    if lora is None:
+        if base.peft:
+            raise ConfigError("mixing LoRA and full fine-tuning runs on one base is not supported")
+        return copy.deepcopy(base.model), None  # full fine-tuning: each run its own copy
+    from peft import PeftModel, get_peft_model
+    from transformers import set_seed
+
+    adapter = f"run_{run_id}"
+    set_seed(seed)  # what TRL does right before get_peft_model: initial adapter weights match
+    try:
+        if not isinstance(base.model, PeftModel):
+            base.model = get_peft_model(base.model, lora, adapter_name=adapter)
+            base.peft = True
+        else:
+            base.model.add_adapter(adapter, lora)
+    except ValueError as exc:
+        if isinstance(base.model, PeftModel) and adapter in base.model.peft_config:
+            base.model.delete_adapter(adapter)  # leave no half-registered adapter on the shared base
+        raise ConfigError(f"lora.target_modules={lora.target_modules!r} does not fit the model "
+                          f"{spec.model_name!r}: {exc}") from exc
+    base.model.set_adapter(adapter)
+    base.adapters.append(adapter)
+    return base.model, adapter
