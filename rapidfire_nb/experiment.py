@@ -7,7 +7,6 @@ Threads: ``run_fit`` validates on the calling thread, then one scheduler thread 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import socket
@@ -26,6 +25,7 @@ from ._writer_lock import LOCK_FILENAME, WriterLock
 from .errors import ConfigError, ExperimentError, OpError
 from .paths import experiment_dir, experiments_root, validate_experiment_name
 from .store import Store
+from .view import KernelState, StoreRows, chunk_line, kernel_snapshot
 from .wire import json_type_name
 
 __all__ = ["Experiment", "current_experiment", "live_experiment"]
@@ -71,14 +71,6 @@ def _ipython() -> Any:
     except ImportError:  # pragma: no cover
         return None
     return get_ipython()
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-            return f"{v:.3g}"
-        return f"{v:.4g}"
-    return str(v)
 
 
 class _Listener(SchedulerListener):
@@ -922,46 +914,14 @@ class Experiment:
 
     # ================================================================== panel source
     def panel_snapshot(self) -> dict[str, Any]:
-        """JSON-able state for the panel (see docs/ARCHITECTURE.md)."""
-        snaps = {s.run_id: s for s in self._scheduler.snapshot()} if self._scheduler else {}
-        latest = self.store.latest_metrics(["loss", "eval_loss"])
-        runs = []
-        for r in self.store.runs():
-            s = snaps.get(r["run_id"])
-            status = s.status if s else RunStatus(r["status"])
-            hp = r.get("hparams") or {}
-            legal = []
-            if status in (RunStatus.NEW, RunStatus.ONGOING, RunStatus.INTERRUPTED):
-                legal.append("stop")
-            if status in (RunStatus.STOPPED, RunStatus.INTERRUPTED):
-                legal.append("resume")
-            if status is not RunStatus.DELETED:
-                legal += ["delete", "clone"]
-            runs.append({
-                "run_id": r["run_id"], "status": status.value, "on_device": bool(s and s.on_device),
-                "hparams": {c: hp.get(c) for c in self._hparam_cols} or hp,
-                "editable": {k: v for k, v in hp.items() if k not in NOT_EDITABLE},
-                "completed_steps": (max(s.step, self._live_step.get(s.run_id, 0)) if s and s.on_device else
-                                    s.step if s else r.get("completed_steps")),
-                "total_steps": s.total_steps if s else r.get("total_steps"),
-                "chunks_done": s.segments_done if s else r.get("chunks_done"),
-                "num_segments": s.num_segments if s else r.get("num_segments"),
-                "epoch": s.epoch if s and s.steps_per_epoch else r.get("epoch"),
-                "samples_seen": s.samples_seen if s else r.get("samples_seen"),
-                "loss": latest.get(r["run_id"], {}).get("loss"),
-                "eval_loss": latest.get(r["run_id"], {}).get("eval_loss"),
-                "error": s.error if s else r.get("error"), "parent_id": r.get("parent_id"),
-                "warm_start": bool(r.get("warm_start")), "legal_ops": legal,
-            })
-        on_dev = self._scheduler.on_device() if self._scheduler else None
-        return {
-            "experiment": self.experiment_name, "started_at": self._started_at or self.store.get_meta("created_at"),
-            "now": time.time(), "progress": self._progress_text(snaps), "on_device": on_dev,
-            "num_chunks": self._num_chunks, "hparam_columns": list(self._hparam_cols), "runs": runs,
-            "ops": [{k: o.get(k) for k in ("op_id", "run_id", "kind", "state", "message", "requested_at",
-                                           "applied_at")} for o in self.store.ops()],
-            "metric_names": self._metric_names(),
-        }
+        """JSON-able state for the panel (docs/ARCHITECTURE.md), built by :func:`rapidfire_nb.view.kernel_snapshot`."""
+        sched = self._scheduler
+        kernel = KernelState(started_at=self._started_at, num_chunks=self._num_chunks,
+                             hparam_columns=list(self._hparam_cols),
+                             runs=sched.snapshot() if sched is not None else None,
+                             on_device=sched.on_device() if sched is not None else None,
+                             live_steps=dict(self._live_step))
+        return kernel_snapshot(self.experiment_name, StoreRows.read(self.store), kernel)
 
     def metrics_since(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
         """Metric points after ``cursor`` (the store's row id) and the new cursor."""
@@ -976,23 +936,6 @@ class Experiment:
     def _metric_names(self) -> list[str]:
         names = self.store.get_meta("metric_names", None)
         return list(names or [])
-
-    def _progress_text(self, snaps: dict[int, RunSnapshot]) -> str:
-        if self._scheduler is None:  # reattached, nothing trains in this kernel yet
-            runs = [r for r in self.store.runs() if r["status"] != RunStatus.DELETED.value]
-            waiting = [r for r in runs if r["status"] in (RunStatus.INTERRUPTED.value, RunStatus.ONGOING.value)]
-            done = sum(1 for r in runs if r["status"] == RunStatus.COMPLETED.value)
-            text = f"not training in this kernel — {done}/{len(runs)} runs completed"
-            if waiting:
-                text += f"; {len(waiting)} interrupted (run_fit with the same arguments continues them)"
-            return text
-        active = [s for s in snaps.values() if s.status.in_rotation() and s.num_segments]
-        if not active:
-            shown = [s for s in snaps.values() if s.status is not RunStatus.DELETED]
-            done = sum(1 for s in shown if s.status is RunStatus.COMPLETED)
-            return f"idle — {done}/{len(shown)} runs completed"
-        epoch, chunk = min(s.position for s in active)
-        return f"chunk {chunk}/{self._num_chunks} of epoch {epoch}"
 
     def _on_metrics(self, run_id: int, step: int, samples_seen: int, logs: dict[str, float]) -> None:
         now = time.time()
@@ -1021,21 +964,7 @@ class Experiment:
 
     def _print_chunk_line(self, snap: RunSnapshot) -> None:
         latest = self.store.latest_metrics(["loss", "eval_loss"]).get(snap.run_id, {})
-        parts = [f"run {snap.run_id}"]
-        if snap.status is RunStatus.FAILED:
-            parts.append(f"FAILED: {snap.error}")
-        else:
-            if snap.status is RunStatus.COMPLETED:
-                parts.append("completed")
-            elif snap.segments_done and self._num_chunks:
-                k = snap.segments_done - 1
-                parts.append(f"chunk {k % self._num_chunks + 1}/{self._num_chunks} of epoch "
-                             f"{k // self._num_chunks + 1} done")
-            parts.append(f"step {snap.step}/{snap.total_steps}")
-            for k in ("loss", "eval_loss"):
-                if k in latest and latest[k] is not None and not math.isnan(latest[k]):
-                    parts.append(f"{k} {_fmt(latest[k])}")
-        self._say(" · ".join(parts))
+        self._say(chunk_line(snap, latest, self._num_chunks))
 
     def _show_panel(self, force: bool = False) -> Any:
         try:
