@@ -3,8 +3,8 @@
 How data flows (measured facts behind it are in ``shared/DESIGN.md``, "The notebook side"):
 
 * The panel reads a *panel source* (the contract in ``docs/ARCHITECTURE.md``: ``panel_snapshot()``,
-  ``metrics_since(cursor)``, ``submit_op(...)``). ``Experiment`` implements it; ``_fake_source.FakeSource``
-  does too, for tests and demos.
+  ``metrics_since(cursor)``, ``submit_op(...)``). ``Experiment`` implements it;
+  ``rapidfire_nb.testing.fake_source.FakeSource`` does too, for tests and demos.
 * One background **pump thread** is the only thread that writes the widget (sends messages, sets traits;
   one lock). Every ~200 ms it polls the source and sends at most one coalesced ``update`` message (new metric
   points, and the run table / ops log when they changed), so the front end gets a few messages per second

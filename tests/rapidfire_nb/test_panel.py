@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rapidfire_nb import panel as panel_mod
-from rapidfire_nb._fake_source import FakeSource
+from rapidfire_nb.testing.fake_source import FakeSource
 from rapidfire_nb.errors import OpError
 from rapidfire_nb.panel import (
     RunPanel,

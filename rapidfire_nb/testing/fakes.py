@@ -1,7 +1,8 @@
 """Test doubles for kernel_scheduler (no torch): a scriptable fake Executor, a recording listener, a driver.
 
-Imported by the test modules of this folder as ``_ks_fakes`` (pytest's default ``prepend`` import mode puts
-this folder on ``sys.path``; the name is unique so it cannot clash with another test folder's helpers).
+:class:`FakeExecutor` records every call and every breach of the :class:`kernel_scheduler.Executor` protocol;
+:class:`Recorder` records every listener hook; :class:`Harness` wires one :class:`kernel_scheduler.Scheduler`
+over both. Used by ``tests/kernel_scheduler`` and by :mod:`rapidfire_nb.testing.fake_source`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kernel_scheduler import (
@@ -28,6 +29,8 @@ from kernel_scheduler import (
     plan_chunks,
 )
 
+__all__ = ["TIMEOUT", "FakeExecutor", "FakeSpec", "Harness", "Recorder"]
+
 TIMEOUT = 5.0  # seconds; every wait in these tests is bounded
 
 
@@ -42,6 +45,7 @@ class FakeSpec:
         max_steps: total optimizer steps, if set.
         fail_at_step: the segment that would reach this step fails (SegmentResult.error).
         add_error: ``add_run`` raises ValueError with this text.
+        hparams: the hyperparameters a panel shows for the run (not compared, not hashed).
     """
 
     rows: int = 16
@@ -50,6 +54,7 @@ class FakeSpec:
     max_steps: int | None = None
     fail_at_step: int | None = None
     add_error: str | None = None
+    hparams: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def plan(self, num_chunks: int) -> ChunkPlan:
         spe = math.ceil(self.rows / self.batch)
@@ -263,8 +268,8 @@ class Recorder(SchedulerListener):
 class Harness:
     """One Scheduler over a FakeExecutor and a Recorder, with helpers to drive it step by step."""
 
-    def __init__(self, specs: Sequence[FakeSpec] | dict[int, FakeSpec], num_chunks: int = 2, mode: str = "auto",
-                 idle_poll_s: float = 0.002, start: bool = True) -> None:
+    def __init__(self, specs: Sequence[FakeSpec] | dict[int, FakeSpec], num_chunks: int = 2,
+                 mode: str = "auto", idle_poll_s: float = 0.002, start: bool = True) -> None:
         self.fake = FakeExecutor(num_chunks=num_chunks, mode=mode)
         self.rec = Recorder()
         self.sched = Scheduler(self.fake, listener=self.rec, idle_poll_s=idle_poll_s)
