@@ -46,6 +46,7 @@ import traitlets
 
 from kernel_scheduler import RunStatus
 
+from .esm_bundle import bundle_esm
 from .view import format_chunk_line
 from .wire import clean_json, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
 
@@ -56,6 +57,7 @@ __all__ = [
     "PanelSource",
     "RunPanel",
     "TextProgress",
+    "bundle_esm",
     "display_panel",
     "format_chunk_line",
     "plotly_js_path",
@@ -96,7 +98,7 @@ class PanelSource(Protocol):
 
 
 def _widgets_dir() -> Path:
-    """The folder holding panel.js / panel.css: ``_widgets`` inside an installed wheel, else the repo's."""
+    """The folder holding panel.js (and its sibling modules) / panel.css: ``_widgets`` in a wheel, else the repo's."""
     here = Path(__file__).resolve().parent
     installed = here / "_widgets"
     if (installed / "panel.js").is_file():
@@ -221,7 +223,8 @@ class RunPanel(anywidget.AnyWidget):
     Call :meth:`close` to stop the pump thread (it also closes the widget's views).
     """
 
-    _esm = _widgets_dir() / "panel.js"
+    #: widgets/panel.js with its sibling modules inlined (anywidget loads one module text)
+    _esm = bundle_esm(_widgets_dir() / "panel.js")
     _css = _widgets_dir() / "panel.css"
 
     #: Small header state (experiment, progress, run on device, status counts); never metric history.
