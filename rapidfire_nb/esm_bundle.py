@@ -1,5 +1,7 @@
-"""One ES module text from the panel's sibling modules (anywidget loads ``_esm`` as one module from a blob URL,
-where relative imports do not resolve). No npm, no bundler: a fixed, small subset of module syntax is inlined.
+"""One ES module text from the panel's sibling modules.
+
+anywidget loads ``_esm`` as one module from a blob URL, where relative imports do not resolve. No npm, no
+bundler: a fixed, small subset of module syntax is inlined.
 
 The rules the widget modules (``widgets/*.js``) follow, checked here:
 
@@ -8,8 +10,9 @@ The rules the widget modules (``widgets/*.js``) follow, checked here:
 * a module other than the entry exports only declarations: ``export function|async function|class|const|let
   name``; the entry module (``panel.js``) may also ``export default`` and ``export { ... };``.
 
-Each imported module becomes ``const __rf_name = (() => { <its text>; return { <its exports> }; })();`` (its own
-scope, evaluated once, in dependency order) and each import a destructuring ``const { a, b: c } = __rf_name;``.
+Each imported module becomes ``const __rf_name = (() => { <its text>; return { <its exports> }; })();``
+(its own scope, evaluated once, in dependency order) and each import a destructuring
+``const { a, b: c } = __rf_name;``.
 Standard library only.
 """
 
@@ -68,8 +71,9 @@ def _wrap(text: str, where: str, var: str) -> str:
     body = _EXPORT_DECL.sub(lambda m: f"{m.group(1)} {m.group(2)}", text)
     stray = _ANY_EXPORT.search(body)
     if stray:
-        raise EsmBundleError(f"{where}: a module other than the entry may export only declarations, got "
-                             f"{stray.group(0)!r}")
+        raise EsmBundleError(
+            f"{where}: a module other than the entry may export only declarations, got {stray.group(0)!r}"
+        )
     return f"const {var} = (() => {{\n{body}\nreturn {{ {', '.join(names)} }};\n}})();\n"
 
 

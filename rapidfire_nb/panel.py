@@ -98,7 +98,7 @@ class PanelSource(Protocol):
 
 
 def _widgets_dir() -> Path:
-    """The folder holding panel.js (and its sibling modules) / panel.css: ``_widgets`` in a wheel, else the repo's."""
+    """The folder of panel.js, its sibling modules and panel.css: ``_widgets`` in a wheel, else the repo's."""
     here = Path(__file__).resolve().parent
     installed = here / "_widgets"
     if (installed / "panel.js").is_file():

@@ -240,7 +240,7 @@ class FakeSource:
 
     # -- simulation ----------------------------------------------------------------------------------------
     def step(self) -> None:
-        """Advance the run on the device by ``steps_per_tick`` steps; end its segment at the chunk boundary."""
+        """Advance the run on the device by ``steps_per_tick`` steps; end its segment at its boundary."""
         with self._lock:
             flight = self._fake.inflight
             if flight is None:
