@@ -177,6 +177,67 @@ def _int_param(name: str, value: Any, *, minimum: int, maximum: int = _INT_MAX) 
     return value
 
 
+def _parse_op(body: Any) -> tuple[str, str, int, dict[str, Any], bool]:
+    """An op request's ``(op_id, kind, run_id, changes, warm_start)``, checked field by field.
+
+    Raises:
+        ApiError: 400 for anything but ``{"op_id"?, "kind", "run_id", "changes"?, "warm_start"?}`` with valid
+            values (only a clone takes ``changes`` and ``warm_start``).
+    """
+    if not isinstance(body, dict):
+        raise ApiError(
+            400, "the request body must be a JSON object {op_id, kind, run_id, changes?, warm_start?}"
+        )
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise ApiError(
+            400,
+            f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects); "
+            "an op is {op_id, kind, run_id, changes?, warm_start?}",
+        )
+    unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start"})
+    if unknown:
+        raise ApiError(
+            400,
+            f"unknown key(s) {', '.join(map(repr, unknown))}; an op has op_id, kind, "
+            "run_id, changes, warm_start",
+        )
+    op_id = body.get("op_id")
+    if op_id is None:
+        op_id = uuid.uuid4().hex
+    if not isinstance(op_id, str) or not _OP_ID_RE.fullmatch(op_id):
+        raise ApiError(
+            400, "op_id must be 1-128 characters: letters, digits, '_', '.', ':', '-' (a uuid is fine)"
+        )
+    kind = body.get("kind")
+    if kind not in OP_KINDS:
+        raise ApiError(400, f"kind must be one of {', '.join(OP_KINDS)}, got {_describe(kind)}")
+    if "run_id" not in body:
+        raise ApiError(400, "run_id is missing")
+    run_id = body["run_id"]
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id <= _INT_MAX:
+        raise ApiError(400, f"run_id must be a positive integer, got {_describe(run_id)}")
+    return op_id, kind, run_id, *_clone_fields(kind, body)
+
+
+def _clone_fields(kind: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """``(changes, warm_start)`` of an op request (``({}, False)`` for ops other than clone)."""
+    changes = body.get("changes")
+    warm = body.get("warm_start", False)
+    if not isinstance(warm, bool):
+        raise ApiError(400, f"warm_start must be true or false, got {_describe(warm)}")
+    if kind != "clone":
+        if changes not in (None, {}) or warm:
+            raise ApiError(400, f"a {kind} op takes no changes and no warm_start (only clone does)")
+        return {}, False
+    if changes is None:
+        return {}, warm
+    if not isinstance(changes, dict):
+        raise ApiError(400, "changes must be a JSON object {field: value}")
+    if len(changes) > _MAX_CHANGES:
+        raise ApiError(400, f"at most {_MAX_CHANGES} changes per clone")
+    return changes, warm
+
+
 class ExperimentsManager:
     """Read-only views of the experiments under one root, plus posting ops to an experiment's inbox.
 
@@ -375,52 +436,7 @@ class ExperimentsManager:
         Raises:
             ApiError: 400 bad payload, 404 unknown experiment, 409 no live kernel for this experiment.
         """
-        if not isinstance(body, dict):
-            raise ApiError(
-                400, "the request body must be a JSON object {op_id, kind, run_id, changes?, warm_start?}"
-            )
-        if json_depth(body) > MAX_JSON_DEPTH:
-            raise ApiError(
-                400,
-                f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects); "
-                "an op is {op_id, kind, run_id, changes?, warm_start?}",
-            )
-        unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start"})
-        if unknown:
-            raise ApiError(
-                400,
-                f"unknown key(s) {', '.join(map(repr, unknown))}; an op has op_id, kind, "
-                "run_id, changes, warm_start",
-            )
-        op_id = body.get("op_id")
-        if op_id is None:
-            op_id = uuid.uuid4().hex
-        if not isinstance(op_id, str) or not _OP_ID_RE.fullmatch(op_id):
-            raise ApiError(
-                400, "op_id must be 1-128 characters: letters, digits, '_', '.', ':', '-' (a uuid is fine)"
-            )
-        kind = body.get("kind")
-        if kind not in OP_KINDS:
-            raise ApiError(400, f"kind must be one of {', '.join(OP_KINDS)}, got {_describe(kind)}")
-        if "run_id" not in body:
-            raise ApiError(400, "run_id is missing")
-        run_id = body["run_id"]
-        if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id <= _INT_MAX:
-            raise ApiError(400, f"run_id must be a positive integer, got {_describe(run_id)}")
-        changes = body.get("changes")
-        warm = body.get("warm_start", False)
-        if not isinstance(warm, bool):
-            raise ApiError(400, f"warm_start must be true or false, got {_describe(warm)}")
-        if kind != "clone":
-            if changes not in (None, {}) or warm:
-                raise ApiError(400, f"a {kind} op takes no changes and no warm_start (only clone does)")
-        elif changes is None:
-            changes = {}
-        elif not isinstance(changes, dict):
-            raise ApiError(400, "changes must be a JSON object {field: value}")
-        elif len(changes) > _MAX_CHANGES:
-            raise ApiError(400, f"at most {_MAX_CHANGES} changes per clone")
-
+        op_id, kind, run_id, changes, warm = _parse_op(body)
         with self._open(name) as store:
             run = store.get_run(run_id)
             if run is None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernel_scheduler import Op, OpAck, OpKind, Scheduler, SchedulerListener, new_op_id
+from kernel_scheduler import Op, OpAck, OpKind, RunStatus, Scheduler, SchedulerListener, new_op_id
 from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec
 from rapidfire_nb.view import KernelState, StoreRows, kernel_snapshot
 
@@ -319,7 +319,7 @@ def _main(argv: Sequence[str] = ()) -> None:  # pragma: no cover - demo
     from rapidfire_nb.panel import TextProgress
 
     with FakeSource(3, total_steps=40, steps_per_tick=2, tick_s=0.02, fail_run=3) as src, TextProgress(src):
-        while any(r["status"] in ("NEW", "ONGOING") for r in src.runs.values()):
+        while any(RunStatus(r["status"]).in_rotation() for r in src.runs.values()):
             time.sleep(0.2)
         time.sleep(0.6)
 

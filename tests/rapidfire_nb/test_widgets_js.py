@@ -107,3 +107,13 @@ def test_state_reducer_and_pure_helpers_in_node() -> None:
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "# fail 0" in proc.stdout
+
+
+@needs_node
+def test_front_end_statuses_and_ops_are_the_schedulers() -> None:
+    from kernel_scheduler import OpKind, RunStatus
+
+    out = _node(
+        "import('./widgets/format.js').then(m => console.log(JSON.stringify([m.STATUSES, m.OPS])))", REPO
+    )
+    assert json.loads(out) == [[s.value for s in RunStatus], [k.value for k in OpKind]]
