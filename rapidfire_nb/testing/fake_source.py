@@ -17,11 +17,10 @@ import math
 import random
 import threading
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernel_scheduler import Op, OpAck, OpKind, RunStatus, Scheduler, SchedulerListener, new_op_id
-from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec
+from kernel_scheduler import Op, OpAck, OpKind, RunStatus, Scheduler, new_op_id
+from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec, Recorder
 from rapidfire_nb.view import KernelState, StoreRows, kernel_snapshot
 
 if TYPE_CHECKING:
@@ -34,41 +33,6 @@ OOM_ERROR = (
     "capacity; 77.02 GiB already allocated)"
 )
 _LRS, _RANKS, _BATCHES = [1e-4, 3e-4, 5e-5, 2e-4, 1e-3, 2e-5], [8, 16, 8, 32], [4, 8]
-
-
-class _OpsLog(SchedulerListener):
-    """Keeps the ops log as the kernel's store does, and counts scheduler loop turns."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.ops: dict[str, dict[str, Any]] = {}
-        self.beats = 0
-
-    def on_op(self, op: Op, ack: OpAck) -> None:
-        with self.cond:
-            entry = self.ops.setdefault(
-                op.op_id,
-                {
-                    "op_id": op.op_id,
-                    "run_id": op.run_id,
-                    "kind": op.kind.value,
-                    "requested_at": op.requested_at,
-                    "applied_at": None,
-                },
-            )
-            if entry.get("state") is not None and ack.state != "queued":
-                entry["applied_at"] = time.time()
-            entry.update(state=ack.state, message=ack.message)
-
-    def on_heartbeat(self) -> None:
-        with self.cond:
-            self.beats += 1
-            self.cond.notify_all()
-
-    def wait_beats(self, target: int) -> None:
-        with self.cond:
-            if not self.cond.wait_for(lambda: self.beats >= target, TIMEOUT):
-                raise RuntimeError("the fake source's scheduler made no progress")
 
 
 class FakeSource:
@@ -118,7 +82,7 @@ class FakeSource:
         self._live: dict[int, int] = {}  # latest logged step per run
         self._start_loss: dict[int, float] = {}  # a warm clone starts from its parent's loss
         self._fake = FakeExecutor(num_chunks=num_chunks, mode="manual")
-        self._log = _OpsLog()
+        self._log = Recorder()  # the ops log, and the scheduler loop turns
         self._sched = Scheduler(self._fake, listener=self._log, idle_poll_s=0.05)
         for i in range(num_runs):
             hp = {
@@ -189,7 +153,7 @@ class FakeSource:
             latest = {rid: dict(m) for rid, m in self._latest.items()}
             names = sorted({p["name"] for p in self._points})
         with self._log.cond:
-            ops = [dict(o) for o in self._log.ops.values()]
+            ops = [dict(o) for o in self._log.ops_log.values()]
         kernel = KernelState(
             started_at=self.started_at,
             num_chunks=self.num_chunks,
@@ -267,11 +231,16 @@ class FakeSource:
         """Return once the scheduler thread made two turns since ``beats`` and its state is at rest."""
         target = beats + 2
         while True:
-            self._log.wait_beats(target)
+            self._wait_turns(target)
             flight = self._fake.inflight
             if (flight is not None and self._sched.on_device() == flight[0]) or self._sched.is_idle():
                 return
             target = self._log.beats + 1
+
+    def _wait_turns(self, target: int) -> None:
+        with self._log.cond:
+            if not self._log.cond.wait_for(lambda: self._log.beats >= target, TIMEOUT):
+                raise RuntimeError("the fake source's scheduler made no progress")
 
     def _log_step(self, run_id: int, step: int, spec: FakeSpec) -> None:
         snap = self._sched.run_snapshot(run_id)
@@ -315,7 +284,7 @@ class FakeSource:
         return {r["run_id"]: r for r in self.panel_snapshot()["runs"]}
 
 
-def _main(argv: Sequence[str] = ()) -> None:  # pragma: no cover - demo
+def _main() -> None:  # pragma: no cover - demo
     from rapidfire_nb.panel import TextProgress
 
     with FakeSource(3, total_steps=40, steps_per_tick=2, tick_s=0.02, fail_run=3) as src, TextProgress(src):

@@ -117,8 +117,12 @@ class FakeExecutor(Executor):
                 self.steps[run_id] = step
                 if step:
                     self.last_boundary[run_id] = step
-                return RunStart(plan=plan, step=step, segments_done=plan.segments_done_at(step),
-                                samples_seen=plan.samples_seen(step))
+                return RunStart(
+                    plan=plan,
+                    step=step,
+                    segments_done=plan.segments_done_at(step),
+                    samples_seen=plan.samples_seen(step),
+                )
             self.steps[run_id] = 0
         return RunStart(plan=plan)
 
@@ -131,8 +135,10 @@ class FakeExecutor(Executor):
             if plan is None:
                 self.violations.append(f"run_segment for unknown run {run_id}")
             elif stop_step not in plan.boundaries or stop_step <= self.steps[run_id]:
-                self.violations.append(f"run_segment({run_id}, {stop_step}): not the next boundary of "
-                                       f"{plan.boundaries} from step {self.steps[run_id]}")
+                self.violations.append(
+                    f"run_segment({run_id}, {stop_step}): not the next boundary of "
+                    f"{plan.boundaries} from step {self.steps[run_id]}"
+                )
             self.calls.append((run_id, stop_step))
             self.events.append(("segment", run_id, stop_step))
             self.inflight = (run_id, stop_step, fut)
@@ -192,8 +198,9 @@ class FakeExecutor(Executor):
             else:
                 self.steps[run_id] = stop
                 self.last_boundary[run_id] = stop
-                res = SegmentResult(step=stop, samples_seen=plan.samples_seen(stop),
-                                    finished=stop >= plan.total_steps)
+                res = SegmentResult(
+                    step=stop, samples_seen=plan.samples_seen(stop), finished=stop >= plan.total_steps
+                )
             self.inflight = None  # cleared before the scheduler can see the Future done
             self.cond.notify_all()
         if raise_exc is not None:
@@ -220,6 +227,7 @@ class Recorder(SchedulerListener):
         self.snaps: list[RunSnapshot] = []
         self.op_events: list[tuple[str, str, str]] = []  # (op_id, state, message)
         self.ops_seen: dict[str, Op] = {}
+        self.ops_log: dict[str, dict[str, Any]] = {}  # op id -> its entry, as the kernel's store keeps ops
         self.inbox: list[Op] = []
         self.beats = 0
         self.threads: set[str] = set()
@@ -233,6 +241,19 @@ class Recorder(SchedulerListener):
         with self.cond:
             self.op_events.append((op.op_id, ack.state, ack.message))
             self.ops_seen[op.op_id] = op
+            entry = self.ops_log.get(op.op_id)
+            if entry is None:
+                entry = {
+                    "op_id": op.op_id,
+                    "run_id": op.run_id,
+                    "kind": op.kind.value,
+                    "requested_at": op.requested_at,
+                    "applied_at": None,
+                }
+                self.ops_log[op.op_id] = entry
+            elif ack.state != "queued":
+                entry["applied_at"] = time.time()
+            entry.update(state=ack.state, message=ack.message)
 
     def poll_ops(self) -> Sequence[Op]:
         with self.cond:
@@ -268,8 +289,14 @@ class Recorder(SchedulerListener):
 class Harness:
     """One Scheduler over a FakeExecutor and a Recorder, with helpers to drive it step by step."""
 
-    def __init__(self, specs: Sequence[FakeSpec] | dict[int, FakeSpec], num_chunks: int = 2,
-                 mode: str = "auto", idle_poll_s: float = 0.002, start: bool = True) -> None:
+    def __init__(
+        self,
+        specs: Sequence[FakeSpec] | dict[int, FakeSpec],
+        num_chunks: int = 2,
+        mode: str = "auto",
+        idle_poll_s: float = 0.002,
+        start: bool = True,
+    ) -> None:
         self.fake = FakeExecutor(num_chunks=num_chunks, mode=mode)
         self.rec = Recorder()
         self.sched = Scheduler(self.fake, listener=self.rec, idle_poll_s=idle_poll_s)
