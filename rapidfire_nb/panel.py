@@ -3,8 +3,8 @@
 How data flows (measured facts behind it are in ``shared/DESIGN.md``, "The notebook side"):
 
 * The panel reads a *panel source* (the contract in ``docs/ARCHITECTURE.md``: ``panel_snapshot()``,
-  ``metrics_since(cursor)``, ``submit_op(...)``). ``Experiment`` implements it; ``_fake_source.FakeSource``
-  does too, for tests and demos.
+  ``metrics_since(cursor)``, ``submit_op(...)``). ``Experiment`` implements it;
+  ``rapidfire_nb.testing.fake_source.FakeSource`` does too, for tests and demos.
 * One background **pump thread** is the only thread that writes the widget (sends messages, sets traits;
   one lock). Every ~200 ms it polls the source and sends at most one coalesced ``update`` message (new metric
   points, and the run table / ops log when they changed), so the front end gets a few messages per second
@@ -33,20 +33,22 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import math
 import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from enum import Enum
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import anywidget
 import traitlets
 
-from .wire import _clean, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
+from kernel_scheduler import RunStatus
+
+from .esm_bundle import bundle_esm
+from .view import format_chunk_line
+from .wire import clean_json, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -55,6 +57,7 @@ __all__ = [
     "PanelSource",
     "RunPanel",
     "TextProgress",
+    "bundle_esm",
     "display_panel",
     "format_chunk_line",
     "plotly_js_path",
@@ -95,7 +98,7 @@ class PanelSource(Protocol):
 
 
 def _widgets_dir() -> Path:
-    """The folder holding panel.js / panel.css: ``_widgets`` inside an installed wheel, else the repo's."""
+    """The folder of panel.js, its sibling modules and panel.css: ``_widgets`` in a wheel, else the repo's."""
     here = Path(__file__).resolve().parent
     installed = here / "_widgets"
     if (installed / "panel.js").is_file():
@@ -136,9 +139,9 @@ def _summary(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     for run in runs:
         counts[str(run.get("status"))] = counts.get(str(run.get("status")), 0) + 1
     active = snapshot.get("on_device") is not None or any(
-        run.get("status") in ("NEW", "ONGOING") for run in runs
+        run.get("status") in (RunStatus.NEW.value, RunStatus.ONGOING.value) for run in runs
     )
-    summary: dict[str, Any] = _clean(
+    summary: dict[str, Any] = clean_json(
         {
             "experiment": snapshot.get("experiment", ""),
             "started_at": snapshot.get("started_at"),
@@ -220,7 +223,8 @@ class RunPanel(anywidget.AnyWidget):
     Call :meth:`close` to stop the pump thread (it also closes the widget's views).
     """
 
-    _esm = _widgets_dir() / "panel.js"
+    #: widgets/panel.js with its sibling modules inlined (anywidget loads one module text)
+    _esm = bundle_esm(_widgets_dir() / "panel.js")
     _css = _widgets_dir() / "panel.css"
 
     #: Small header state (experiment, progress, run on device, status counts); never metric history.
@@ -234,9 +238,9 @@ class RunPanel(anywidget.AnyWidget):
         start: bool = True,
         **kwargs: Any,
     ) -> None:
-        snapshot = _clean(source.panel_snapshot())
+        snapshot = clean_json(source.panel_snapshot())
         summary = _summary(snapshot)
-        summary["updated_at"] = _clean(snapshot.get("now") or time.time())
+        summary["updated_at"] = clean_json(snapshot.get("now") or time.time())
         super().__init__(summary=summary, **kwargs)
         self._source = source
         self._lock = threading.Lock()  # held while writing the widget (send / trait sets)
@@ -313,7 +317,7 @@ class RunPanel(anywidget.AnyWidget):
         try:
             if not isinstance(run_id, int) or isinstance(run_id, bool):
                 raise TypeError(f"bad run id {run_id!r}")
-            ack = _clean(
+            ack = clean_json(
                 _ack_dict(
                     self._source.submit_op(
                         kind,
@@ -350,7 +354,7 @@ class RunPanel(anywidget.AnyWidget):
         self._emit({"type": "plotly", "size": len(data)}, buffers=[data])
 
     def _push_state(self, full: bool) -> bool:
-        snapshot = _clean(self._source.panel_snapshot())
+        snapshot = clean_json(self._source.panel_snapshot())
         key = json.dumps({k: v for k, v in snapshot.items() if k != "now"}, sort_keys=True)
         now = time.time()
         if full:
@@ -403,7 +407,7 @@ class RunPanel(anywidget.AnyWidget):
     def _set_summary(self, snapshot: Mapping[str, Any]) -> None:
         summary = _summary(snapshot)
         if summary != {k: v for k, v in self.summary.items() if k != "updated_at"}:
-            summary["updated_at"] = _clean(snapshot.get("now") or time.time())
+            summary["updated_at"] = clean_json(snapshot.get("now") or time.time())
             with self._lock:
                 if not self._closed:
                     self.summary = summary
@@ -447,79 +451,6 @@ class RunPanel(anywidget.AnyWidget):
 # ---------------------------------------------------------------------------------------------------------
 # Text fallback (scripts, terminals, front ends without widgets)
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _fmt_num(value: Any) -> str:
-    """4 significant digits; small/large numbers as ``1e-4`` / ``2.5e+06``; ints unchanged."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if not math.isfinite(value):
-        return str(value)
-    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
-        mantissa, exp = f"{value:.3e}".split("e")
-        mantissa = mantissa.rstrip("0").rstrip(".")
-        return f"{mantissa}e{int(exp)}"
-    return f"{value:.4g}"
-
-
-def _short_col(name: str) -> str:
-    short = {
-        "learning_rate": "lr",
-        "per_device_train_batch_size": "bs",
-        "gradient_accumulation_steps": "ga",
-        "num_train_epochs": "epochs",
-        "lora.r": "r",
-        "lora.lora_alpha": "alpha",
-        "lora.lora_dropout": "dropout",
-    }
-    if name in short:
-        return short[name]
-    return name.split(".")[-1]
-
-
-def format_chunk_line(
-    run: Mapping[str, Any],
-    *,
-    num_chunks: int | None = None,
-    hparam_columns: Iterable[str] = (),
-    experiment: str = "",
-    elapsed: float | None = None,
-) -> str:
-    """One compact line describing a run after a chunk (or a status change).
-
-    Example: ``[demo 0:01:23]  run 2  chunk 3/4  step 60/80  loss 0.8123  eval_loss 0.9012  lr=1e-4``
-    """
-    prefix = experiment
-    if elapsed is not None:
-        secs = int(elapsed)
-        clock = f"{secs // 3600}:{secs % 3600 // 60:02d}:{secs % 60:02d}"
-        prefix = f"{prefix} {clock}".strip()
-    parts = [f"[{prefix}]" if prefix else "", f"run {run.get('run_id')}"]
-    status = run.get("status")
-    if status == "FAILED":
-        parts.append(f"FAILED: {run.get('error') or 'unknown error'}")
-        return "  ".join(p for p in parts if p)
-    if status not in ("ONGOING", "NEW", None):
-        parts.append(str(status))
-    chunks = run.get("chunks_done")
-    if chunks is not None:
-        parts.append(f"chunk {chunks}/{num_chunks}" if num_chunks else f"chunks {chunks}")
-    if run.get("total_steps"):
-        parts.append(f"step {run.get('completed_steps', 0)}/{run.get('total_steps')}")
-    for key in ("loss", "eval_loss"):
-        if run.get(key) is not None:
-            parts.append(f"{key} {_fmt_num(run.get(key))}")
-    if run.get("samples_seen") is not None:
-        parts.append(f"samples {run.get('samples_seen')}")
-    hparams = run.get("hparams") or {}
-    for col in hparam_columns:
-        if col in hparams:
-            parts.append(f"{_short_col(col)}={_fmt_num(hparams[col])}")
-    return "  ".join(p for p in parts if p)
 
 
 def print_chunk_line(run: Mapping[str, Any], *, file: IO[str] | None = None, **kwargs: Any) -> str:
@@ -568,10 +499,10 @@ class TextProgress:
         elapsed = (snap.get("now") or time.time()) - started if started else None
         for run in snap.get("runs") or []:
             key = (run.get("chunks_done"), run.get("status"))
-            old = self._seen.get(run.get("run_id"), (0, "NEW"))
+            old = self._seen.get(run.get("run_id"), (0, RunStatus.NEW.value))
             self._seen[run.get("run_id")] = key
             chunk_done = (key[0] or 0) > (old[0] or 0)
-            status_news = key[1] != old[1] and key[1] not in ("NEW", "ONGOING")
+            status_news = key[1] != old[1] and key[1] not in (RunStatus.NEW.value, RunStatus.ONGOING.value)
             if not (chunk_done or status_news):
                 continue
             print_chunk_line(

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any
 
-__all__ = ["encode_points", "decode_points", "json_type_name"]
+__all__ = ["clean_json", "decode_points", "encode_points", "json_type_name"]
 
 
 def json_type_name(v: Any) -> str:
@@ -30,21 +30,25 @@ def json_type_name(v: Any) -> str:
     return "other"
 
 
-def _clean(value: Any) -> Any:
-    """Make ``value`` strict-JSON-able: non-finite floats -> None, tuples -> lists, unknown objects -> str."""
+def clean_json(value: Any) -> Any:
+    """Make ``value`` strict-JSON-able (what ``json.dumps(..., allow_nan=False)`` and jupyter_client accept).
+
+    Non-finite floats become None, enums their values, tuples lists, mapping keys strings, numpy/torch scalars
+    Python numbers, and any other object its ``str``. Used for every panel message and every server reply.
+    """
     if isinstance(value, Enum):
-        return _clean(value.value)
+        return clean_json(value.value)
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if value is None or isinstance(value, (str, int, bool)):
         return value
     if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     if hasattr(value, "item"):  # numpy / torch scalars
         try:
-            return _clean(value.item())
+            return clean_json(value.item())
         except (TypeError, ValueError):
             pass
     return str(value)
@@ -68,11 +72,11 @@ def encode_points(points: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
         if i is None:
             i = index[name] = len(names)
             names.append(name)
-        out["run"].append(_clean(p["run_id"]))
-        out["step"].append(_clean(p.get("step")))
-        out["samples"].append(_clean(p.get("samples_seen")))
+        out["run"].append(clean_json(p["run_id"]))
+        out["step"].append(clean_json(p.get("step")))
+        out["samples"].append(clean_json(p.get("samples_seen")))
         out["name"].append(i)
-        out["value"].append(_clean(p.get("value")))
+        out["value"].append(clean_json(p.get("value")))
     return out
 
 

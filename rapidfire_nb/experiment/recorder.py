@@ -11,7 +11,6 @@ thread; ``record_clone``/``record_editable`` from the thread that submitted a cl
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,25 +19,17 @@ from typing import Any
 
 from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListener
 
+from ..view import chunk_line
 from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
 from .reporter import Reporter
 
-__all__ = ["NOT_EDITABLE", "Recorder", "format_number"]
+__all__ = ["NOT_EDITABLE", "Recorder"]
 
 #: hyperparameter columns that the panel, the magic and the server cannot change (functions: API only).
 NOT_EDITABLE = ("formatting_func", "compute_metrics", "reward_funcs", "model_type")
 
 HEARTBEAT_EVERY_S = 2.0
-
-
-def format_number(v: Any) -> str:
-    """A metric for a message line: 4 significant digits, scientific below 1e-3 and from 1e5."""
-    if isinstance(v, float):
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-            return f"{v:.3g}"
-        return f"{v:.4g}"
-    return str(v)
 
 
 class Recorder(SchedulerListener):
@@ -177,18 +168,4 @@ class Recorder(SchedulerListener):
     def chunk_line(self, snap: RunSnapshot) -> str:
         """``run 2 · chunk 3/4 of epoch 1 done · step 12/16 · loss 1.234 · eval_loss 1.5`` (or completed/FAILED)."""
         latest = self.store.latest_metrics(["loss", "eval_loss"]).get(snap.run_id, {})
-        parts = [f"run {snap.run_id}"]
-        if snap.status is RunStatus.FAILED:
-            parts.append(f"FAILED: {snap.error}")
-            return " · ".join(parts)
-        if snap.status is RunStatus.COMPLETED:
-            parts.append("completed")
-        elif snap.segments_done and self.num_chunks:
-            k = snap.segments_done - 1
-            parts.append(f"chunk {k % self.num_chunks + 1}/{self.num_chunks} of epoch {k // self.num_chunks + 1} "
-                         "done")
-        parts.append(f"step {snap.step}/{snap.total_steps}")
-        for k in ("loss", "eval_loss"):
-            if k in latest and latest[k] is not None and not math.isnan(latest[k]):
-                parts.append(f"{k} {format_number(latest[k])}")
-        return " · ".join(parts)
+        return chunk_line(snap, latest, self.num_chunks)

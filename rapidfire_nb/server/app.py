@@ -11,6 +11,7 @@ or on the command line: ``jupyter lab --RapidfireApp.experiments_root=/data/rapi
 from __future__ import annotations
 
 import importlib.util
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from .handlers import (
 )
 from .manager import ExperimentsManager
 
-__all__ = ["RapidfireApp", "plotly_dir", "widgets_dir"]
+__all__ = ["RapidfireApp", "plotly_dir", "widget_files", "widgets_dir"]
 
 _STATIC_DIR = Path(__file__).resolve().parent / "static"
 _NAME = r"(?P<name>[^/]+)"  # validated by the manager (validate_experiment_name), never used unchecked
@@ -43,6 +44,12 @@ def widgets_dir() -> Path | None:
         if (candidate / "panel.js").is_file():
             return candidate
     return None
+
+
+def widget_files(folder: Path) -> list[str]:
+    """The panel's front-end files in ``folder`` (``panel.js``, its sibling ES modules, ``panel.css``): the
+    page imports the modules as they are (relative imports resolve under ``rapidfire/static/``)."""
+    return sorted(f.name for f in folder.iterdir() if f.is_file() and f.suffix in (".js", ".css"))
 
 
 def plotly_dir() -> Path | None:
@@ -119,9 +126,8 @@ class RapidfireApp(ExtensionApp):
             (r"rapidfire/static/(app\.js|app\.css)", StaticHandler, {"path": str(_STATIC_DIR)}),
         ]
         if self._widgets is not None:
-            handlers.append(
-                (r"rapidfire/static/(panel\.js|panel\.css)", StaticHandler, {"path": str(self._widgets)})
-            )
+            names = "|".join(re.escape(name) for name in widget_files(self._widgets))
+            handlers.append((rf"rapidfire/static/({names})", StaticHandler, {"path": str(self._widgets)}))
         if self._plotly is not None:
             handlers.append(
                 (r"rapidfire/static/(plotly\.min\.js)", StaticHandler, {"path": str(self._plotly)})

@@ -23,7 +23,8 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from .manager import MAX_JSON_DEPTH, ApiError, ExperimentsManager, clean_json, json_text_depth
+from ..wire import clean_json
+from .manager import MAX_JSON_DEPTH, ApiError, ExperimentsManager, json_text_depth
 
 __all__ = [
     "AUTH_RESOURCE",

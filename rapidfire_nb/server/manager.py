@@ -1,10 +1,12 @@
 """What the server extension's handlers hand their work to: reads experiment stores, posts ops to the inbox.
 
-Standard library + :mod:`rapidfire_nb.store` / :mod:`rapidfire_nb.paths` only (no jupyter_server, no torch), so
-it is tested without a server. Every store is opened read-only for one call and closed again; the only write
-is :meth:`Store.post_inbox_op`. Nothing from a request is unpickled, evaluated or put into SQL text: names are
-validated by :func:`rapidfire_nb.paths.validate_experiment_name`, numbers are parsed as ``int``, op payloads
-are checked field by field against the editable fields the kernel stored (meta ``editable_fields``).
+Standard library + :mod:`rapidfire_nb.store` / :mod:`rapidfire_nb.paths` / :mod:`rapidfire_nb.view` /
+:mod:`rapidfire_nb.wire` only (no jupyter_server, no torch), so it is tested without a server. The snapshot is
+built by :func:`rapidfire_nb.view.store_snapshot`, the same module that builds the kernel's. Every store is
+opened read-only for one call and closed again; the only write is :meth:`Store.post_inbox_op`. Nothing from a
+request is unpickled, evaluated or put into SQL text: names are validated by
+:func:`rapidfire_nb.paths.validate_experiment_name`, numbers are parsed as ``int``, op payloads are checked
+field by field against the editable fields the kernel stored (meta ``editable_fields``).
 
 Errors are :class:`ApiError` with an HTTP status and a message meant for the user.
 """
@@ -17,10 +19,11 @@ import re
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kernel_scheduler import OpKind, RunStatus
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.paths import (
     STORE_FILENAME,
@@ -30,24 +33,21 @@ from rapidfire_nb.paths import (
     validate_experiment_name,
 )
 from rapidfire_nb.store import SchemaVersionError, Store, StoreError
-from rapidfire_nb.wire import encode_points, json_type_name
+from rapidfire_nb.view import StoreRows, editable_fields, reported_status, store_snapshot
+from rapidfire_nb.wire import encode_points
 
 __all__ = [
     "MAX_JSON_DEPTH",
     "OP_KINDS",
     "ApiError",
     "ExperimentsManager",
-    "clean_json",
     "encode_points",
     "json_depth",
     "json_text_depth",
 ]
 
-OP_KINDS = ("stop", "resume", "delete", "clone")
-"""Op kinds accepted over HTTP (the kernel's ``OpKind`` values)."""
-
-#: Run statuses (``kernel_scheduler.RunStatus`` values; the server does not import the scheduler).
-_ONGOING, _INTERRUPTED, _NEW, _STOPPED, _DELETED = "ONGOING", "INTERRUPTED", "NEW", "STOPPED", "DELETED"
+OP_KINDS = tuple(k.value for k in OpKind)
+"""Op kinds accepted over HTTP (the kernel's ``OpKind`` values: stop, resume, delete, clone)."""
 
 _OP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
 _FIELD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,199}")
@@ -62,9 +62,6 @@ MAX_JSON_DEPTH = 16
 DEFAULT_METRICS_LIMIT = 20_000
 MAX_METRICS_LIMIT = 200_000
 
-# type names the kernel writes in meta "editable_fields" (Experiment._store_editable_fields)
-_TYPE_NAMES = ("bool", "int", "float", "str", "list", "null", "other")
-
 
 class ApiError(Exception):
     """A request the server refuses: ``status`` is the HTTP status, ``message`` says why (shown to the user)."""
@@ -73,19 +70,6 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def clean_json(value: Any) -> Any:
-    """Make ``value`` strict-JSON-able: non-finite floats -> None, tuples -> lists, keys -> str."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): clean_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean_json(v) for v in value]
-    return str(value)
 
 
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)
@@ -193,6 +177,67 @@ def _int_param(name: str, value: Any, *, minimum: int, maximum: int = _INT_MAX) 
     return value
 
 
+def _parse_op(body: Any) -> tuple[str, str, int, dict[str, Any], bool]:
+    """An op request's ``(op_id, kind, run_id, changes, warm_start)``, checked field by field.
+
+    Raises:
+        ApiError: 400 for anything but ``{"op_id"?, "kind", "run_id", "changes"?, "warm_start"?}`` with valid
+            values (only a clone takes ``changes`` and ``warm_start``).
+    """
+    if not isinstance(body, dict):
+        raise ApiError(
+            400, "the request body must be a JSON object {op_id, kind, run_id, changes?, warm_start?}"
+        )
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise ApiError(
+            400,
+            f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects); "
+            "an op is {op_id, kind, run_id, changes?, warm_start?}",
+        )
+    unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start"})
+    if unknown:
+        raise ApiError(
+            400,
+            f"unknown key(s) {', '.join(map(repr, unknown))}; an op has op_id, kind, "
+            "run_id, changes, warm_start",
+        )
+    op_id = body.get("op_id")
+    if op_id is None:
+        op_id = uuid.uuid4().hex
+    if not isinstance(op_id, str) or not _OP_ID_RE.fullmatch(op_id):
+        raise ApiError(
+            400, "op_id must be 1-128 characters: letters, digits, '_', '.', ':', '-' (a uuid is fine)"
+        )
+    kind = body.get("kind")
+    if kind not in OP_KINDS:
+        raise ApiError(400, f"kind must be one of {', '.join(OP_KINDS)}, got {_describe(kind)}")
+    if "run_id" not in body:
+        raise ApiError(400, "run_id is missing")
+    run_id = body["run_id"]
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id <= _INT_MAX:
+        raise ApiError(400, f"run_id must be a positive integer, got {_describe(run_id)}")
+    return op_id, kind, run_id, *_clone_fields(kind, body)
+
+
+def _clone_fields(kind: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """``(changes, warm_start)`` of an op request (``({}, False)`` for ops other than clone)."""
+    changes = body.get("changes")
+    warm = body.get("warm_start", False)
+    if not isinstance(warm, bool):
+        raise ApiError(400, f"warm_start must be true or false, got {_describe(warm)}")
+    if kind != "clone":
+        if changes not in (None, {}) or warm:
+            raise ApiError(400, f"a {kind} op takes no changes and no warm_start (only clone does)")
+        return {}, False
+    if changes is None:
+        return {}, warm
+    if not isinstance(changes, dict):
+        raise ApiError(400, "changes must be a JSON object {field: value}")
+    if len(changes) > _MAX_CHANGES:
+        raise ApiError(400, f"at most {_MAX_CHANGES} changes per clone")
+    return changes, warm
+
+
 class ExperimentsManager:
     """Read-only views of the experiments under one root, plus posting ops to an experiment's inbox.
 
@@ -240,11 +285,6 @@ class ExperimentsManager:
     def _alive(self, store: Store) -> bool:
         return store.writer_alive(stale_after=self.stale_after)
 
-    @staticmethod
-    def _status(stored: str, alive: bool) -> str:
-        """Crash reconciliation: an ONGOING run whose writer is gone is INTERRUPTED."""
-        return _INTERRUPTED if stored == _ONGOING and not alive else stored
-
     # ------------------------------------------------------------------ GET experiments
 
     def list_experiments(self) -> dict[str, Any]:
@@ -270,7 +310,7 @@ class ExperimentsManager:
             runs = store.runs()
         counts: dict[str, int] = {}
         for r in runs:
-            st = self._status(r["status"], alive)
+            st = reported_status(r["status"], alive)
             counts[st] = counts.get(st, 0) + 1
         return {
             "name": name,
@@ -278,7 +318,7 @@ class ExperimentsManager:
             "created_at": meta.get("created_at"),
             "ended_at": meta.get("ended_at"),
             "updated_at": max((r["updated_at"] for r in runs), default=meta.get("created_at")),
-            "num_runs": sum(n for st, n in counts.items() if st != _DELETED),
+            "num_runs": sum(n for st, n in counts.items() if st != RunStatus.DELETED.value),
             "status_counts": counts,
             "writer_alive": alive,
             "last_beat": hb["beat_at"] if hb else None,
@@ -299,7 +339,7 @@ class ExperimentsManager:
                 {
                     **r,
                     "stored_status": r["status"],
-                    "status": self._status(r["status"], alive),
+                    "status": reported_status(r["status"], alive),
                     "loss": m.get("loss"),
                     "eval_loss": m.get("eval_loss"),
                 }
@@ -368,107 +408,18 @@ class ExperimentsManager:
     def snapshot(self, name: Any) -> dict[str, Any]:
         """The panel's snapshot (docs/ARCHITECTURE.md, "Panel source") built from the store alone.
 
-        Differences from the kernel's: ``on_device`` is None and no run is ``on_device`` (the store does not
-        record which run holds the device; only the kernel knows); ONGOING runs of a dead writer are
-        INTERRUPTED; without a live writer ``legal_ops`` are empty (nothing would apply them); a run's
-        ``num_segments`` (its chunks over all epochs) is the one the kernel stored (None in a store written before
-        schema v2). Extra keys:
-        ``writer_alive``, ``last_beat``, ``source: "store"`` and ``device_status``, the header's device chip
-        in place of the kernel's "run N on device" (see :meth:`_device_status`).
+        Built by :func:`rapidfire_nb.view.store_snapshot`: ``on_device`` is None and no run is ``on_device``
+        (only the kernel knows which run holds the device); ONGOING runs of a dead writer are INTERRUPTED;
+        without a live writer ``legal_ops`` are empty (nothing would apply them); a run's ``num_segments`` is
+        the one the kernel stored (None in a store written before schema v2). Extra keys: ``writer_alive``,
+        ``last_beat``, ``source: "store"`` and ``device_status`` (the header's device chip in place of the
+        kernel's "run N on device").
         """
         with self._open(name) as store:
-            meta = store.meta()
+            rows = StoreRows.read(store)
             alive = self._alive(store)
             hb = store.heartbeat()
-            rows = store.runs()
-            latest = store.latest_metrics(["loss", "eval_loss"])
-            ops = store.ops()
-        cols = [c for c in (meta.get("hparam_columns") or []) if isinstance(c, str)]
-        num_chunks = meta.get("num_chunks") or 0
-        runs = []
-        for r in rows:
-            status = self._status(r["status"], alive)
-            hp = r.get("hparams") or {}
-            legal: list[str] = []
-            if alive:
-                if status in (_NEW, _ONGOING, _INTERRUPTED):
-                    legal.append("stop")
-                if status in (_STOPPED, _INTERRUPTED):
-                    legal.append("resume")
-                if status != _DELETED:
-                    legal += ["delete", "clone"]
-            m = latest.get(r["run_id"], {})
-            runs.append(
-                {
-                    "run_id": r["run_id"],
-                    "status": status,
-                    "on_device": False,
-                    "hparams": ({c: hp.get(c) for c in cols} or hp) if isinstance(hp, dict) else {},
-                    "editable": {k: v for k, v in hp.items() if not str(v).startswith("<function")}
-                    if isinstance(hp, dict)
-                    else {},
-                    "completed_steps": r.get("completed_steps"),
-                    "total_steps": r.get("total_steps"),
-                    "chunks_done": r.get("chunks_done"),
-                    "num_segments": r.get("num_segments"),
-                    "epoch": r.get("epoch"),
-                    "samples_seen": r.get("samples_seen"),
-                    "loss": m.get("loss"),
-                    "eval_loss": m.get("eval_loss"),
-                    "error": r.get("error"),
-                    "parent_id": r.get("parent_id"),
-                    "warm_start": bool(r.get("warm_start")),
-                    "legal_ops": legal,
-                }
-            )
-        return {
-            "experiment": name,
-            "started_at": meta.get("created_at"),
-            "now": time.time(),
-            "progress": self._progress(runs, num_chunks, alive),
-            "on_device": None,
-            "num_chunks": num_chunks,
-            "hparam_columns": cols,
-            "runs": runs,
-            "ops": [
-                {
-                    k: o.get(k)
-                    for k in ("op_id", "run_id", "kind", "state", "message", "requested_at", "applied_at")
-                }
-                for o in ops
-            ],
-            "metric_names": list(meta.get("metric_names") or []),
-            "writer_alive": alive,
-            "last_beat": hb["beat_at"] if hb else None,
-            "source": "store",
-            "device_status": self._device_status(runs, alive),
-        }
-
-    @staticmethod
-    def _device_status(runs: list[dict[str, Any]], alive: bool) -> str:
-        """What the store can say about the device (the kernel's header says "run N on device"/"device idle").
-
-        The store does not record which run is on the device, only run statuses and the writer's heartbeat:
-        a live writer with NEW/ONGOING runs is training one of them (it rotates them chunk by chunk).
-        """
-        if not alive:
-            return "no kernel running"
-        if any(r["status"] in (_NEW, _ONGOING) for r in runs):
-            return "training (kernel alive)"
-        return "device idle (kernel alive)"
-
-    @staticmethod
-    def _progress(runs: list[dict[str, Any]], num_chunks: int, alive: bool) -> str:
-        active = [r for r in runs if r["status"] in (_NEW, _ONGOING)]
-        if alive and active and num_chunks:
-            k = min(int(r.get("chunks_done") or 0) for r in active)
-            return f"chunk {k % num_chunks + 1}/{num_chunks} of epoch {k // num_chunks + 1}"
-        done = sum(1 for r in runs if r["status"] == "COMPLETED")
-        shown = [r for r in runs if r["status"] != _DELETED]
-        text = f"{done}/{len(shown)} runs completed"
-        if not alive:
-            return f"no kernel is running this experiment — {text}"
-        return f"idle — {text}"
+        return store_snapshot(name, rows, alive, hb["beat_at"] if hb else None)
 
     # ------------------------------------------------------------------ POST ops
 
@@ -485,52 +436,7 @@ class ExperimentsManager:
         Raises:
             ApiError: 400 bad payload, 404 unknown experiment, 409 no live kernel for this experiment.
         """
-        if not isinstance(body, dict):
-            raise ApiError(
-                400, "the request body must be a JSON object {op_id, kind, run_id, changes?, warm_start?}"
-            )
-        if json_depth(body) > MAX_JSON_DEPTH:
-            raise ApiError(
-                400,
-                f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects); "
-                "an op is {op_id, kind, run_id, changes?, warm_start?}",
-            )
-        unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start"})
-        if unknown:
-            raise ApiError(
-                400,
-                f"unknown key(s) {', '.join(map(repr, unknown))}; an op has op_id, kind, "
-                "run_id, changes, warm_start",
-            )
-        op_id = body.get("op_id")
-        if op_id is None:
-            op_id = uuid.uuid4().hex
-        if not isinstance(op_id, str) or not _OP_ID_RE.fullmatch(op_id):
-            raise ApiError(
-                400, "op_id must be 1-128 characters: letters, digits, '_', '.', ':', '-' (a uuid is fine)"
-            )
-        kind = body.get("kind")
-        if kind not in OP_KINDS:
-            raise ApiError(400, f"kind must be one of {', '.join(OP_KINDS)}, got {_describe(kind)}")
-        if "run_id" not in body:
-            raise ApiError(400, "run_id is missing")
-        run_id = body["run_id"]
-        if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id <= _INT_MAX:
-            raise ApiError(400, f"run_id must be a positive integer, got {_describe(run_id)}")
-        changes = body.get("changes")
-        warm = body.get("warm_start", False)
-        if not isinstance(warm, bool):
-            raise ApiError(400, f"warm_start must be true or false, got {_describe(warm)}")
-        if kind != "clone":
-            if changes not in (None, {}) or warm:
-                raise ApiError(400, f"a {kind} op takes no changes and no warm_start (only clone does)")
-        elif changes is None:
-            changes = {}
-        elif not isinstance(changes, dict):
-            raise ApiError(400, "changes must be a JSON object {field: value}")
-        elif len(changes) > _MAX_CHANGES:
-            raise ApiError(400, f"at most {_MAX_CHANGES} changes per clone")
-
+        op_id, kind, run_id, changes, warm = _parse_op(body)
         with self._open(name) as store:
             run = store.get_run(run_id)
             if run is None:
@@ -570,26 +476,9 @@ class ExperimentsManager:
     def _check_changes(store: Store, run: dict[str, Any], changes: dict[str, Any]) -> None:
         """Every changed field must be editable for this run and its value of the stored JSON type."""
         run_id = run["run_id"]
-        described = store.get_meta("editable_fields")
-        fields: dict[str, str]
-        if isinstance(described, dict):
-            entry = described.get(str(run_id))
-            if not isinstance(entry, dict):
-                raise ApiError(
-                    400, f"run {run_id} has no editable fields recorded; clone it from its notebook"
-                )
-            fields = {str(k): (v if v in _TYPE_NAMES else "other") for k, v in entry.items()}
-        else:  # older kernels: the run's stored hyperparameters, typed by their current values
-            hp = run.get("hparams") or {}
-            fields = (
-                {
-                    str(k): json_type_name(v)
-                    for k, v in hp.items()
-                    if not (isinstance(v, str) and v.startswith("<"))
-                }
-                if isinstance(hp, dict)
-                else {}
-            )
+        fields = editable_fields(store.get_meta("editable_fields"), run_id, run.get("hparams"))
+        if fields is None:
+            raise ApiError(400, f"run {run_id} has no editable fields recorded; clone it from its notebook")
         for key, value in changes.items():
             if not isinstance(key, str) or not _FIELD_RE.fullmatch(key):
                 raise ApiError(400, f"bad field name {_describe(key)}")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
-from _ks_fakes import TIMEOUT, FakeExecutor, FakeSpec, Harness, Recorder
+from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec, Harness, Recorder
 
 from kernel_scheduler import Op, OpKind, RunStatus, Scheduler
 

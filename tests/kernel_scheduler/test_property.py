@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from _ks_fakes import FakeSpec, Harness
+from rapidfire_nb.testing.fakes import FakeSpec, Harness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

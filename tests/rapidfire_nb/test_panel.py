@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rapidfire_nb import panel as panel_mod
-from rapidfire_nb._fake_source import FakeSource
+from rapidfire_nb.testing.fake_source import FakeSource
 from rapidfire_nb.errors import OpError
 from rapidfire_nb.panel import (
     RunPanel,
@@ -406,7 +406,8 @@ def test_source_errors_are_reported_not_raised() -> None:
 
 
 def test_widget_files_are_the_real_files() -> None:
-    assert Path(str(RunPanel._esm._path)) == REPO / "widgets" / "panel.js"  # type: ignore[attr-defined]
+    # the ES module is widgets/panel.js with its sibling modules inlined (anywidget loads one module text)
+    assert RunPanel._esm == panel_mod.bundle_esm(REPO / "widgets" / "panel.js")
     assert "export default" in str(RunPanel._esm)
     assert ".rf-panel" in str(RunPanel._css)
 

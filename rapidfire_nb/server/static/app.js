@@ -3,19 +3,23 @@
  * rapidfire_nb experiments page (served by the server extension at <base_url>/rapidfire/).
  *
  * Lists the experiments under the server's experiments root and shows one at a time with the notebook
- * panel's own front end (widgets/panel.js, served as rapidfire/static/panel.js), fed by the REST API through
- * a shim model that speaks the panel's message protocol (see rapidfire_nb/panel.py):
+ * panel's own front end: it imports the panel's modules (widgets/*.js, served under rapidfire/static/) as they
+ * are, and feeds panel.js through a shim model that speaks the panel's message protocol (rapidfire_nb/panel.py):
  *   view -> "kernel": {type:"hello"} -> a full {type:"snapshot"} (+ {type:"points"} pages),
  *                     {type:"op", ...} -> POST .../ops -> {type:"ack"}, {type:"need_plotly"} -> {type:"plotly"}.
  *   polling: GET .../snapshot + GET .../metrics?cursor=N&seen=M&format=columnar -> {type:"update"} (~1 s while
  *            a kernel is alive, ~5 s otherwise, ~10 s in a background tab); {reset: true} (points deleted by a
  *            resume from an older checkpoint) -> a full reload.
- * When panel.js is missing or has no default render(), a small built-in view (runs table + loss curves) is
- * used instead. No kernel is needed: everything is read from the experiment stores.
+ * No kernel is needed: everything is read from the experiment stores.
  *
- * Test hooks: [data-rf-page], tr[data-rf-experiment][data-rf-selected], [data-rf-view="panel"|"basic"]
+ * Test hooks: [data-rf-page], tr[data-rf-experiment][data-rf-selected][data-rf-live], [data-rf-view="panel"]
  * [data-rf-experiment-view=<name>], and the panel's own data-* attributes.
  */
+
+import { h } from "./dom.js";
+import { STATUSES } from "./format.js";
+import { inboxPath, opBody, readCookie } from "./ops.js";
+import panel from "./panel.js";
 
 /** @typedef {{get: (k: string) => any, set: (k: string, v: any) => void, save_changes: () => void,
  *   on: (e: string, f: Function) => void, off: (e: string, f: Function) => void,
@@ -27,13 +31,6 @@ const cfgEl = /** @type {HTMLElement} */ (document.getElementById("rf-page-confi
 const cfg = JSON.parse(cfgEl.textContent || "{}");
 const urlToken = new URLSearchParams(location.search).get("token");
 const enc = encodeURIComponent;
-const STATUSES = ["NEW", "ONGOING", "STOPPED", "COMPLETED", "FAILED", "DELETED", "INTERRUPTED"];
-
-/** @param {string} name */
-function cookie(name) {
-  const m = document.cookie.match(new RegExp(`(?:^|;\\s*)${name}=([^;]*)`));
-  return m ? decodeURIComponent(m[1]) : null;
-}
 
 class ApiError extends Error {
   /** @param {string} message @param {number} status */
@@ -47,7 +44,7 @@ async function api(path, init = {}) {
   const headers = { Accept: "application/json" };
   if (urlToken) headers.Authorization = `token ${urlToken}`;
   if (init.method && init.method !== "GET") {
-    headers["X-XSRFToken"] = cookie("_xsrf") || cfg.xsrfToken;
+    headers["X-XSRFToken"] = readCookie(document.cookie, "_xsrf") || cfg.xsrfToken;
     headers["Content-Type"] = "application/json";
   }
   const res = await fetch(cfg.apiUrl + path, { credentials: "same-origin", cache: "no-store", ...init, headers });
@@ -58,7 +55,7 @@ async function api(path, init = {}) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// assets: plotly.js (one <script> per page) and the panel module
+// plotly.js: one <script> per page
 // ---------------------------------------------------------------------------------------------------------
 
 /** @type {Promise<any>|null} */ let plotlyPromise = null;
@@ -74,15 +71,6 @@ function loadPlotly() {
     document.head.appendChild(s);
   });
   return plotlyPromise;
-}
-
-/** @type {Promise<Function|null>|null} */ let panelPromise = null;
-function loadPanelRender() {
-  if (!cfg.panelJs) return Promise.resolve(null);
-  panelPromise ??= import(`${cfg.staticUrl}panel.js?v=${enc(cfg.version)}`).then(
-    (mod) => (mod && mod.default && typeof mod.default.render === "function" ? mod.default.render : null),
-    (e) => { console.warn("rapidfire_nb: panel.js could not be loaded; using the basic view", e); return null; });
-  return panelPromise;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -152,10 +140,8 @@ class Feed {
   /** @param {any} c */
   async postOp(c) {
     const ack = { op_id: c.op_id, run_id: c.run_id, kind: c.kind, state: "queued", message: "", new_run_id: null };
-    /** @type {any} */ const body = { op_id: c.op_id, kind: c.kind, run_id: c.run_id };
-    if (c.kind === "clone") { body.changes = c.changes || {}; body.warm_start = !!c.warm_start; }
     try {
-      const r = await api(`experiments/${enc(this.name)}/ops`, { method: "POST", body: JSON.stringify(body) });
+      const r = await api(inboxPath(this.name), { method: "POST", body: JSON.stringify(opBody(c)) });
       ack.message = r.message;
     } catch (e) {
       ack.state = "rejected";
@@ -252,115 +238,6 @@ class Feed {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// basic view: used only when panel.js is not available
-// ---------------------------------------------------------------------------------------------------------
-
-/** @param {string} tag @param {Record<string, any>} [attrs] @param {...(Node|string)} kids */
-function h(tag, attrs = {}, ...kids) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === null || v === undefined || v === false) continue;
-    if (k === "text") el.textContent = String(v);
-    else if (k === "class") el.className = String(v);
-    else if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, String(v));
-  }
-  el.append(...kids);
-  return el;
-}
-
-/** @param {any} v */
-function fmt(v) {
-  if (v === null || v === undefined) return "–";
-  if (typeof v === "number") {
-    if (Number.isInteger(v)) return String(v);
-    return Math.abs(v) !== 0 && (Math.abs(v) < 1e-3 || Math.abs(v) >= 1e5) ? v.toExponential(2) : v.toPrecision(4);
-  }
-  return typeof v === "object" ? JSON.stringify(v) : String(v);
-}
-
-/** A runs table and loss curves, speaking the same message protocol as panel.js.
- * @param {{model: ShimModel, el: HTMLElement}} ctx */
-function renderBasic({ model, el }) {
-  /** @type {any} */ let snap = null;
-  /** @type {Map<string, Map<number, {x: number[], y: (number|null)[]}>>} */ const series = new Map();
-  const status = h("div", { class: "rf-basic-status" });
-  const table = h("table", { class: "rf-basic-table" });
-  const notices = h("div", { class: "rf-basic-notices" });
-  const plot = h("div", { class: "rf-basic-plot", "data-points": "0" });
-  el.append(h("div", { class: "rf-basic", "data-rf-basic": "" }, status, notices, table, plot));
-  let frame = 0;
-
-  /** @param {any} e */
-  const ingest = (e) => {
-    if (!e || !e.run) return;
-    for (let i = 0; i < e.run.length; i++) {
-      const name = e.names[e.name[i]];
-      if (!series.has(name)) series.set(name, new Map());
-      const byRun = /** @type {Map<number, any>} */ (series.get(name));
-      if (!byRun.has(e.run[i])) byRun.set(e.run[i], { x: [], y: [] });
-      const s = byRun.get(e.run[i]);
-      s.x.push(e.step[i]); s.y.push(e.value[i]);
-    }
-  };
-  /** @param {string} text @param {string} state */
-  const notice = (text, state) => {
-    notices.prepend(h("div", { class: `rf-basic-notice rf-basic-${state}`, text }));
-    while (notices.children.length > 3) notices.lastElementChild?.remove();
-  };
-  const drawTable = () => {
-    if (!snap) return;
-    status.textContent = [snap.experiment, snap.progress, snap.device_status].filter(Boolean).join(" · ");
-    const cols = snap.hparam_columns || [];
-    const head = h("tr", {}, ...["Run", "Status", ...cols, "Steps", "Loss", "Eval loss", ""].map((t) => h("th", { text: t })));
-    const rows = (snap.runs || []).filter((/** @type {any} */ r) => r.status !== "DELETED").map((/** @type {any} */ r) => {
-      const ops = (r.legal_ops || []).filter((/** @type {string} */ o) => o !== "clone").map((/** @type {string} */ o) =>
-        h("button", { "data-op": o, text: o, onclick: () => model.send({ type: "op", op_id: crypto.randomUUID(), kind: o, run_id: r.run_id, changes: {}, warm_start: false }) }));
-      return h("tr", { "data-run-id": r.run_id, "data-status": r.status },
-        h("td", { text: r.run_id }), h("td", { class: `rf-basic-st rf-basic-st-${r.status}`, text: r.status, title: r.error || null }),
-        ...cols.map((/** @type {string} */ c) => h("td", { text: fmt((r.hparams || {})[c]) })),
-        h("td", { text: `${fmt(r.completed_steps)}/${fmt(r.total_steps)}` }), h("td", { text: fmt(r.loss) }),
-        h("td", { text: fmt(r.eval_loss) }), h("td", {}, ...ops));
-    });
-    table.replaceChildren(h("thead", {}, head), h("tbody", {}, ...rows));
-  };
-  const drawPlot = () => {
-    frame = 0;
-    const P = /** @type {any} */ (globalThis).Plotly;
-    if (!P) return;
-    /** @type {any[]} */ const traces = [];
-    let n = 0;
-    for (const metric of ["loss", "eval_loss"]) {
-      for (const [rid, s] of [...(series.get(metric) || new Map())].sort((a, b) => a[0] - b[0])) {
-        n += s.x.length;
-        traces.push({ x: s.x, y: s.y, name: `run ${rid} ${metric}`, mode: "lines",
-          line: { dash: metric === "loss" ? "solid" : "dot" } });
-      }
-    }
-    plot.dataset.points = String(n);
-    P.react(plot, traces, { height: 300, margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: { text: "step" } },
-      yaxis: { title: { text: "loss" } } }, { displaylogo: false, responsive: true });
-  };
-  const schedule = () => { if (!frame) frame = requestAnimationFrame(drawPlot); };
-  /** @param {any} msg */
-  const onMsg = (msg) => {
-    if (msg.type === "snapshot") { if (msg.reset) series.clear(); ingest(msg.points); snap = msg.snapshot; drawTable(); schedule(); }
-    else if (msg.type === "points") { ingest(msg.points); schedule(); }
-    else if (msg.type === "update") { ingest(msg.points); if (msg.snapshot) { snap = msg.snapshot; drawTable(); } schedule(); }
-    else if (msg.type === "ack") notice(`${msg.ack.kind} run ${msg.ack.run_id}: ${msg.ack.state} — ${msg.ack.message}`, msg.ack.state);
-    else if (msg.type === "error") notice(msg.message, "rejected");
-  };
-  model.on("msg:custom", onMsg);
-  model.send({ type: "hello" });
-  return () => {
-    model.off("msg:custom", onMsg);
-    if (frame) cancelAnimationFrame(frame);
-    const P = /** @type {any} */ (globalThis).Plotly;
-    if (P) P.purge(plot);
-  };
-}
-
-// ---------------------------------------------------------------------------------------------------------
 // the page: experiments list + one view
 // ---------------------------------------------------------------------------------------------------------
 
@@ -447,13 +324,14 @@ async function route() {
   current = { name, feed, cleanup: null };
   const mine = current;
   await loadPlotly().catch((e) => console.warn("rapidfire_nb:", e.message));
-  const render = await loadPanelRender();
   if (current !== mine) return;
-  const el = h("div", { class: "rf-page-panel", "data-rf-view": render ? "panel" : "basic", "data-rf-experiment-view": name });
+  const el = h("div", { class: "rf-page-panel", "data-rf-view": "panel", "data-rf-experiment-view": name });
   viewHost.replaceChildren(el);
-  const out = await (render || renderBasic)({ model: feed.model(), el });
-  mine.cleanup = typeof out === "function" ? out : null;
-  if (current !== mine && mine.cleanup) mine.cleanup();
+  const model = feed.model();
+  const stopModel = panel.initialize({ model });
+  const stopView = panel.render({ model, el });
+  mine.cleanup = () => { stopView(); stopModel(); };
+  if (current !== mine) mine.cleanup();
 }
 
 rootEl.textContent = cfg.root;

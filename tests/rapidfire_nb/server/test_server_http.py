@@ -21,6 +21,8 @@ GET_PATHS = [
     "rapidfire/api/experiments/live/snapshot",
 ]
 STATIC = ["app.js", "app.css", "panel.js", "panel.css", "plotly.min.js"]
+# the panel's sibling ES modules, which app.js and panel.js import as they are
+WIDGET_MODULES = ["dom.js", "format.js", "ops.js", "plots.js", "state.js", "view.js"]
 
 
 def _json(resp: HTTPResponse) -> Any:
@@ -301,7 +303,7 @@ async def test_page(jp_fetch: Any, jp_base_url: str, rf_root: Any) -> None:
 
 
 async def test_static_files(jp_fetch: Any) -> None:
-    for name in STATIC:
+    for name in STATIC + WIDGET_MODULES:
         resp = await jp_fetch("rapidfire", "static", name)
         kind = "css" if name.endswith(".css") else "javascript"
         assert resp.code == 200 and kind in resp.headers["Content-Type"] and len(resp.body) > 100, name

@@ -1,7 +1,8 @@
 """Test doubles for kernel_scheduler (no torch): a scriptable fake Executor, a recording listener, a driver.
 
-Imported by the test modules of this folder as ``_ks_fakes`` (pytest's default ``prepend`` import mode puts
-this folder on ``sys.path``; the name is unique so it cannot clash with another test folder's helpers).
+:class:`FakeExecutor` records every call and every breach of the :class:`kernel_scheduler.Executor` protocol;
+:class:`Recorder` records every listener hook; :class:`Harness` wires one :class:`kernel_scheduler.Scheduler`
+over both. Used by ``tests/kernel_scheduler`` and by :mod:`rapidfire_nb.testing.fake_source`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kernel_scheduler import (
@@ -28,6 +29,8 @@ from kernel_scheduler import (
     plan_chunks,
 )
 
+__all__ = ["TIMEOUT", "FakeExecutor", "FakeSpec", "Harness", "Recorder"]
+
 TIMEOUT = 5.0  # seconds; every wait in these tests is bounded
 
 
@@ -42,6 +45,7 @@ class FakeSpec:
         max_steps: total optimizer steps, if set.
         fail_at_step: the segment that would reach this step fails (SegmentResult.error).
         add_error: ``add_run`` raises ValueError with this text.
+        hparams: the hyperparameters a panel shows for the run (not compared, not hashed).
     """
 
     rows: int = 16
@@ -50,6 +54,7 @@ class FakeSpec:
     max_steps: int | None = None
     fail_at_step: int | None = None
     add_error: str | None = None
+    hparams: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def plan(self, num_chunks: int) -> ChunkPlan:
         spe = math.ceil(self.rows / self.batch)
@@ -112,8 +117,12 @@ class FakeExecutor(Executor):
                 self.steps[run_id] = step
                 if step:
                     self.last_boundary[run_id] = step
-                return RunStart(plan=plan, step=step, segments_done=plan.segments_done_at(step),
-                                samples_seen=plan.samples_seen(step))
+                return RunStart(
+                    plan=plan,
+                    step=step,
+                    segments_done=plan.segments_done_at(step),
+                    samples_seen=plan.samples_seen(step),
+                )
             self.steps[run_id] = 0
         return RunStart(plan=plan)
 
@@ -126,8 +135,10 @@ class FakeExecutor(Executor):
             if plan is None:
                 self.violations.append(f"run_segment for unknown run {run_id}")
             elif stop_step not in plan.boundaries or stop_step <= self.steps[run_id]:
-                self.violations.append(f"run_segment({run_id}, {stop_step}): not the next boundary of "
-                                       f"{plan.boundaries} from step {self.steps[run_id]}")
+                self.violations.append(
+                    f"run_segment({run_id}, {stop_step}): not the next boundary of "
+                    f"{plan.boundaries} from step {self.steps[run_id]}"
+                )
             self.calls.append((run_id, stop_step))
             self.events.append(("segment", run_id, stop_step))
             self.inflight = (run_id, stop_step, fut)
@@ -187,8 +198,9 @@ class FakeExecutor(Executor):
             else:
                 self.steps[run_id] = stop
                 self.last_boundary[run_id] = stop
-                res = SegmentResult(step=stop, samples_seen=plan.samples_seen(stop),
-                                    finished=stop >= plan.total_steps)
+                res = SegmentResult(
+                    step=stop, samples_seen=plan.samples_seen(stop), finished=stop >= plan.total_steps
+                )
             self.inflight = None  # cleared before the scheduler can see the Future done
             self.cond.notify_all()
         if raise_exc is not None:
@@ -215,6 +227,7 @@ class Recorder(SchedulerListener):
         self.snaps: list[RunSnapshot] = []
         self.op_events: list[tuple[str, str, str]] = []  # (op_id, state, message)
         self.ops_seen: dict[str, Op] = {}
+        self.ops_log: dict[str, dict[str, Any]] = {}  # op id -> its entry, as the kernel's store keeps ops
         self.inbox: list[Op] = []
         self.beats = 0
         self.threads: set[str] = set()
@@ -228,6 +241,19 @@ class Recorder(SchedulerListener):
         with self.cond:
             self.op_events.append((op.op_id, ack.state, ack.message))
             self.ops_seen[op.op_id] = op
+            entry = self.ops_log.get(op.op_id)
+            if entry is None:
+                entry = {
+                    "op_id": op.op_id,
+                    "run_id": op.run_id,
+                    "kind": op.kind.value,
+                    "requested_at": op.requested_at,
+                    "applied_at": None,
+                }
+                self.ops_log[op.op_id] = entry
+            elif ack.state != "queued":
+                entry["applied_at"] = time.time()
+            entry.update(state=ack.state, message=ack.message)
 
     def poll_ops(self) -> Sequence[Op]:
         with self.cond:
@@ -263,8 +289,14 @@ class Recorder(SchedulerListener):
 class Harness:
     """One Scheduler over a FakeExecutor and a Recorder, with helpers to drive it step by step."""
 
-    def __init__(self, specs: Sequence[FakeSpec] | dict[int, FakeSpec], num_chunks: int = 2, mode: str = "auto",
-                 idle_poll_s: float = 0.002, start: bool = True) -> None:
+    def __init__(
+        self,
+        specs: Sequence[FakeSpec] | dict[int, FakeSpec],
+        num_chunks: int = 2,
+        mode: str = "auto",
+        idle_poll_s: float = 0.002,
+        start: bool = True,
+    ) -> None:
         self.fake = FakeExecutor(num_chunks=num_chunks, mode=mode)
         self.rec = Recorder()
         self.sched = Scheduler(self.fake, listener=self.rec, idle_poll_s=idle_poll_s)

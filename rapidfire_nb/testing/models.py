@@ -7,7 +7,7 @@ TRL SFT/DPO/GRPO step on it takes 0.03-0.12 s on a CPU. Everything is determinis
 give the same vocabulary, the same weights and the same rows, in any process, and building a model does
 not move the caller's random number generators.
 
-``import rapidfire_nb.testing`` imports neither torch nor transformers; they are imported on first use.
+``import rapidfire_nb.testing.models`` imports neither torch nor transformers; they are imported on first use.
 
 Typical use::
 

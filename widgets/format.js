@@ -1,0 +1,95 @@
+// @ts-check
+/**
+ * Text formatting shared by the panel (widgets/panel.js) and the server page (app.js): numbers, counts, times,
+ * hyperparameter names and values, run colours. Pure functions, no DOM; `fmtNum` follows
+ * rapidfire_nb.view.fmt_num (the kernel's and the server's one number format).
+ */
+
+/** Run statuses (kernel_scheduler.RunStatus values), in the order the panel lists their counts. */
+export const STATUSES = ["NEW", "ONGOING", "STOPPED", "COMPLETED", "FAILED", "DELETED", "INTERRUPTED"];
+/** IC Op kinds (kernel_scheduler.OpKind values), in the order of the row buttons. */
+export const OPS = /** @type {const} */ (["stop", "resume", "delete", "clone"]);
+/** The metrics shown first (and in the two plots at start). */
+export const DEFAULT_METRICS = ["loss", "eval_loss"];
+/** Tableau 10: distinct, readable on light and dark backgrounds. Run n gets colour n-1 (stable). */
+export const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+  "#9c755f", "#bab0ac"];
+const HPARAM_SHORT = /** @type {Record<string, string>} */ ({
+  learning_rate: "lr", per_device_train_batch_size: "batch", gradient_accumulation_steps: "grad acc",
+  num_train_epochs: "epochs", max_steps: "max steps", "lora.r": "lora r", "lora.lora_alpha": "lora α",
+  "lora.lora_dropout": "dropout", "lora.target_modules": "targets", model_name: "model",
+  weight_decay: "wd", warmup_ratio: "warmup", lr_scheduler_type: "lr sched", max_length: "max len",
+});
+
+/** 4 significant digits; tiny/huge numbers as 1e-4 / 2.5e6; "–" for a missing value. @param {any} v */
+export function fmtNum(v) {
+  if (v === null || v === undefined || v === "") return "–";
+  if (typeof v !== "number") return String(v);
+  if (!Number.isFinite(v)) return String(v);
+  if (Number.isInteger(v) && Math.abs(v) < 1e6) return String(v);
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) {
+    const [m, e] = v.toExponential(3).split("e");
+    return `${m.replace(/\.?0+$/, "")}e${Number(e)}`;
+  }
+  return String(Number(v.toPrecision(4)));
+}
+
+/** An integer with thousands separators (1,234). @param {any} v */
+export function fmtInt(v) {
+  if (v === null || v === undefined) return "–";
+  return typeof v === "number" ? Math.round(v).toLocaleString("en-US") : String(v);
+}
+
+/** A hyperparameter value: numbers by fmtNum, strings as they are, anything else as JSON. @param {any} v */
+export function fmtHparam(v) {
+  if (v === null || v === undefined) return "–";
+  if (typeof v === "number") return fmtNum(v);
+  if (typeof v === "string") return v;
+  return JSON.stringify(v);
+}
+
+/** Elapsed time as m:ss or h:mm:ss. @param {number} s seconds */
+export function fmtElapsed(s) {
+  s = Math.max(0, Math.floor(s));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  const mm = String(m).padStart(2, "0"), ss = String(sec).padStart(2, "0");
+  return h ? `${h}:${mm}:${ss}` : `${m}:${ss}`;
+}
+
+/** Wall-clock time of day (24 h). @param {number|null|undefined} t unix seconds */
+export function fmtClock(t) {
+  if (!t) return "";
+  return new Date(t * 1000).toLocaleTimeString("en-GB", { hour12: false });
+}
+
+/** A short column title for a hyperparameter name (lr, lora r, ...). @param {string} name */
+export function shortHparam(name) {
+  if (HPARAM_SHORT[name]) return HPARAM_SHORT[name];
+  if (name.startsWith("model_kwargs.")) return name.slice("model_kwargs.".length);
+  if (name.startsWith("lora.")) return "lora " + name.slice(5).replace(/^lora_/, "");
+  return name.replace(/_/g, " ");
+}
+
+/** The colour of a run (its curve, swatch and legend entry). @param {number|string} id */
+export function runColor(id) {
+  const n = Number(id);
+  if (Number.isInteger(n) && n > 0) return PALETTE[(n - 1) % PALETTE.length];
+  let h = 0;
+  for (const c of String(id)) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+  return PALETTE[h % PALETTE.length];
+}
+
+/**
+ * Parse a clone-form value: JSON (numbers, true/false, null, lists, "quoted"), Python's True/False/None, else a
+ * string; a field whose current value is a string keeps the text as typed.
+ * @param {string} text @param {any} original
+ */
+export function parseValue(text, original) {
+  const t = text.trim();
+  if (typeof original === "string" && !/^".*"$/.test(t)) return t;
+  if (t === "True") return true;
+  if (t === "False") return false;
+  if (t === "None") return null;
+  try { return JSON.parse(t); } catch { return t; }
+}

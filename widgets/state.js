@@ -1,0 +1,246 @@
+// @ts-check
+/**
+ * The panel's state and the reducer that folds the kernel's messages into it (protocol: rapidfire_nb/panel.py).
+ *
+ * One state per widget model (anywidget's `initialize`), shared by every view of it (`render`): the series
+ * store (metric -> run -> points), the latest snapshot (runs, ops log), the metric names, the op notices and the
+ * clicks waiting for an answer. No DOM, no timers, no network and no clock: the caller passes the time, so the
+ * module runs (and is unit-tested) in node. `reduce` updates the state it is given and returns what changed.
+ */
+
+import { DEFAULT_METRICS } from "./format.js";
+
+/**
+ * @typedef {{run_id: number, status: string, on_device: boolean, hparams: Record<string, any>,
+ *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number, epoch?: number,
+ *   samples_seen: number, loss: number|null, eval_loss: number|null, error: string|null, parent_id: number|null,
+ *   warm_start: boolean, legal_ops: string[]}} Run
+ * @typedef {{op_id: string, run_id: number, kind: string, state: string, message: string,
+ *   requested_at: number, applied_at: number|null, new_run_id?: number|null}} OpRecord
+ * @typedef {{experiment: string, started_at: number, now?: number, progress: string, on_device: number|null,
+ *   num_chunks: number, hparam_columns: string[], runs: Run[], ops: OpRecord[], metric_names: string[],
+ *   device_status?: string}} Snapshot
+ * @typedef {{names: string[], run: number[], step: number[], samples: number[], name: number[],
+ *   value: (number|null)[]}} EncodedPoints
+ * @typedef {{step: number[], samples: number[], value: (number|null)[]}} Series
+ * @typedef {{text: string, state: string, serial: number, fading: boolean}} Notice
+ * @typedef {{snapshot: Snapshot|null, series: Map<string, Map<number, Series>>, metricNames: Set<string>,
+ *   live: boolean, clockOffset: number, notices: Map<string, Notice>, pending: Map<string, string>,
+ *   acked: Set<string>, serial: number}} State
+ * @typedef {{redraw?: boolean, snapshot?: boolean, full?: boolean, points?: boolean, notices?: boolean,
+ *   table?: boolean, plotly?: any}} Change
+ */
+
+/** Notices shown at once (the oldest goes first). */
+export const MAX_NOTICES = 4;
+
+/** @returns {State} an empty state (no snapshot yet). */
+export function createState() {
+  return {
+    snapshot: null, series: new Map(), metricNames: new Set(DEFAULT_METRICS), live: false, clockOffset: 0,
+    notices: new Map(), pending: new Map(), acked: new Set(), serial: 0,
+  };
+}
+
+/** The notice of a click before any answer. @param {string} kind @param {number} runId */
+export function requestedText(kind, runId) {
+  if (kind === "clone") return `clone of run ${runId} requested — the new run joins at the next chunk boundary`;
+  if (kind === "resume") return `resume requested for run ${runId} — it rejoins the rotation at the next chunk`;
+  return `${kind} requested for run ${runId} — applies at the end of its current chunk`;
+}
+
+/** @param {{kind: string, run_id: number, message?: string}} op */
+function appliedText(op) {
+  return `✓ ${op.message || `${op.kind} applied to run ${op.run_id}`}`;
+}
+
+/** @param {{kind: string, run_id: number, message?: string}} op */
+function rejectedText(op) {
+  return `✗ ${op.kind} for run ${op.run_id} rejected: ${op.message}`;
+}
+
+/**
+ * Fold one kernel message into `state`.
+ * @param {State} state @param {any} msg @param {number} nowMs the browser clock (Date.now())
+ * @param {any[]} [buffers] the message's binary buffers
+ * @returns {Change} what changed (what the views redraw)
+ */
+export function reduce(state, msg, nowMs, buffers = []) {
+  if (!msg || typeof msg !== "object") return {};
+  if (typeof msg.now === "number") state.clockOffset = msg.now * 1000 - nowMs;
+  switch (msg.type) {
+    case "snapshot":
+      if (msg.reset) state.series = new Map();
+      ingest(state, msg.points);
+      return { redraw: true, points: true, ...applySnapshot(state, msg.snapshot) };
+    case "points":
+      ingest(state, msg.points);
+      return { points: true };
+    case "update":
+      if (msg.points) ingest(state, msg.points);
+      return msg.snapshot ? { points: !!msg.points, ...applySnapshot(state, msg.snapshot) } : { points: true };
+    case "ack":
+      return onAck(state, msg.ack || {});
+    case "plotly":
+      return buffers && buffers.length ? { plotly: buffers[0] } : {};
+    case "error":
+      notice(state, `error:${msg.message}`, `panel: ${msg.message}`, "rejected");
+      return { notices: true };
+    default:
+      return {};
+  }
+}
+
+/** Append columnar points to the series store. @param {State} state @param {EncodedPoints|null|undefined} enc */
+export function ingest(state, enc) {
+  if (!enc || !enc.run) return;
+  for (let i = 0; i < enc.run.length; i++) {
+    const name = enc.names[enc.name[i]];
+    let byRun = state.series.get(name);
+    if (!byRun) { byRun = new Map(); state.series.set(name, byRun); }
+    const rid = enc.run[i];
+    let s = byRun.get(rid);
+    if (!s) { s = { step: [], samples: [], value: [] }; byRun.set(rid, s); }
+    s.step.push(enc.step[i]); s.samples.push(enc.samples[i]); s.value.push(enc.value[i]);
+    state.metricNames.add(name);
+  }
+}
+
+/** @param {State} state @param {Snapshot} snap @returns {Change} */
+function applySnapshot(state, snap) {
+  const first = !state.live;
+  const prev = state.snapshot;
+  state.live = true;
+  // the ops log is sent only when it changed: keep the last one
+  const next = Array.isArray(snap.ops) ? snap : { ...snap, ops: prev ? prev.ops : [] };
+  state.snapshot = next;
+  for (const m of next.metric_names || []) state.metricNames.add(m);
+  let notices = false;
+  for (const op of next.ops) { // confirm ops whose click notice is shown
+    const n = state.notices.get(op.op_id);
+    if (n && n.state !== op.state && op.state !== "queued") {
+      notice(state, op.op_id, op.state === "applied" ? appliedText(op) : rejectedText(op), op.state);
+      notices = true;
+    }
+  }
+  const logged = new Set(next.ops.map((o) => o.op_id)); // a pending click is done once its op is logged
+  for (const [key, opId] of [...state.pending]) if (logged.has(opId)) state.pending.delete(key);
+  return { snapshot: true, full: first || !prev, notices };
+}
+
+/** @param {State} state @param {any} ack @returns {Change} */
+function onAck(state, ack) {
+  state.acked.add(ack.op_id);
+  state.pending.delete(`${ack.kind}:${ack.run_id}`);
+  const inLog = (state.snapshot?.ops || []).find((o) => o.op_id === ack.op_id);
+  if (inLog && inLog.state !== "queued") return { table: true }; // its outcome is already shown
+  if (ack.state === "rejected") notice(state, ack.op_id, rejectedText(ack), "rejected");
+  else if (ack.state === "applied") notice(state, ack.op_id, appliedText(ack), "applied");
+  else notice(state, ack.op_id, ack.message || requestedText(ack.kind, ack.run_id), "queued");
+  return { notices: true, table: true };
+}
+
+/**
+ * Show or update the notice line of one op (at most MAX_NOTICES; the oldest goes).
+ * @param {State} state @param {string} id @param {string} text @param {string} noticeState
+ */
+export function notice(state, id, text, noticeState) {
+  state.serial += 1;
+  const old = state.notices.get(id);
+  if (old) Object.assign(old, { text, state: noticeState, serial: state.serial, fading: false });
+  else state.notices.set(id, { text, state: noticeState, serial: state.serial, fading: false });
+  while (state.notices.size > MAX_NOTICES) state.notices.delete(/** @type {string} */ (state.notices.keys().next().value));
+}
+
+/** A notice is final once applied or rejected (it then fades). @param {Notice} n */
+export function isFinal(n) {
+  return n.state === "applied" || n.state === "rejected";
+}
+
+/** The notices, newest first. @param {State} state @returns {[string, Notice][]} */
+export function noticesNewestFirst(state) {
+  return [...state.notices].reverse();
+}
+
+/** Start fading notice `id` if it is still the one with `serial`. @param {State} state @param {string} id
+ * @param {number} serial @returns {boolean} whether it changed */
+export function fadeNotice(state, id, serial) {
+  const n = state.notices.get(id);
+  if (!n || n.serial !== serial) return false;
+  n.fading = true;
+  return true;
+}
+
+/** Remove notice `id` if it is still the one with `serial`. @param {State} state @param {string} id
+ * @param {number} serial @returns {boolean} whether it changed */
+export function dismissNotice(state, id, serial) {
+  const n = state.notices.get(id);
+  if (!n || n.serial !== serial) return false;
+  state.notices.delete(id);
+  return true;
+}
+
+/** A click was sent: its buttons wait for the answer. @param {State} state @param {string} kind
+ * @param {number} runId @param {string} opId */
+export function clickSent(state, kind, runId, opId) {
+  state.pending.set(`${kind}:${runId}`, opId);
+  notice(state, opId, requestedText(kind, runId), "sent");
+}
+
+/** A click could not be sent (no kernel connection). @param {State} state @param {string} kind
+ * @param {number} runId @param {string} opId */
+export function clickFailed(state, kind, runId, opId) {
+  state.pending.delete(`${kind}:${runId}`);
+  notice(state, opId, `✗ could not send ${kind} for run ${runId}: the kernel is not connected`, "rejected");
+}
+
+/** The op went through the server's inbox (the kernel was busy). @param {State} state
+ * @param {{op_id: string, kind: string, run_id: number}} op @returns {boolean} whether a notice changed */
+export function postedToServer(state, op) {
+  if (state.acked.has(op.op_id)) return false;
+  notice(state, op.op_id, `${requestedText(op.kind, op.run_id)} (kernel busy: sent through the server)`, "queued");
+  return true;
+}
+
+/** Give up waiting for a click's answer. @param {State} state @param {string} kind @param {number} runId
+ * @param {string} opId @returns {boolean} whether it was still pending */
+export function expireClick(state, kind, runId, opId) {
+  const key = `${kind}:${runId}`;
+  if (state.pending.get(key) !== opId) return false;
+  state.pending.delete(key);
+  return true;
+}
+
+/** Whether a click on `kind` for run `runId` waits for its answer. @param {State} state @param {string} kind
+ * @param {number} runId */
+export function isPending(state, kind, runId) {
+  return state.pending.has(`${kind}:${runId}`);
+}
+
+/** Runs in run id order, DELETED ones only with `showDeleted`. @param {State} state @param {boolean} showDeleted */
+export function visibleRuns(state, showDeleted) {
+  const runs = [...(state.snapshot?.runs || [])].sort((a, b) => a.run_id - b.run_id);
+  return showDeleted ? runs : runs.filter((r) => r.status !== "DELETED");
+}
+
+/** Status -> number of runs. @param {State} state @returns {Record<string, number>} */
+export function statusCounts(state) {
+  /** @type {Record<string, number>} */ const counts = {};
+  for (const r of state.snapshot?.runs || []) counts[r.status] = (counts[r.status] || 0) + 1;
+  return counts;
+}
+
+/** Whether something trains (a run on the device, or runs in the rotation). @param {Snapshot} snap */
+export function isActive(snap) {
+  return snap.on_device !== null && snap.on_device !== undefined
+    || (snap.runs || []).some((r) => r.status === "NEW" || r.status === "ONGOING");
+}
+
+/** Metric names, loss and eval_loss first, then alphabetical. @param {State} state @returns {string[]} */
+export function metricOrder(state) {
+  return [...state.metricNames].sort((a, b) => {
+    const ia = DEFAULT_METRICS.indexOf(a), ib = DEFAULT_METRICS.indexOf(b);
+    if (ia !== -1 || ib !== -1) return (ia === -1 ? 99 : ia) - (ib === -1 ? 99 : ib);
+    return a.localeCompare(b);
+  });
+}
