@@ -59,7 +59,10 @@ SEED = 42
 # repeats. SmolLM2 uses batch 1 (the main job uses 4) so that 4 configs x 32 steps (8 steps/chunk) on both
 # sides fit the ~10-minute budget on 2 shared cores; a cheaper step makes rapidfire_nb's fixed per-chunk and
 # per-step costs weigh more, not less.
-DEFAULTS = {"tiny": {"steps": 32, "batch": 4, "repeats": 3}, "smollm2": {"steps": 32, "batch": 1, "repeats": 1}}
+DEFAULTS = {
+    "tiny": {"steps": 32, "batch": 4, "repeats": 3},
+    "smollm2": {"steps": 32, "batch": 1, "repeats": 1},
+}
 
 
 # ====================================================================== child side
@@ -101,15 +104,18 @@ def _profile_all_threads(out_path: Path) -> Any:
         stats.dump_stats(str(out_path))
         with open(out_path.with_suffix(".txt"), "w") as fh:
             for key in ("tottime", "cumulative"):
-                fh.write(f"==== top 45 by {key} (all threads; a parked worker's wait counts as its time) ====\n")
+                fh.write(
+                    f"==== top 45 by {key} (all threads; a parked worker's wait counts as its time) ====\n"
+                )
                 pstats.Stats(str(out_path), stream=fh).sort_stats(key).print_stats(45)
 
     atexit.register(dump)
     return dump
 
 
-def _workload(model: str, steps: int, batch: int, num_chunks: int, n_configs: int,
-              with_eval: bool) -> dict[str, Any]:
+def _workload(
+    model: str, steps: int, batch: int, num_chunks: int, n_configs: int, with_eval: bool
+) -> dict[str, Any]:
     """Data, create_model_fn and the RFGridSearch config group of one benchmark model."""
     from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 
@@ -124,13 +130,25 @@ def _workload(model: str, steps: int, batch: int, num_chunks: int, n_configs: in
 
         smollm2_path()  # convert once per machine (cached); never inside the timed part
         train, evald = load_tech_support(n_train=n_train, n_eval=EVAL_ROWS, seed=SEED)
-        create, name, fmt, model_kwargs = create_smollm2, "SmolLM2-135M-Instruct", to_chat, {"dtype": "float32"}
+        create, name, fmt, model_kwargs = (
+            create_smollm2,
+            "SmolLM2-135M-Instruct",
+            to_chat,
+            {"dtype": "float32"},
+        )
     else:
         raise SystemExit(f"unknown model {model!r}; use tiny or smollm2")
     chunk = steps // num_chunks
-    loras = [RFLoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"], bias="none"),
-             RFLoraConfig(r=32, lora_alpha=64, lora_dropout=0.1,
-                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], bias="none")]
+    loras = [
+        RFLoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"], bias="none"),
+        RFLoraConfig(
+            r=32,
+            lora_alpha=64,
+            lora_dropout=0.1,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            bias="none",
+        ),
+    ]
     lrs = [1e-3, 1e-4]
     if n_configs == 1:
         loras, lrs = loras[:1], lrs[:1]
@@ -138,17 +156,36 @@ def _workload(model: str, steps: int, batch: int, num_chunks: int, n_configs: in
         raise SystemExit("--configs must be 1 or 4")
     eval_args: dict[str, Any] = (
         {"eval_strategy": "steps", "eval_steps": chunk, "per_device_eval_batch_size": EVAL_BATCH}
-        if with_eval else {"eval_strategy": "no"})
+        if with_eval
+        else {"eval_strategy": "no"}
+    )
     configs = [
-        RFModelConfig(model_name=name, peft_config=List(loras) if len(loras) > 1 else loras[0],
-                      training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=batch, max_steps=steps,
-                                                max_length=128, logging_steps=1, **eval_args),
-                      model_type="causal_lm", model_kwargs=dict(model_kwargs), formatting_func=fmt)
+        RFModelConfig(
+            model_name=name,
+            peft_config=List(loras) if len(loras) > 1 else loras[0],
+            training_args=RFSFTConfig(
+                learning_rate=lr,
+                per_device_train_batch_size=batch,
+                max_steps=steps,
+                max_length=128,
+                logging_steps=1,
+                **eval_args,
+            ),
+            model_type="causal_lm",
+            model_kwargs=dict(model_kwargs),
+            formatting_func=fmt,
+        )
         for lr in lrs
     ]
     search = RFGridSearch(configs=List(configs) if len(configs) > 1 else configs[0], trainer_type="SFT")
-    return {"train": train, "eval": evald if with_eval else None, "create": create, "search": search,
-            "fmt": fmt, "chunk": chunk}
+    return {
+        "train": train,
+        "eval": evald if with_eval else None,
+        "create": create,
+        "search": search,
+        "fmt": fmt,
+        "chunk": chunk,
+    }
 
 
 class _Costs:
@@ -194,8 +231,17 @@ class _Costs:
         import rapidfire_nb.training.executor as ex_mod
         import rapidfire_nb.training.worker as worker_mod
 
-        for name in ("add_metrics", "upsert_run", "set_meta", "update_meta", "latest_metrics", "beat",
-                     "take_inbox_ops", "add_op", "update_op"):
+        for name in (
+            "add_metrics",
+            "upsert_run",
+            "set_meta",
+            "update_meta",
+            "latest_metrics",
+            "beat",
+            "take_inbox_ops",
+            "add_op",
+            "update_op",
+        ):
             self.wrap(store_mod.Store, name, "store (SQLite)")
         try:
             import rapidfire_nb.tracking.tensorboard as tb_mod
@@ -262,7 +308,10 @@ def _child_rf(w: dict[str, Any], num_chunks: int, out: dict[str, Any]) -> None:
             first_eval_all_s=(max(first_eval.values()) - t0) if len(first_eval) == out["n_configs"] else None,
             runs=len(exp.run_snapshots()),
             losses={str(k): v for k, v in losses.items()},
-            costs=costs.seconds, cost_calls=costs.calls, handoff_s=costs.handoff_s, handoffs=costs.handoffs,
+            costs=costs.seconds,
+            cost_calls=costs.calls,
+            handoff_s=costs.handoff_s,
+            handoffs=costs.handoffs,
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -302,12 +351,21 @@ def _child_base(w: dict[str, Any], out: dict[str, Any]) -> None:
         excluded_before_last = 0.0
         for i, leaf in enumerate(leaves, start=1):
             ta = time.time()
-            args, _notes = build_training_args(leaf, output_dir=str(Path(root) / f"run{i}"), default_seed=SEED)
+            args, _notes = build_training_args(
+                leaf, output_dir=str(Path(root) / f"run{i}"), default_seed=SEED
+            )
             peft_config = build_lora_config(leaf)
             model, tok = w["create"](leaf.model_config_dict())
             clock = Clock()
-            trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evald,
-                                 processing_class=tok, peft_config=peft_config, callbacks=[clock])
+            trainer = SFTTrainer(
+                model=model,
+                args=args,
+                train_dataset=train,
+                eval_dataset=evald,
+                processing_class=tok,
+                peft_config=peft_config,
+                callbacks=[clock],
+            )
             tb = time.time()
             trainer.train()
             tc = time.time()
@@ -325,9 +383,16 @@ def _child_base(w: dict[str, Any], out: dict[str, Any]) -> None:
             excluded += time.time() - te
         t_end = time.time()
         last = first_eval[-1]
-        out.update(total_s=t_end - t0 - excluded, setup_s=setup, train_s=fit, save_s=save, gc_excluded_s=excluded,
-                   first_eval_all_s=(last - t0 - excluded_before_last) if last is not None else None,
-                   runs=len(leaves), losses=losses)
+        out.update(
+            total_s=t_end - t0 - excluded,
+            setup_s=setup,
+            train_s=fit,
+            save_s=save,
+            gc_excluded_s=excluded,
+            first_eval_all_s=(last - t0 - excluded_before_last) if last is not None else None,
+            runs=len(leaves),
+            losses=losses,
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -342,8 +407,14 @@ def child_main(a: argparse.Namespace) -> None:
     import rapidfire_nb  # noqa: F401
 
     w = _workload(a.model, a.steps, a.batch, a.num_chunks, a.configs, not a.no_eval)
-    out: dict[str, Any] = {"side": a.child, "model": a.model, "steps": a.steps, "n_configs": a.configs,
-                           "prep_s": time.time() - t_imp, "torch_threads": torch.get_num_threads()}
+    out: dict[str, Any] = {
+        "side": a.child,
+        "model": a.model,
+        "steps": a.steps,
+        "n_configs": a.configs,
+        "prep_s": time.time() - t_imp,
+        "torch_threads": torch.get_num_threads(),
+    }
     if a.child == "rf":
         _child_rf(w, a.num_chunks, out)
     else:
@@ -355,19 +426,48 @@ def child_main(a: argparse.Namespace) -> None:
 
 
 # ====================================================================== parent side
-def _spawn(side: str, model: str, steps: int, batch: int, a: argparse.Namespace, configs: int, log_dir: Path,
-           tag: str, profile_out: Path | None = None) -> dict[str, Any]:
+def _spawn(
+    side: str,
+    model: str,
+    steps: int,
+    batch: int,
+    a: argparse.Namespace,
+    configs: int,
+    log_dir: Path,
+    tag: str,
+    profile_out: Path | None = None,
+) -> dict[str, Any]:
     result = log_dir / f"{tag}.json"
     log = log_dir / f"{tag}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--model", model, "--steps", str(steps),
-           "--batch", str(batch),
-           "--num-chunks", str(a.num_chunks), "--configs", str(configs), "--result", str(result)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        side,
+        "--model",
+        model,
+        "--steps",
+        str(steps),
+        "--batch",
+        str(batch),
+        "--num-chunks",
+        str(a.num_chunks),
+        "--configs",
+        str(configs),
+        "--result",
+        str(result),
+    ]
     if a.no_eval:
         cmd.append("--no-eval")
     if profile_out is not None:
         cmd += ["--profile-out", str(profile_out)]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
     if a.omp_wait_policy != "inherit":
         env["OMP_WAIT_POLICY"] = a.omp_wait_policy.upper()
     t0 = time.time()
@@ -386,8 +486,11 @@ def _spawn(side: str, model: str, steps: int, batch: int, a: argparse.Namespace,
     out = json.loads(result.read_text())
     out["peak_rss_mb"] = usage.ru_maxrss / 1024  # Linux: KiB
     out["child_wall_s"] = wall
-    print(f"    {tag}: total {out['total_s']:.1f} s, peak RSS {out['peak_rss_mb']:.0f} MB "
-          f"(child wall {wall:.1f} s)", flush=True)
+    print(
+        f"    {tag}: total {out['total_s']:.1f} s, peak RSS {out['peak_rss_mb']:.0f} MB "
+        f"(child wall {wall:.1f} s)",
+        flush=True,
+    )
     return out
 
 
@@ -414,51 +517,86 @@ def _loss_diff(rf: dict[str, Any], base: dict[str, Any]) -> float | None:
     return worst if found else None
 
 
-def _report_model(model: str, steps: int, batch: int, a: argparse.Namespace, pairs: list[tuple[dict, dict, str]],
-                  one: dict[str, Any] | None) -> list[str]:
+def _report_model(
+    model: str,
+    steps: int,
+    batch: int,
+    a: argparse.Namespace,
+    pairs: list[tuple[dict, dict, str]],
+    one: dict[str, Any] | None,
+) -> list[str]:
     chunk = steps // a.num_chunks
     tot = [rf["total_s"] / b["total_s"] for rf, b, _ in pairs]
     tr = [rf["train_s"] / b["train_s"] for rf, b, _ in pairs]
-    fe = [rf["first_eval_all_s"] / b["first_eval_all_s"] for rf, b, _ in pairs
-          if rf.get("first_eval_all_s") and b.get("first_eval_all_s")]
+    fe = [
+        rf["first_eval_all_s"] / b["first_eval_all_s"]
+        for rf, b, _ in pairs
+        if rf.get("first_eval_all_s") and b.get("first_eval_all_s")
+    ]
     sw = [rf["switch_s"] / rf["train_s"] for rf, _, _ in pairs]
     rss = [rf["peak_rss_mb"] / b["peak_rss_mb"] for rf, b, _ in pairs]
     diffs = [_loss_diff(rf, b) for rf, b, _ in pairs]
     med_tot, med_sw = _med(tot), _med(sw)
     evals = "at every chunk end on both sides" if not a.no_eval else "off on both sides"
-    title = (f"== {model}: 4 SFT LoRA configs x {a.num_chunks} chunks, {steps} steps/run ({chunk} steps/chunk), "
-             f"batch {batch}, eval {evals}, {len(pairs)} repeat(s), orders {', '.join(o for _, _, o in pairs)} ==")
+    title = (
+        f"== {model}: 4 SFT LoRA configs x {a.num_chunks} chunks, {steps} steps/run ({chunk} steps/chunk), "
+        f"batch {batch}, eval {evals}, {len(pairs)} repeat(s), orders {', '.join(o for _, _, o in pairs)} =="
+    )
     lines = [title]
     lines.append(f"  {'metric':<44} {'median':>8}   {'per repeat':<28} target")
     ok_tot = "OK" if med_tot is not None and med_tot <= TARGET_TOTAL else "MISSED"
     ok_sw = "OK" if med_sw is not None and med_sw <= TARGET_SWITCH else "MISSED"
-    lines.append(f"  {'total time ratio (rapidfire_nb / sequential)':<44} {_fmt(med_tot):>8}   "
-                 f"{', '.join(_fmt(x) for x in tot):<28} <= {TARGET_TOTAL:.2f}x  {ok_tot}")
-    lines.append(f"  {'time until every config has an eval (ratio)':<44} {_fmt(_med(fe)):>8}   "
-                 f"{', '.join(_fmt(x) for x in fe):<28} (lower is better)")
-    lines.append(f"  {'chunk-switch time / rf training time':<44} {_fmt(med_sw, '.2%'):>8}   "
-                 f"{', '.join(_fmt(x, '.2%') for x in sw):<28} <= {TARGET_SWITCH:.0%}  {ok_sw}")
-    lines.append(f"  {'peak RSS ratio (rapidfire_nb / sequential)':<44} {_fmt(_med(rss)):>8}   "
-                 f"{', '.join(_fmt(x) for x in rss):<28}")
-    lines.append(f"  {'training-phase time ratio (train() only)':<44} {_fmt(_med(tr)):>8}   "
-                 f"{', '.join(_fmt(x) for x in tr):<28}")
+    lines.append(
+        f"  {'total time ratio (rapidfire_nb / sequential)':<44} {_fmt(med_tot):>8}   "
+        f"{', '.join(_fmt(x) for x in tot):<28} <= {TARGET_TOTAL:.2f}x  {ok_tot}"
+    )
+    lines.append(
+        f"  {'time until every config has an eval (ratio)':<44} {_fmt(_med(fe)):>8}   "
+        f"{', '.join(_fmt(x) for x in fe):<28} (lower is better)"
+    )
+    lines.append(
+        f"  {'chunk-switch time / rf training time':<44} {_fmt(med_sw, '.2%'):>8}   "
+        f"{', '.join(_fmt(x, '.2%') for x in sw):<28} <= {TARGET_SWITCH:.0%}  {ok_sw}"
+    )
+    lines.append(
+        f"  {'peak RSS ratio (rapidfire_nb / sequential)':<44} {_fmt(_med(rss)):>8}   "
+        f"{', '.join(_fmt(x) for x in rss):<28}"
+    )
+    lines.append(
+        f"  {'training-phase time ratio (train() only)':<44} {_fmt(_med(tr)):>8}   "
+        f"{', '.join(_fmt(x) for x in tr):<28}"
+    )
     lines.append("  absolute medians (s):")
-    for key, what in (("total_s", "total"), ("setup_s", "setup (model load + trainer builds)"),
-                      ("train_s", "training phase"), ("first_eval_all_s", "every config has an eval")):
-        lines.append(f"    {what:<42} rf {_fmt(_med([rf.get(key) for rf, _, _ in pairs]), '8.2f')}   "
-                     f"sequential {_fmt(_med([b.get(key) for _, b, _ in pairs]), '8.2f')}")
-    lines.append(f"    {'rf chunk switches + snapshots':<42} rf {_fmt(_med([rf['switch_s'] for rf, _, _ in pairs]), '8.3f')}"
-                 f"   ({(a.num_chunks - 1) * 4} boundaries + {a.num_chunks * 4} activations)")
-    lines.append(f"    {'rf experiment.end()':<42} rf {_fmt(_med([rf['end_s'] for rf, _, _ in pairs]), '8.2f')}   "
-                 f"sequential save_model {_fmt(_med([b['save_s'] for _, b, _ in pairs]), '8.2f')}")
-    lines.append(f"    {'peak RSS (MB)':<42} rf {_fmt(_med([rf['peak_rss_mb'] for rf, _, _ in pairs]), '8.0f')}   "
-                 f"sequential {_fmt(_med([b['peak_rss_mb'] for _, b, _ in pairs]), '8.0f')}")
+    for key, what in (
+        ("total_s", "total"),
+        ("setup_s", "setup (model load + trainer builds)"),
+        ("train_s", "training phase"),
+        ("first_eval_all_s", "every config has an eval"),
+    ):
+        lines.append(
+            f"    {what:<42} rf {_fmt(_med([rf.get(key) for rf, _, _ in pairs]), '8.2f')}   "
+            f"sequential {_fmt(_med([b.get(key) for _, b, _ in pairs]), '8.2f')}"
+        )
+    lines.append(
+        f"    {'rf chunk switches + snapshots':<42} rf {_fmt(_med([rf['switch_s'] for rf, _, _ in pairs]), '8.3f')}"
+        f"   ({(a.num_chunks - 1) * 4} boundaries + {a.num_chunks * 4} activations)"
+    )
+    lines.append(
+        f"    {'rf experiment.end()':<42} rf {_fmt(_med([rf['end_s'] for rf, _, _ in pairs]), '8.2f')}   "
+        f"sequential save_model {_fmt(_med([b['save_s'] for _, b, _ in pairs]), '8.2f')}"
+    )
+    lines.append(
+        f"    {'peak RSS (MB)':<42} rf {_fmt(_med([rf['peak_rss_mb'] for rf, _, _ in pairs]), '8.0f')}   "
+        f"sequential {_fmt(_med([b['peak_rss_mb'] for _, b, _ in pairs]), '8.0f')}"
+    )
     labels = sorted({k for rf, _, _ in pairs for k in rf.get("costs", {})})
     if labels or any(rf.get("handoffs") for rf, _, _ in pairs):
         lines.append("  where rapidfire_nb's own time goes (rf child, medians; s, calls):")
         hand = _med([rf.get("handoff_s") for rf, _, _ in pairs])
-        lines.append(f"    {'hand-off gaps (worker parked -> next resumes)':<50} {_fmt(hand, '8.3f')}  "
-                     f"x{pairs[0][0].get('handoffs', 0)}  critical path, not in switch time")
+        lines.append(
+            f"    {'hand-off gaps (worker parked -> next resumes)':<50} {_fmt(hand, '8.3f')}  "
+            f"x{pairs[0][0].get('handoffs', 0)}  critical path, not in switch time"
+        )
         for k in labels:
             v = _med([rf.get("costs", {}).get(k) for rf, _, _ in pairs])
             n = pairs[0][0].get("cost_calls", {}).get(k, 0)
@@ -466,11 +604,15 @@ def _report_model(model: str, steps: int, batch: int, a: argparse.Namespace, pai
     if one is not None:
         n_peak = _med([rf["peak_rss_mb"] for rf, _, _ in pairs])
         assert n_peak is not None
-        lines.append(f"  memory of N runs vs one run (rapidfire_nb, peak RSS): 4 runs {n_peak:.0f} MB / 1 run "
-                     f"{one['peak_rss_mb']:.0f} MB = {n_peak / one['peak_rss_mb']:.2f}x "
-                     f"(+{n_peak - one['peak_rss_mb']:.0f} MB for 3 more runs)")
+        lines.append(
+            f"  memory of N runs vs one run (rapidfire_nb, peak RSS): 4 runs {n_peak:.0f} MB / 1 run "
+            f"{one['peak_rss_mb']:.0f} MB = {n_peak / one['peak_rss_mb']:.2f}x "
+            f"(+{n_peak - one['peak_rss_mb']:.0f} MB for 3 more runs)"
+        )
     md = max((d for d in diffs if d is not None), default=None)
-    lines.append(f"  same work check: max |train loss rf - sequential| over all runs and steps = {_fmt(md, '.2e')}")
+    lines.append(
+        f"  same work check: max |train loss rf - sequential| over all runs and steps = {_fmt(md, '.2e')}"
+    )
     return lines
 
 
@@ -486,7 +628,11 @@ def parent_main(a: argparse.Namespace) -> None:
     raw: dict[str, Any] = {"argv": sys.argv[1:], "models": {}}
     for model in models:
         dflt = DEFAULTS.get(model, DEFAULTS["tiny"])
-        steps, batch, repeats = a.steps or dflt["steps"], a.batch or dflt["batch"], a.repeats or dflt["repeats"]
+        steps, batch, repeats = (
+            a.steps or dflt["steps"],
+            a.batch or dflt["batch"],
+            a.repeats or dflt["repeats"],
+        )
         if steps % a.num_chunks:
             raise SystemExit(f"--steps ({steps}) must be a multiple of --num-chunks ({a.num_chunks})")
         print(f"[{model}] {repeats} repeat(s) of rf + sequential, {steps} steps/run", flush=True)
@@ -498,20 +644,35 @@ def parent_main(a: argparse.Namespace) -> None:
         one = None if a.skip_memory else _spawn("rf", model, steps, batch, a, 1, log_dir, f"{model}-rf1")
         if a.profile:
             assert prof_dir is not None
-            _spawn("rf", model, steps, batch, a, 4, log_dir, f"{model}-rf-profiled", profile_out=prof_dir / f"rf-{model}.prof")
-        raw["models"][model] = {"pairs": [{"rf": rf, "base": b, "order": o} for rf, b, o in pairs], "rf_1_config": one}
+            _spawn(
+                "rf",
+                model,
+                steps,
+                batch,
+                a,
+                4,
+                log_dir,
+                f"{model}-rf-profiled",
+                profile_out=prof_dir / f"rf-{model}.prof",
+            )
+        raw["models"][model] = {
+            "pairs": [{"rf": rf, "base": b, "order": o} for rf, b, o in pairs],
+            "rf_1_config": one,
+        }
         report += _report_model(model, steps, batch, a, pairs, one) + [""]
     load1 = os.getloadavg()
     import importlib.metadata as md
 
     vers = ", ".join(f"{p} {md.version(p)}" for p in ("torch", "transformers", "trl", "peft"))
-    head = [f"rapidfire_nb overhead benchmark — {time.strftime('%Y-%m-%d %H:%M:%S')}",
-            f"command: python benchmarks/overhead.py {' '.join(sys.argv[1:])}".rstrip(),
-            f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {vers}",
-            f"load average 1 min: {load0[0]:.1f} at start, {load1[0]:.1f} at end (other work on the machine adds noise)",
-            "each side in its own child process; ratios are medians over repeats of rf/sequential pairs, order alternated",
-            f"OMP_WAIT_POLICY of both sides: {a.omp_wait_policy if a.omp_wait_policy != 'inherit' else os.environ.get('OMP_WAIT_POLICY', 'unset (libgomp default: active)')}",
-            ""]
+    head = [
+        f"rapidfire_nb overhead benchmark — {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"command: python benchmarks/overhead.py {' '.join(sys.argv[1:])}".rstrip(),
+        f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {vers}",
+        f"load average 1 min: {load0[0]:.1f} at start, {load1[0]:.1f} at end (other work on the machine adds noise)",
+        "each side in its own child process; ratios are medians over repeats of rf/sequential pairs, order alternated",
+        f"OMP_WAIT_POLICY of both sides: {a.omp_wait_policy if a.omp_wait_policy != 'inherit' else os.environ.get('OMP_WAIT_POLICY', 'unset (libgomp default: active)')}",
+        "",
+    ]
     tail = [f"benchmark wall time: {time.time() - started:.0f} s; child logs in {log_dir}"]
     if a.profile:
         tail.append(f"profiles: {prof_dir}/rf-<model>.txt (cProfile, all threads)")
@@ -528,22 +689,41 @@ def parent_main(a: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2 (default both)")
-    ap.add_argument("--steps", type=int, default=None,
-                    help="optimizer steps per run = one epoch of steps x batch rows (default 32: 8 steps/chunk)")
-    ap.add_argument("--batch", type=int, default=None,
-                    help="per_device_train_batch_size of every config (default: tiny 4, smollm2 1)")
-    ap.add_argument("--repeats", type=int, default=None,
-                    help="rf/sequential pairs per model, order alternated (default: tiny 3, smollm2 1)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps per run = one epoch of steps x batch rows (default 32: 8 steps/chunk)",
+    )
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="per_device_train_batch_size of every config (default: tiny 4, smollm2 1)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="rf/sequential pairs per model, order alternated (default: tiny 3, smollm2 1)",
+    )
     ap.add_argument("--num-chunks", type=int, default=4)
     ap.add_argument("--no-eval", action="store_true", help="both sides without an eval set")
     ap.add_argument("--skip-memory", action="store_true", help="skip the 1-config rf run (memory N vs 1)")
-    ap.add_argument("--profile", action="store_true",
-                    help="also run one cProfiled rf child per model (all threads) into benchmarks/results/profiles/")
-    ap.add_argument("--omp-wait-policy", default="passive", choices=("passive", "active", "inherit"),
-                    help="OMP_WAIT_POLICY of both children (default passive; see README: with libgomp's default "
-                         "spin-waiting, torch in the main thread of a loaded machine is up to 10-100x slower on "
-                         "small ops than in a worker thread, which would credit rapidfire_nb's worker threads "
-                         "with a speed-up it did not earn); 'inherit' leaves the environment as it is")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also run one cProfiled rf child per model (all threads) into benchmarks/results/profiles/",
+    )
+    ap.add_argument(
+        "--omp-wait-policy",
+        default="passive",
+        choices=("passive", "active", "inherit"),
+        help="OMP_WAIT_POLICY of both children (default passive; see README: with libgomp's default "
+        "spin-waiting, torch in the main thread of a loaded machine is up to 10-100x slower on "
+        "small ops than in a worker thread, which would credit rapidfire_nb's worker threads "
+        "with a speed-up it did not earn); 'inherit' leaves the environment as it is",
+    )
     ap.add_argument("--out", default=str(RESULTS / "latest.txt"))
     # child-only
     ap.add_argument("--child", choices=("rf", "base"), help=argparse.SUPPRESS)

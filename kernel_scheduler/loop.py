@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from .chunks import ChunkPlan
@@ -160,9 +161,17 @@ class Scheduler:
         self.on_thread_start: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ setup
-    def add_run(self, run_id: int, spec: Any, start: RunStart | None = None, status: RunStatus = RunStatus.NEW,
-                parent_id: int | None = None, warm_start: bool = False, error: str | None = None,
-                progress: tuple[int, int, int, int] | None = None) -> None:
+    def add_run(
+        self,
+        run_id: int,
+        spec: Any,
+        start: RunStart | None = None,
+        status: RunStatus = RunStatus.NEW,
+        parent_id: int | None = None,
+        warm_start: bool = False,
+        error: str | None = None,
+        progress: tuple[int, int, int, int] | None = None,
+    ) -> None:
         """Register a run before :meth:`start` (prepared synchronously through the executor).
 
         Args:
@@ -179,10 +188,16 @@ class Scheduler:
             raise RuntimeError("add_run is only allowed before start(); use a clone op afterwards")
         if start is None and not status.is_finished():
             start = self._executor.add_run(run_id, spec)
-        run = _Run(run_id=run_id, spec=spec, status=status, parent_id=parent_id, warm_start=warm_start, error=error)
+        run = _Run(
+            run_id=run_id, spec=spec, status=status, parent_id=parent_id, warm_start=warm_start, error=error
+        )
         if start is not None:
             run.plan, run.step, run.segments_done, run.samples_seen = (
-                start.plan, start.step, start.segments_done, start.samples_seen)
+                start.plan,
+                start.step,
+                start.segments_done,
+                start.samples_seen,
+            )
         elif progress is not None:
             run.step, run.fixed_total, run.segments_done, run.samples_seen = progress
         with self._lock:
@@ -235,8 +250,13 @@ class Scheduler:
                 return ack
             leader = self._leaders.get((op.kind, op.run_id))
             if leader is not None:  # a repeat while the first request is pending: same outcome, applied once
-                ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.QUEUED.value,
-                            f"{op.kind.value} already requested for run {op.run_id}; this request gets its outcome")
+                ack = OpAck(
+                    op.op_id,
+                    op.run_id,
+                    op.kind.value,
+                    OpState.QUEUED.value,
+                    f"{op.kind.value} already requested for run {op.run_id}; this request gets its outcome",
+                )
                 self._acks[op.op_id] = ack
                 self._followers.setdefault(leader, []).append(op)
                 self._notify_op(op, ack)
@@ -246,11 +266,21 @@ class Scheduler:
                 child_id = self._next_id
                 self._next_id += 1
                 op.payload["child_id"] = child_id
-                self._runs[child_id] = _Run(run_id=child_id, spec=op.payload.get("spec"), parent_id=op.run_id,
-                                            warm_start=bool(op.payload.get("warm_start")))
+                self._runs[child_id] = _Run(
+                    run_id=child_id,
+                    spec=op.payload.get("spec"),
+                    parent_id=op.run_id,
+                    warm_start=bool(op.payload.get("warm_start")),
+                )
                 self._runs[child_id].pending = True  # not ready until the op is applied
-            ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.QUEUED.value, self._queued_message(op),
-                        new_run_id=child_id)
+            ack = OpAck(
+                op.op_id,
+                op.run_id,
+                op.kind.value,
+                OpState.QUEUED.value,
+                self._queued_message(op),
+                new_run_id=child_id,
+            )
             self._acks[op.op_id] = ack
             if op.kind is not OpKind.CLONE:
                 self._leaders[(op.kind, op.run_id)] = op.op_id
@@ -271,8 +301,10 @@ class Scheduler:
         if op.kind is OpKind.DELETE:
             return f"delete requested for run {op.run_id} — applies {when}"
         how = "warm start from its latest chunk boundary" if op.payload.get("warm_start") else "from scratch"
-        return (f"clone of run {op.run_id} requested ({how}) — run {op.payload.get('child_id')} joins the rotation "
-                "at the next chunk boundary")
+        return (
+            f"clone of run {op.run_id} requested ({how}) — run {op.payload.get('child_id')} joins the rotation "
+            "at the next chunk boundary"
+        )
 
     def ack(self, op_id: str) -> OpAck | None:
         with self._lock:
@@ -315,17 +347,23 @@ class Scheduler:
         if self._loop_error and self._thread is not None and not self._thread.is_alive():
             return True
         if chunks is not None:
-            return all(
-                r.segments_done >= min(chunks, r.plan.num_segments if r.plan else chunks)
-                for r in self._runs.values() if r.status.in_rotation() and not r.pending
-            ) and not self._unapplied
+            return (
+                all(
+                    r.segments_done >= min(chunks, r.plan.num_segments if r.plan else chunks)
+                    for r in self._runs.values()
+                    if r.status.in_rotation() and not r.pending
+                )
+                and not self._unapplied
+            )
         if self._busy or self._current is not None or self._unapplied or self._at_boundary:
             return False
         return self._choose() is None
 
     def _choose(self) -> int | None:
-        views = [RunView(r.run_id, r.status, r.position(), ready=r.plan is not None and not r.pending)
-                 for r in self._runs.values()]
+        views = [
+            RunView(r.run_id, r.status, r.position(), ready=r.plan is not None and not r.pending)
+            for r in self._runs.values()
+        ]
         return self._policy.choose(views)
 
     def _main(self) -> None:
@@ -370,7 +408,9 @@ class Scheduler:
             res = fut.result()
         except Exception as exc:  # the contract says never; a raising Future must not wedge the loop
             run = self._runs[run_id]
-            res = SegmentResult(step=run.step, samples_seen=run.samples_seen, error=f"{type(exc).__name__}: {exc}")
+            res = SegmentResult(
+                step=run.step, samples_seen=run.samples_seen, error=f"{type(exc).__name__}: {exc}"
+            )
         self._finish_segment(run_id, res)
 
     def _begin(self, run_id: int) -> None:
@@ -380,7 +420,7 @@ class Scheduler:
             if run.segments_done >= run.plan.num_segments or run.step >= run.plan.total_steps:
                 # nothing left to train (e.g. a warm clone of a parent that made its last step)
                 self._set_status(run, RunStatus.COMPLETED)
-                self._at_boundary.append(lambda rid=run_id: self._executor.on_status(rid, RunStatus.COMPLETED.value))
+                self._at_boundary.append(partial(self._executor.on_status, run_id, RunStatus.COMPLETED.value))
                 done = True
             else:
                 done = False
@@ -396,8 +436,11 @@ class Scheduler:
             fut = self._executor.run_segment(run_id, stop)
         except Exception as exc:  # the run fails at the end of this turn; the loop goes on
             fut = Future()
-            fut.set_result(SegmentResult(step=run.step, samples_seen=run.samples_seen,
-                                         error=f"{type(exc).__name__}: {exc}"))
+            fut.set_result(
+                SegmentResult(
+                    step=run.step, samples_seen=run.samples_seen, error=f"{type(exc).__name__}: {exc}"
+                )
+            )
         fut.add_done_callback(lambda _f: self._wake.set())
         self._current = (run_id, fut)
         self._emit(run)
@@ -416,7 +459,7 @@ class Scheduler:
             elif res.finished or (run.plan is not None and res.step >= run.plan.total_steps):
                 self._set_status(run, RunStatus.COMPLETED)
             if run.status.is_finished():
-                self._at_boundary.append(lambda rid=run_id, st=run.status.value: self._executor.on_status(rid, st))
+                self._at_boundary.append(partial(self._executor.on_status, run_id, run.status.value))
             deferred, run.deferred = run.deferred, []
         self._emit(run)
         # the boundary: first warm clones that waited for this run, then the ops deferred to it
@@ -498,17 +541,17 @@ class Scheduler:
         if op.kind is OpKind.STOP:
             with self._lock:
                 self._set_status(run, RunStatus.STOPPED)
-            self._when_free(lambda rid=run.run_id: self._executor.on_status(rid, RunStatus.STOPPED.value))
+            self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.STOPPED.value))
             self._resolved(op, f"run {run.run_id} stopped at step {run.step}")
         elif op.kind is OpKind.RESUME:
             with self._lock:
                 self._set_status(run, RunStatus.ONGOING)
-            self._when_free(lambda rid=run.run_id: self._executor.on_status(rid, RunStatus.ONGOING.value))
+            self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.ONGOING.value))
             self._resolved(op, f"run {run.run_id} resumed from step {run.step}")
         elif op.kind is OpKind.DELETE:
             with self._lock:
                 self._set_status(run, RunStatus.DELETED)
-            self._when_free(lambda rid=run.run_id: self._executor.on_status(rid, RunStatus.DELETED.value))
+            self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.DELETED.value))
             self._resolved(op, f"run {run.run_id} deleted")
         elif op.kind is OpKind.CLONE:
             self._when_free(lambda: self._apply_clone_or_reject(op))
@@ -534,11 +577,22 @@ class Scheduler:
                 parent = self._runs[op.run_id]
                 if parent.status.in_rotation():
                     child.waiting_clone = op  # waits for the parent's first boundary
-                    self._notify_op(op, replace(self._acks[op.op_id], message=(
-                        f"run {child_id} waits for run {op.run_id} to finish its first chunk (warm start)")))
+                    self._notify_op(
+                        op,
+                        replace(
+                            self._acks[op.op_id],
+                            message=(
+                                f"run {child_id} waits for run {op.run_id} to finish its first chunk (warm start)"
+                            ),
+                        ),
+                    )
                     return
-            self._fail_child(child, op, f"run {op.run_id} has no completed chunk to warm-start from and is "
-                                        f"{parent.status.value}; use a cold clone (warm_start=False)")
+            self._fail_child(
+                child,
+                op,
+                f"run {op.run_id} has no completed chunk to warm-start from and is "
+                f"{parent.status.value}; use a cold clone (warm_start=False)",
+            )
             return
         try:
             start = self._executor.add_run(child_id, child.spec, warm_from=op.run_id if warm else None)
@@ -547,7 +601,11 @@ class Scheduler:
             return
         with self._lock:
             child.plan, child.step, child.segments_done, child.samples_seen = (
-                start.plan, start.step, start.segments_done, start.samples_seen)
+                start.plan,
+                start.step,
+                start.segments_done,
+                start.samples_seen,
+            )
             child.waiting_clone = None
             child.pending = False
         how = f"warm from run {op.run_id} at step {start.step}" if warm else "from scratch"
@@ -590,8 +648,14 @@ class Scheduler:
     def _reject(self, op: Op, reason: str) -> None:
         with self._lock:
             prev = self._acks.get(op.op_id)
-            ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.REJECTED.value, reason,
-                        new_run_id=prev.new_run_id if prev else None)
+            ack = OpAck(
+                op.op_id,
+                op.run_id,
+                op.kind.value,
+                OpState.REJECTED.value,
+                reason,
+                new_run_id=prev.new_run_id if prev else None,
+            )
             self._acks[op.op_id] = ack
         self._notify_op(op, ack)
         self._settle_followers(op, OpState.REJECTED.value, reason)
@@ -628,12 +692,19 @@ class Scheduler:
     def _snap(self, r: _Run) -> RunSnapshot:
         cur = self._current
         return RunSnapshot(
-            run_id=r.run_id, status=r.status, step=r.step,
+            run_id=r.run_id,
+            status=r.status,
+            step=r.step,
             total_steps=r.plan.total_steps if r.plan else r.fixed_total,
-            segments_done=r.segments_done, num_segments=r.plan.num_segments if r.plan else r.segments_done,
-            position=r.position(), samples_seen=r.samples_seen,
+            segments_done=r.segments_done,
+            num_segments=r.plan.num_segments if r.plan else r.segments_done,
+            position=r.position(),
+            samples_seen=r.samples_seen,
             on_device=cur is not None and cur[0] == r.run_id,
-            parent_id=r.parent_id, warm_start=r.warm_start, error=r.error, spec=r.spec,
+            parent_id=r.parent_id,
+            warm_start=r.warm_start,
+            error=r.error,
+            spec=r.spec,
             steps_per_epoch=r.plan.steps_per_epoch if r.plan else 0,
         )
 

@@ -80,8 +80,14 @@ class OpAck:
     new_run_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op_id": self.op_id, "run_id": self.run_id, "kind": self.kind, "state": self.state,
-                "message": self.message, "new_run_id": self.new_run_id}
+        return {
+            "op_id": self.op_id,
+            "run_id": self.run_id,
+            "kind": self.kind,
+            "state": self.state,
+            "message": self.message,
+            "new_run_id": self.new_run_id,
+        }
 
     def __repr__(self) -> str:
         return f"OpAck({self.kind} run {self.run_id}: {self.state} — {self.message})"
@@ -116,11 +122,13 @@ def decide(kind: OpKind, status: RunStatus | None, on_device: bool, run_id: int)
     if status is RunStatus.DELETED:
         return Decision("reject", f"run {run_id} is DELETED")
     if kind is OpKind.STOP and status not in _STOPPABLE:
-        return Decision("reject", f"run {run_id} is {status.value}; only NEW, ONGOING or INTERRUPTED runs can be"
-                                  " stopped")
+        return Decision(
+            "reject", f"run {run_id} is {status.value}; only NEW, ONGOING or INTERRUPTED runs can be stopped"
+        )
     if kind is OpKind.RESUME and status not in _RESUMABLE:
-        return Decision("reject", f"run {run_id} is {status.value}; only STOPPED or INTERRUPTED runs can be"
-                                  " resumed")
+        return Decision(
+            "reject", f"run {run_id} is {status.value}; only STOPPED or INTERRUPTED runs can be resumed"
+        )
     if on_device and kind in (OpKind.STOP, OpKind.DELETE):
         return Decision("defer", f"applies at the end of run {run_id}'s current chunk")
     return Decision("apply")

@@ -41,13 +41,17 @@ class RunStatus(str, Enum):
 
 #: The legal transitions, written once. Anything else raises :class:`IllegalTransition`.
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.NEW: frozenset({RunStatus.ONGOING, RunStatus.STOPPED, RunStatus.FAILED, RunStatus.DELETED,
-                              RunStatus.COMPLETED}),
-    RunStatus.ONGOING: frozenset({RunStatus.STOPPED, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.DELETED,
-                                  RunStatus.INTERRUPTED}),
+    RunStatus.NEW: frozenset(
+        {RunStatus.ONGOING, RunStatus.STOPPED, RunStatus.FAILED, RunStatus.DELETED, RunStatus.COMPLETED}
+    ),
+    RunStatus.ONGOING: frozenset(
+        {RunStatus.STOPPED, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.DELETED, RunStatus.INTERRUPTED}
+    ),
     # STOPPED -> FAILED: a clone parked before it was created, whose creation then failed
     RunStatus.STOPPED: frozenset({RunStatus.ONGOING, RunStatus.FAILED, RunStatus.DELETED}),
-    RunStatus.INTERRUPTED: frozenset({RunStatus.ONGOING, RunStatus.STOPPED, RunStatus.FAILED, RunStatus.DELETED}),
+    RunStatus.INTERRUPTED: frozenset(
+        {RunStatus.ONGOING, RunStatus.STOPPED, RunStatus.FAILED, RunStatus.DELETED}
+    ),
     RunStatus.COMPLETED: frozenset({RunStatus.DELETED}),
     RunStatus.FAILED: frozenset({RunStatus.DELETED}),
     RunStatus.DELETED: frozenset(),

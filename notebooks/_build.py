@@ -32,8 +32,9 @@ def colab_url(filename: str) -> str:
 
 
 def badge(filename: str) -> str:
-    return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-            f"({colab_url(filename)})")
+    return (
+        f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(filename)})"
+    )
 
 
 # ------------------------------------------------------------------------------------------ shared cells
@@ -74,7 +75,7 @@ else:
     importlib.invalidate_caches()
     print("installed", *source)'''
 
-SETTINGS_COMMON = '''\
+SETTINGS_COMMON = """\
 import torch
 
 SMOKE = os.environ.get("RF_SMOKE", "0") not in ("", "0")  # CI smoke test: tiny sizes, same code
@@ -86,26 +87,29 @@ DEVICE = "cuda" if GPU else "cpu"
 # Colab: experiments live under RF_HOME, by default on the runtime's own disk, which is lost with the runtime.
 # Only a store on Google Drive survives a dropped runtime; to keep yours there, uncomment the next line.
 # from google.colab import drive; drive.mount("/content/drive"); os.environ["RF_HOME"] = "/content/drive/MyDrive/rapidfire"
-'''
+"""
 
-SETTINGS_PRINT = '''
+SETTINGS_PRINT = """
 MODE = "smoke test" if SMOKE else ("GPU" if GPU else "CPU")
 PRECISION = "bf16" if BF16 else ("fp16" if FP16 else "fp32")
-print(f"{MODE} settings on {DEVICE} ({PRECISION})")'''
+print(f"{MODE} settings on {DEVICE} ({PRECISION})")"""
 
 
 def settings_md(extra: str) -> str:
-    return ("## 2. Settings, chosen for this machine\n\n"
-            "On a GPU the notebook uses the full settings below and mixed precision: bf16 on GPUs that support "
-            "it natively (Ampere or newer), fp16 otherwise (Colab's free T4). On a CPU it picks small settings "
-            "by itself. `RF_SMOKE=1` (set by the test suite) shrinks them further; the code is the same. "
-            + extra)
+    return (
+        "## 2. Settings, chosen for this machine\n\n"
+        "On a GPU the notebook uses the full settings below and mixed precision: bf16 on GPUs that support "
+        "it natively (Ampere or newer), fp16 otherwise (Colab's free T4). On a CPU it picks small settings "
+        "by itself. `RF_SMOKE=1` (set by the test suite) shrinks them further; the code is the same. " + extra
+    )
 
 
 # ------------------------------------------------------------------------------------------ 01 SFT
 SFT = "01_sft_customer_support.ipynb"
 SFT_CELLS: list[tuple[str, str]] = [
-    ("md", f"""\
+    (
+        "md",
+        f"""\
 # SFT: four fine-tuning configs for a customer-support assistant, trained at once
 
 {badge(SFT)}
@@ -120,11 +124,15 @@ kernel. So you can compare the runs from the first chunk on, and steer them whil
 3. read the results table and the loss curves;
 4. load the best run and compare its reply to a customer question with the base model's reply.
 
-Everything works offline: the model and the data ship as Python packages."""),
+Everything works offline: the model and the data ship as Python packages.""",
+    ),
     ("md", INSTALL_MD),
     ("code", INSTALL_CODE),
     ("md", settings_md("Sizes: training rows, optimizer steps per run and the longest tokenized example.")),
-    ("code", SETTINGS_COMMON + '''
+    (
+        "code",
+        SETTINGS_COMMON
+        + """
 if SMOKE:
     N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH = 16, 4, 4, 64
 elif GPU:
@@ -132,30 +140,44 @@ elif GPU:
 else:
     N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH = 128, 24, 32, 128
 BATCH_SIZE, NUM_CHUNKS = 4, 4
-''' + SETTINGS_PRINT + '''
-print(f"{N_TRAIN} training rows, {N_EVAL} eval rows, {MAX_STEPS} steps per run in {NUM_CHUNKS} chunks")'''),
-    ("md", """\
+"""
+        + SETTINGS_PRINT
+        + """
+print(f"{N_TRAIN} training rows, {N_EVAL} eval rows, {MAX_STEPS} steps per run in {NUM_CHUNKS} chunks")""",
+    ),
+    (
+        "md",
+        """\
 ## 3. The data
 
 The corpus holds 10 distinct question/answer pairs, each repeated about a hundred times. `load_tech_support`
 splits them **by question**: the eval rows ask questions the runs never train on, so `eval_loss` measures how
 well a run answers something new. `to_chat` turns a row into TRL's conversational prompt/completion format; it
-is the `formatting_func` of the configs below."""),
-    ("code", '''\
+is the `formatting_func` of the configs below.""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb.data import load_tech_support, to_chat
 
 train_ds, eval_ds = load_tech_support(n_train=N_TRAIN, n_eval=N_EVAL, seed=42)
 print(f"train: {len(train_ds)} rows, {len(set(train_ds['question']))} distinct questions")
 print(f"eval:  {len(eval_ds)} rows, questions never seen in training: {sorted(set(eval_ds['question']))}")
-to_chat(train_ds[0])'''),
-    ("md", """\
+to_chat(train_ds[0])""",
+    ),
+    (
+        "md",
+        """\
 ## 4. Four configs
 
 `RFModelConfig`, `RFLoraConfig` and `RFSFTConfig` take the arguments of `transformers`, `peft.LoraConfig` and
 `trl.SFTConfig`; any of them may be a `List` of alternatives. `RFGridSearch` expands the group into one run per
 combination: 2 learning rates × 2 LoRA settings (a small adapter on the attention's query/value projections,
-a larger one on all four projections) = 4 runs."""),
-    ("code", '''\
+a larger one on all four projections) = 4 runs.""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 
 peft_configs = List([
@@ -173,8 +195,11 @@ config_set = List([
     )
     for lr in (1e-3, 1e-4)
 ])
-config_group = RFGridSearch(configs=config_set, trainer_type="SFT")'''),
-    ("md", """\
+config_group = RFGridSearch(configs=config_set, trainer_type="SFT")""",
+    ),
+    (
+        "md",
+        """\
 ## 5. Train, and watch the live panel
 
 `run_fit` checks every config, builds the 4 TRL trainers (the LoRA runs share one copy of the base model,
@@ -186,54 +211,84 @@ plot with a menu for any other logged metric. Every run is evaluated on the eval
 
 `overwrite=True` starts the experiment afresh each time the notebook runs. After a dropped runtime,
 `Experiment("sft-customer-support")` without `overwrite` reopens it, and calling `run_fit` again with the same
-configs continues every run from its last chunk checkpoint."""),
-    ("code", '''\
+configs continues every run from its last chunk checkpoint.""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb import Experiment
 from rapidfire_nb.data import create_smollm2
 
 experiment = Experiment("sft-customer-support", overwrite=True)
-experiment.run_fit(config_group, create_smollm2, train_ds, eval_ds, num_chunks=NUM_CHUNKS, seed=42)'''),
-    ("md", """\
+experiment.run_fit(config_group, create_smollm2, train_ds, eval_ds, num_chunks=NUM_CHUNKS, seed=42)""",
+    ),
+    (
+        "md",
+        """\
 ## 6. Steer the runs: stop the worst, warm-clone the best
 
 `experiment.wait(chunks=1)` blocks this cell until every run has finished its first chunk; training goes on
 in the background, during the wait and after it. `get_runs_info()` has each run's latest `eval_loss`: the worst run is stopped, and the best one is
 cloned **warm** with a quarter of its learning rate: the clone starts from the parent's adapter and optimizer
 state at its latest chunk boundary and continues from there, instead of starting over. Ops take effect at the
-run's next chunk boundary."""),
-    ("code", '''\
+run's next chunk boundary.""",
+    ),
+    (
+        "code",
+        """\
 experiment.wait(chunks=1)
 info = experiment.get_runs_info()
 ranked = info.dropna(subset=["eval_loss"]).sort_values("eval_loss")
 best_id, worst_id = int(ranked.run_id.iloc[0]), int(ranked.run_id.iloc[-1])
 best_lr = float(ranked.learning_rate.iloc[0])
 print(f"best so far: run {best_id}; worst: run {worst_id}")
-ranked[["run_id", "status", "learning_rate", "lora.r", "completed_steps", "loss", "eval_loss"]]'''),
-    ("md", """\
+ranked[["run_id", "status", "learning_rate", "lora.r", "completed_steps", "loss", "eval_loss"]]""",
+    ),
+    (
+        "md",
+        """\
 The `%rapidfire` magic runs the IC Ops from a cell (`{worst_id}` is filled in from Python). The same stop
-through the API is `experiment.stop(worst_id)`."""),
-    ("code", '''\
+through the API is `experiment.stop(worst_id)`.""",
+    ),
+    (
+        "code",
+        """\
 %load_ext rapidfire_nb
-%rapidfire stop {worst_id}'''),
-    ("md", """\
+%rapidfire stop {worst_id}""",
+    ),
+    (
+        "md",
+        """\
 And the clone through the API. The magic's equivalent is
 `%rapidfire clone {best_id} --warm learning_rate=...`; without `--warm` (`warm_start=False`) the clone starts
-with a fresh adapter at chunk 1. `%rapidfire` alone prints the status table."""),
-    ("code", '''\
+with a fresh adapter at chunk 1. `%rapidfire` alone prints the status table.""",
+    ),
+    (
+        "code",
+        """\
 clone_id = experiment.clone_modify(best_id, {"learning_rate": best_lr / 4}, warm_start=True)
-%rapidfire'''),
-    ("md", """\
+%rapidfire""",
+    ),
+    (
+        "md",
+        """\
 ## 7. Results
 
 `experiment.wait()` blocks until every run still in the rotation has finished (the stopped run stays
 stopped; `experiment.resume(worst_id)` would bring it back). `get_runs_info()` is the results table;
 `get_results()` holds every logged metric, one row per run and step. In the curves, the warm clone branches
-off its parent: it continues the parent's step count from the chunk boundary where it was created."""),
-    ("code", '''\
+off its parent: it continues the parent's step count from the chunk boundary where it was created.""",
+    ),
+    (
+        "code",
+        """\
 experiment.wait()
 results_table = experiment.get_runs_info().drop(columns=["config", "checkpoint_dir", "error"])
-results_table'''),
-    ("code", '''\
+results_table""",
+    ),
+    (
+        "code",
+        """\
 import matplotlib.pyplot as plt
 
 %config InlineBackend.figure_formats = ["svg"]
@@ -252,22 +307,34 @@ ax_train.set(title="training loss", xlabel="optimizer step")
 ax_eval.set(title="eval loss (end of each chunk)", xlabel="optimizer step")
 ax_train.legend(fontsize=8)
 fig.tight_layout()
-plt.show()'''),
-    ("md", """\
+plt.show()""",
+    ),
+    (
+        "md",
+        """\
 **TensorBoard.** Every run also logs to TensorBoard, in the experiment's folder. Where widgets do not render
 (the panel above stays blank; this can happen in Colab), `%rapidfire tensorboard` shows the same curves inline.
-It runs here in Colab; anywhere else, run the magic yourself."""),
-    ("code", '''\
+It runs here in Colab; anywhere else, run the magic yourself.""",
+    ),
+    (
+        "code",
+        """\
 if IN_COLAB:
-    %rapidfire tensorboard'''),
-    ("md", """\
+    %rapidfire tensorboard""",
+    ),
+    (
+        "md",
+        """\
 ## 8. Try the best run
 
 `experiment.load_model(run_id)` returns the run's trained model (base + its adapter) and tokenizer, ready for
 `generate`. Below, the best run by final eval loss and a fresh copy of the base model answer the same
 questions: one from the held-out eval questions (its corpus answer is shown) and one the corpus never asks.
-Replies are greedy (no sampling), so running the cell again gives the same replies."""),
-    ("code", '''\
+Replies are greedy (no sampling), so running the cell again gives the same replies.""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb.data import generate_replies
 
 ranked_final = results_table.dropna(subset=["eval_loss"]).sort_values("eval_loss")
@@ -283,23 +350,32 @@ print(f"corpus answer to the held-out question: {held_out['answer']}\\n")
 for question in questions:
     print(f"Q: {question}")
     print(f"   base model : {base_replies[question]}")
-    print(f"   run {winner_id:<6} : {tuned_replies[question]}\\n")'''),
-    ("md", """\
+    print(f"   run {winner_id:<6} : {tuned_replies[question]}\\n")""",
+    ),
+    (
+        "md",
+        """\
 ## 9. End the experiment
 
 `experiment.end()` waits for any run still training, writes the final weights and closes the experiment
 (and its live panel). Everything stays in the experiment's folder: `Experiment("sft-customer-support")` in a
-new kernel shows the runs again, and `%rapidfire list` lists the experiments under `RF_HOME`."""),
-    ("code", '''\
+new kernel shows the runs again, and `%rapidfire list` lists the experiments under `RF_HOME`.""",
+    ),
+    (
+        "code",
+        """\
 experiment.end()
-print(experiment.path)'''),
+print(experiment.path)""",
+    ),
 ]
 
 
 # ------------------------------------------------------------------------------------------ 02 DPO
 DPO = "02_dpo_preferences.ipynb"
 DPO_CELLS: list[tuple[str, str]] = [
-    ("md", f"""\
+    (
+        "md",
+        f"""\
 # DPO: align a support assistant with preference pairs, comparing `beta` and `loss_type`
 
 {badge(DPO)}
@@ -317,15 +393,23 @@ compares them side by side:
 
 The plots at the end show TRL's two DPO metrics per run: the **reward margin** (the implicit reward,
 `beta` × log(policy probability / reference probability), of the chosen reply minus that of the rejected one)
-and the **reward accuracy** (the share of pairs whose chosen reply gets the higher implicit reward)."""),
+and the **reward accuracy** (the share of pairs whose chosen reply gets the higher implicit reward).""",
+    ),
     ("md", INSTALL_MD),
     ("code", INSTALL_CODE),
-    ("md", settings_md(
-        "The rejected replies are chosen here too: on a GPU, the base model's own greedy replies (`\"generate\"`: "
-        "on-policy pairs, the usual way to build DPO data from an SFT set; generated once and cached); on a CPU "
-        "and in the smoke test, the answer to *another* question (`\"shuffle\"`: no generation, so the notebook "
-        "stays fast, and the pairs are easy).")),
-    ("code", SETTINGS_COMMON + '''
+    (
+        "md",
+        settings_md(
+            'The rejected replies are chosen here too: on a GPU, the base model\'s own greedy replies (`"generate"`: '
+            "on-policy pairs, the usual way to build DPO data from an SFT set; generated once and cached); on a CPU "
+            'and in the smoke test, the answer to *another* question (`"shuffle"`: no generation, so the notebook '
+            "stays fast, and the pairs are easy)."
+        ),
+    ),
+    (
+        "code",
+        SETTINGS_COMMON
+        + """
 if SMOKE:
     N_TRAIN, N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_LENGTH = 4, 2, 2, 2, 2, 64
 elif GPU:
@@ -334,9 +418,14 @@ else:
     N_TRAIN, N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_LENGTH = 64, 16, 4, 16, 4, 128
 REJECTED = "generate" if GPU and not SMOKE else "shuffle"
 BETAS, LOSS_TYPES = [0.1, 0.5], ["sigmoid", "ipo"]
-''' + SETTINGS_PRINT + '''
-print(f"{N_TRAIN} preference pairs (rejected: {REJECTED!r}), {MAX_STEPS} steps per run in {NUM_CHUNKS} chunks")'''),
-    ("md", """\
+"""
+        + SETTINGS_PRINT
+        + """
+print(f"{N_TRAIN} preference pairs (rejected: {REJECTED!r}), {MAX_STEPS} steps per run in {NUM_CHUNKS} chunks")""",
+    ),
+    (
+        "md",
+        """\
 ## 3. The preference pairs
 
 `load_tech_support_preferences` builds the pairs from the ChatterBot `tech_support` corpus: the prompt is the
@@ -344,8 +433,11 @@ customer's question, `chosen` is the corpus's answer, `rejected` as set above. T
 questions, and the eval pairs here are other rows of the same questions (`split="row"`): they measure whether
 a run learned the preferences, not whether it generalizes to new questions. (`split="question"`, the default,
 holds out whole questions, and their shuffled rejections come from held-out answers only; with 10 questions
-that eval set covers just 2-3 of them.)"""),
-    ("code", '''\
+that eval set covers just 2-3 of them.)""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb.data import load_tech_support_preferences
 
 train_ds, eval_ds = load_tech_support_preferences(n_train=N_TRAIN, n_eval=N_EVAL, seed=42, rejected=REJECTED,
@@ -353,13 +445,19 @@ train_ds, eval_ds = load_tech_support_preferences(n_train=N_TRAIN, n_eval=N_EVAL
 example = train_ds[0]
 print("prompt:  ", example["prompt"][-1]["content"])
 print("chosen:  ", example["chosen"][0]["content"])
-print("rejected:", example["rejected"][0]["content"])'''),
-    ("md", """\
+print("rejected:", example["rejected"][0]["content"])""",
+    ),
+    (
+        "md",
+        """\
 ## 4. The configs: `beta` × `loss_type`
 
 `RFDPOConfig` takes the arguments of `trl.DPOConfig`. `beta` and `loss_type` are `List`s, so the grid search
-makes one run per combination; the LoRA adapter and every other setting are the same for all runs."""),
-    ("code", '''\
+makes one run per combination; the LoRA adapter and every other setting are the same for all runs.""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb.automl import List, RFDPOConfig, RFGridSearch, RFLoraConfig, RFModelConfig
 
 config = RFModelConfig(
@@ -370,31 +468,46 @@ config = RFModelConfig(
                               per_device_train_batch_size=BATCH_SIZE, per_device_eval_batch_size=BATCH_SIZE,
                               max_steps=MAX_STEPS, max_length=MAX_LENGTH, fp16=FP16, bf16=BF16),
 )
-config_group = RFGridSearch(configs=config, trainer_type="DPO")'''),
-    ("md", """\
+config_group = RFGridSearch(configs=config, trainer_type="DPO")""",
+    ),
+    (
+        "md",
+        """\
 ## 5. Train
 
 As in the SFT notebook, `run_fit` returns at once and the live panel follows the runs (pick
 `rewards/margins` in a plot's menu to follow the margins live); every run is evaluated on the eval pairs at the
-end of each chunk. `experiment.wait()` then blocks until all runs have finished."""),
-    ("code", '''\
+end of each chunk. `experiment.wait()` then blocks until all runs have finished.""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb import Experiment
 from rapidfire_nb.data import create_smollm2
 
 experiment = Experiment("dpo-preferences", overwrite=True)
-experiment.run_fit(config_group, create_smollm2, train_ds, eval_ds, num_chunks=NUM_CHUNKS, seed=42)'''),
-    ("code", '''\
+experiment.run_fit(config_group, create_smollm2, train_ds, eval_ds, num_chunks=NUM_CHUNKS, seed=42)""",
+    ),
+    (
+        "code",
+        """\
 experiment.wait()
 runs = experiment.get_runs_info()
-runs.drop(columns=["config", "checkpoint_dir", "error"])'''),
-    ("md", """\
+runs.drop(columns=["config", "checkpoint_dir", "error"])""",
+    ),
+    (
+        "md",
+        """\
 ## 6. Reward margins and accuracies
 
 `get_results()` holds every metric TRL logged, one row per run and step: `rewards/margins` and
 `rewards/accuracies` at every training step (thin lines, noisy: a few pairs per step), and `eval_rewards/...`
 on the eval pairs at the end of each chunk (markers). Note that `eval_loss` is *not* comparable across
-`loss_type`s (they are different losses); margins and accuracies are. Margins scale with `beta`."""),
-    ("code", '''\
+`loss_type`s (they are different losses); margins and accuracies are. Margins scale with `beta`.""",
+    ),
+    (
+        "code",
+        """\
 import matplotlib.pyplot as plt
 
 %config InlineBackend.figure_formats = ["svg"]
@@ -413,30 +526,45 @@ for ax, metric in zip(axes, ["rewards/margins", "rewards/accuracies"]):
     ax.set(title=f"{metric} (lines: train, markers: eval)", xlabel="optimizer step")
 axes[0].legend(fontsize=8)
 fig.tight_layout()
-plt.show()'''),
-    ("md", """\
-The final eval numbers, one row per run, best accuracy first:"""),
-    ("code", '''\
+plt.show()""",
+    ),
+    (
+        "md",
+        """\
+The final eval numbers, one row per run, best accuracy first:""",
+    ),
+    (
+        "code",
+        """\
 final = (results.dropna(subset=["eval_rewards/accuracies"]).groupby("run_id").last()
          [["eval_rewards/accuracies", "eval_rewards/margins", "eval_loss"]])
 final.insert(0, "config", final.index.map(labels))
-final.sort_values(["eval_rewards/accuracies", "eval_rewards/margins"], ascending=False)'''),
-    ("md", """\
+final.sort_values(["eval_rewards/accuracies", "eval_rewards/margins"], ascending=False)""",
+    ),
+    (
+        "md",
+        """\
 ## 7. End the experiment
 
 `experiment.end()` closes the experiment (and its live panel); the runs, their metrics and their final
 adapters stay in the experiment's folder. `experiment.load_model(run_id)` (before `end()`) returns a run's
-trained model, as in the SFT notebook."""),
-    ("code", '''\
+trained model, as in the SFT notebook.""",
+    ),
+    (
+        "code",
+        """\
 experiment.end()
-print(experiment.path)'''),
+print(experiment.path)""",
+    ),
 ]
 
 
 # ------------------------------------------------------------------------------------------ 03 GRPO
 GRPO = "03_grpo_math_reasoning.ipynb"
 GRPO_CELLS: list[tuple[str, str]] = [
-    ("md", f"""\
+    (
+        "md",
+        f"""\
 # GRPO: math reasoning with reward functions, comparing `num_generations` and learning rate
 
 {badge(GRPO)}
@@ -451,15 +579,23 @@ are grade-school math word problems (`gsm_symbolic` from reasoning-gym) and two 
 
 This notebook compares `num_generations` (bigger groups give a better baseline, at more generation per
 prompt) and the learning rate, plots the reward curves, and shows one problem solved by the base model and by
-the best run. A 135M-parameter model solves few of these problems: expect the format reward to move first."""),
+the best run. A 135M-parameter model solves few of these problems: expect the format reward to move first.""",
+    ),
     ("md", INSTALL_MD),
     ("code", INSTALL_CODE),
-    ("md", settings_md(
-        "Every training step generates `BATCH_SIZE` completions (`BATCH_SIZE / num_generations` prompts), so "
-        "`BATCH_SIZE` must be divisible by every `num_generations`, and a run with bigger groups goes through "
-        "fewer prompts in the same number of steps (and fewer chunks: chunks are counted in prompts). "
-        "`MAX_COMPLETION_LENGTH` caps each completion; generation is most of the time a GRPO step takes.")),
-    ("code", SETTINGS_COMMON + '''
+    (
+        "md",
+        settings_md(
+            "Every training step generates `BATCH_SIZE` completions (`BATCH_SIZE / num_generations` prompts), so "
+            "`BATCH_SIZE` must be divisible by every `num_generations`, and a run with bigger groups goes through "
+            "fewer prompts in the same number of steps (and fewer chunks: chunks are counted in prompts). "
+            "`MAX_COMPLETION_LENGTH` caps each completion; generation is most of the time a GRPO step takes."
+        ),
+    ),
+    (
+        "code",
+        SETTINGS_COMMON
+        + """
 if SMOKE:
     N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_COMPLETION_LENGTH = 2, 4, 2, 2, 16
     NUM_GENERATIONS, LEARNING_RATES = [2, 4], [1e-4]
@@ -471,17 +607,25 @@ else:
     NUM_GENERATIONS, LEARNING_RATES = [2, 4], [2e-5, 1e-4]
 # One epoch for the runs with the smallest groups (they use the most prompts per step).
 N_TRAIN = MAX_STEPS * BATCH_SIZE // min(NUM_GENERATIONS)
-''' + SETTINGS_PRINT + '''
+"""
+        + SETTINGS_PRINT
+        + """
 print(f"{len(NUM_GENERATIONS) * len(LEARNING_RATES)} runs × {MAX_STEPS} steps, {N_TRAIN} training problems in "
-      f"{NUM_CHUNKS} chunks, {BATCH_SIZE} completions of up to {MAX_COMPLETION_LENGTH} tokens per step")'''),
-    ("md", """\
+      f"{NUM_CHUNKS} chunks, {BATCH_SIZE} completions of up to {MAX_COMPLETION_LENGTH} tokens per step")""",
+    ),
+    (
+        "md",
+        """\
 ## 3. The problems and the rewards
 
 `load_gsm_symbolic` generates the problems locally (no download): a conversational `prompt` (a system message
 asking for the reasoning/answer format, then the problem) and the numeric `answer`. TRL passes every extra
 dataset column to the reward functions as a keyword argument, so `correctness_reward` receives `answer=[...]`.
-Below, the two rewards score a hand-written completion."""),
-    ("code", '''\
+Below, the two rewards score a hand-written completion.""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb.data import correctness_reward, format_reward, load_gsm_symbolic
 
 train_ds, eval_ds = load_gsm_symbolic(n_train=N_TRAIN, n_eval=N_EVAL, seed=42)
@@ -491,13 +635,19 @@ print(problem["prompt"][-1]["content"], "\\n\\nanswer:", problem["answer"])
 completion = [{"role": "assistant",
                "content": f"<reasoning>\\n(the steps)\\n</reasoning>\\n<answer>\\n{problem['answer']}\\n</answer>"}]
 print("correctness:", correctness_reward(None, [completion], answer=[problem["answer"]]),
-      "format:", format_reward([completion]))'''),
-    ("md", """\
+      "format:", format_reward([completion]))""",
+    ),
+    (
+        "md",
+        """\
 ## 4. The configs: `num_generations` × learning rate
 
 `RFGRPOConfig` takes the arguments of `trl.GRPOConfig`; the reward functions go in `RFModelConfig`'s
-`reward_funcs`. The grid search makes one run per combination of the two `List`s."""),
-    ("code", '''\
+`reward_funcs`. The grid search makes one run per combination of the two `List`s.""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb.automl import List, RFGridSearch, RFGRPOConfig, RFLoraConfig, RFModelConfig
 
 config = RFModelConfig(
@@ -510,24 +660,36 @@ config = RFModelConfig(
                                max_steps=MAX_STEPS, max_completion_length=MAX_COMPLETION_LENGTH,
                                fp16=FP16, bf16=BF16),
 )
-config_group = RFGridSearch(configs=config, trainer_type="GRPO")'''),
-    ("md", """\
+config_group = RFGridSearch(configs=config, trainer_type="GRPO")""",
+    ),
+    (
+        "md",
+        """\
 ## 5. Train
 
 `run_fit` returns at once and the live panel follows the runs (pick `reward` in a plot's menu to follow the
 rewards live); at the end of each chunk every run is evaluated: it generates completions for the eval problems
-and reports their mean reward (`eval_reward`)."""),
-    ("code", '''\
+and reports their mean reward (`eval_reward`).""",
+    ),
+    (
+        "code",
+        """\
 from rapidfire_nb import Experiment
 from rapidfire_nb.data import create_smollm2
 
 experiment = Experiment("grpo-math-reasoning", overwrite=True)
-experiment.run_fit(config_group, create_smollm2, train_ds, eval_ds, num_chunks=NUM_CHUNKS, seed=42)'''),
-    ("code", '''\
+experiment.run_fit(config_group, create_smollm2, train_ds, eval_ds, num_chunks=NUM_CHUNKS, seed=42)""",
+    ),
+    (
+        "code",
+        """\
 experiment.wait()
 runs = experiment.get_runs_info()
-runs.drop(columns=["config", "checkpoint_dir", "error", "loss", "eval_loss"])'''),
-    ("md", """\
+runs.drop(columns=["config", "checkpoint_dir", "error", "loss", "eval_loss"])""",
+    ),
+    (
+        "md",
+        """\
 ## 6. Reward curves
 
 `get_results()` has TRL's GRPO metrics per run and step: `reward` (the mean total reward of the step's
@@ -535,8 +697,11 @@ completions) and one `rewards/<function>/mean` per reward function; `eval_reward
 The runs table above has a column for each hyperparameter that differs between runs (in the smoke test only
 `num_generations` does); the labels are built from them. Every step generates the same number of
 completions in every run, so the x axis (optimizer step) compares equal generation work. (The loss of a GRPO
-step is often near 0 by construction; the rewards are what to watch.)"""),
-    ("code", '''\
+step is often near 0 by construction; the rewards are what to watch.)""",
+    ),
+    (
+        "code",
+        """\
 import matplotlib.pyplot as plt
 
 %config InlineBackend.figure_formats = ["svg"]
@@ -558,16 +723,22 @@ for ax, metric in zip(axes, metrics):
     ax.set(title=metric + (" (squares: eval)" if metric == "reward" else ""), xlabel="optimizer step")
 axes[0].legend(fontsize=8)
 fig.tight_layout()
-plt.show()'''),
-    ("md", """\
+plt.show()""",
+    ),
+    (
+        "md",
+        """\
 ## 7. Before and after
 
 The best run (highest final `eval_reward`; ties go to the lower run id) and a fresh copy of the base model
 solve the same eval problem, greedily, with the training completion budget. `experiment.load_model(run_id)`
 returns the run's trained model (base + adapter) and tokenizer. With the small CPU settings every reward may
 well stay at 0: then no completion beats its group's mean, GRPO has nothing to learn from, and the best run
-answers like the base model. The GPU settings (longer completions, more steps) give the rewards room to move."""),
-    ("code", '''\
+answers like the base model. The GPU settings (longer completions, more steps) give the rewards room to move.""",
+    ),
+    (
+        "code",
+        '''\
 def solve(model, tokenizer, prompt):
     """The model's greedy completion of a conversational prompt."""
     inputs = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
@@ -588,15 +759,22 @@ for name, model in [("base model", base_model), (f"run {best_id} ({labels[best_i
     reply = solve(model.to(DEVICE), tokenizer, problem["prompt"])
     scored = [{"role": "assistant", "content": reply}]
     rewards = correctness_reward(None, [scored], answer=[problem["answer"]])[0] + format_reward([scored])[0]
-    print(f"\\n--- {name}: reward {rewards}\\n{reply}")'''),
-    ("md", """\
+    print(f"\\n--- {name}: reward {rewards}\\n{reply}")''',
+    ),
+    (
+        "md",
+        """\
 ## 8. End the experiment
 
 `experiment.end()` closes the experiment (and its live panel); runs, metrics and final adapters stay in the
-experiment's folder under `RF_HOME`."""),
-    ("code", '''\
+experiment's folder under `RF_HOME`.""",
+    ),
+    (
+        "code",
+        """\
 experiment.end()
-print(experiment.path)'''),
+print(experiment.path)""",
+    ),
 ]
 
 NOTEBOOKS: dict[str, list[tuple[str, str]]] = {SFT: SFT_CELLS, DPO: DPO_CELLS, GRPO: GRPO_CELLS}

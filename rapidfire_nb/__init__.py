@@ -11,8 +11,16 @@ from ._version import __version__
 from .errors import ConfigError, ExperimentError, OpError
 from .experiment import Experiment
 
-__all__ = ["Experiment", "RunStatus", "OpAck", "ConfigError", "ExperimentError", "OpError", "__version__",
-           "load_ipython_extension"]
+__all__ = [
+    "Experiment",
+    "RunStatus",
+    "OpAck",
+    "ConfigError",
+    "ExperimentError",
+    "OpError",
+    "__version__",
+    "load_ipython_extension",
+]
 
 
 def load_ipython_extension(ipython):  # pragma: no cover - exercised through IPython

@@ -35,8 +35,10 @@ from .errors import ConfigError, ExperimentError, OpError
 
 __all__ = ["RapidfireMagics", "load_ipython_extension", "parse_changes"]
 
-USAGE = ("%rapidfire [-e NAME] [status | panel | list | stop IDS | resume IDS | delete IDS | "
-         "clone ID [--warm] key=value ... | tensorboard]")
+USAGE = (
+    "%rapidfire [-e NAME] [status | panel | list | stop IDS | resume IDS | delete IDS | "
+    "clone ID [--warm] key=value ... | tensorboard]"
+)
 
 
 def parse_changes(items: list[str]) -> dict[str, Any]:
@@ -71,8 +73,12 @@ class RapidfireMagics(Magics):
     @magic_arguments()
     @argument("-e", "--experiment", default=None, help="experiment name (default: the current one)")
     @argument("--warm", action="store_true", help="clone: warm start from the parent's latest chunk boundary")
-    @argument("command", nargs="?", default="status",
-              help="status | panel | list | stop | resume | delete | clone | tensorboard")
+    @argument(
+        "command",
+        nargs="?",
+        default="status",
+        help="status | panel | list | stop | resume | delete | clone | tensorboard",
+    )
     @argument("args", nargs="*", help="run ids, or for clone: ID key=value ...")
     @line_magic
     def rapidfire(self, line: str) -> Any:
@@ -96,7 +102,9 @@ class RapidfireMagics(Magics):
                 if not a.args:
                     raise UsageError(f"clone needs a run id\nusage: {USAGE}")
                 parent = _ids(a.args[:1])[0]
-                new_id = exp.clone_modify(parent, parse_changes(a.args[1:]), warm_start=a.warm, source="magic")
+                new_id = exp.clone_modify(
+                    parent, parse_changes(a.args[1:]), warm_start=a.warm, source="magic"
+                )
                 print(f"[rapidfire] run {new_id} created from run {parent}")
                 return None
             if cmd == "tensorboard":
@@ -187,9 +195,17 @@ def _list_experiments() -> Any:
         counts: dict[str, int] = {}
         for r in runs:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
-        rows.append({"experiment": name, "runs": len(runs), "trainer_type": meta.get("trainer_type"),
-                     "statuses": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-                     "created_at": pd.to_datetime(meta.get("created_at"), unit="s") if meta.get("created_at") else None})
+        rows.append(
+            {
+                "experiment": name,
+                "runs": len(runs),
+                "trainer_type": meta.get("trainer_type"),
+                "statuses": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+                "created_at": pd.to_datetime(meta.get("created_at"), unit="s")
+                if meta.get("created_at")
+                else None,
+            }
+        )
     return pd.DataFrame(rows, columns=["experiment", "runs", "trainer_type", "statuses", "created_at"])
 
 

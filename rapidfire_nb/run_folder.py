@@ -19,8 +19,15 @@ from pathlib import Path
 
 from ._atomic import is_complete_dir
 
-__all__ = ["CHECKPOINT_PREFIX", "DAMAGED_PREFIX", "WARM_START_PREFIX", "checkpoint_step", "latest_checkpoint",
-           "readable_checkpoint", "run_dir"]
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "DAMAGED_PREFIX",
+    "WARM_START_PREFIX",
+    "checkpoint_step",
+    "latest_checkpoint",
+    "readable_checkpoint",
+    "run_dir",
+]
 
 CHECKPOINT_PREFIX = "checkpoint-"
 """Name prefix of a run's chunk-boundary checkpoint: ``checkpoint-<global step>``."""
@@ -76,8 +83,11 @@ def readable_checkpoint(folder: Path) -> bool:
         if not isinstance(state.get("global_step"), int):
             return False
         weights = [Path(folder) / "adapter_model.safetensors", Path(folder) / "model.safetensors"]
-        needed = [next((w for w in weights if w.is_file()), weights[0]), Path(folder) / "optimizer.pt",
-                  Path(folder) / "scheduler.pt"]
+        needed = [
+            next((w for w in weights if w.is_file()), weights[0]),
+            Path(folder) / "optimizer.pt",
+            Path(folder) / "scheduler.pt",
+        ]
         return all(p.is_file() and p.stat().st_size > 0 for p in needed)
     except (OSError, ValueError, AttributeError):
         return False

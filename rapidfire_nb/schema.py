@@ -91,7 +91,7 @@ def lora_config_class() -> type:
     """Return ``peft.LoraConfig`` (imports ``peft`` on first use)."""
     from peft import LoraConfig
 
-    return LoraConfig  # type: ignore[no-any-return]
+    return LoraConfig
 
 
 @functools.cache

@@ -41,6 +41,7 @@ RANKS: dict[str, int] = {
     "rapidfire_nb.paths": 1,
     "rapidfire_nb._writer_lock": 1,
     "rapidfire_nb.run_folder": 1,
+    "rapidfire_nb.frontend": 0,
     "rapidfire_nb.tracking": 1,
     "rapidfire_nb.spec": 2,
     "rapidfire_nb.store": 2,
@@ -48,7 +49,8 @@ RANKS: dict[str, int] = {
     "rapidfire_nb.training": 3,
     "rapidfire_nb.data": 3,
     "rapidfire_nb.view": 3,
-    "rapidfire_nb.panel": 4,
+    "rapidfire_nb.progress": 4,
+    "rapidfire_nb.panel": 5,
     "rapidfire_nb.testing": 5,
     "rapidfire_nb.esm_bundle": 0,
     "rapidfire_nb.experiment": 6,
@@ -58,10 +60,18 @@ RANKS: dict[str, int] = {
 }
 DEFAULT_RANK = 5  # a new module: may import what lies below the experiment layer; experiment may import it
 
-SERVER_MAY_IMPORT = frozenset({
-    "rapidfire_nb.server", "rapidfire_nb.store", "rapidfire_nb.view", "rapidfire_nb.wire", "rapidfire_nb.paths",
-    "rapidfire_nb.errors", "rapidfire_nb._version", "kernel_scheduler",
-})
+SERVER_MAY_IMPORT = frozenset(
+    {
+        "rapidfire_nb.server",
+        "rapidfire_nb.store",
+        "rapidfire_nb.view",
+        "rapidfire_nb.wire",
+        "rapidfire_nb.paths",
+        "rapidfire_nb.errors",
+        "rapidfire_nb._version",
+        "kernel_scheduler",
+    }
+)
 SERVER_THIRD_PARTY = frozenset({"jupyter_server", "tornado", "traitlets"})  # traitlets: ExtensionApp's config
 
 
@@ -227,18 +237,25 @@ def _edges() -> dict[str, dict[str, Import]]:
 
 
 def test_the_walk_sees_the_packages() -> None:
-    assert {"rapidfire_nb", "rapidfire_nb.spec", "rapidfire_nb.schema", "kernel_scheduler.loop"} <= set(MODULES)
+    assert {"rapidfire_nb", "rapidfire_nb.spec", "rapidfire_nb.schema", "kernel_scheduler.loop"} <= set(
+        MODULES
+    )
     # a function-level and a relative import are both seen
-    assert any(i.source == "rapidfire_nb" and i.target == "rapidfire_nb.magic" and i.where.startswith("in ")
-               for i in IMPORTS)
-    assert any(i.source == "rapidfire_nb.training.executor" and i.target == "rapidfire_nb.training.worker"
-               for i in IMPORTS)
+    assert any(
+        i.source == "rapidfire_nb" and i.target == "rapidfire_nb.magic" and i.where.startswith("in ")
+        for i in IMPORTS
+    )
+    assert any(
+        i.source == "rapidfire_nb.training.executor" and i.target == "rapidfire_nb.training.worker"
+        for i in IMPORTS
+    )
 
 
 def test_no_import_cycle_between_modules() -> None:
     cycles = list(_cycles(_edges()))
     assert not cycles, "import cycles:\n" + "\n".join(
-        "  " + "\n    ".join(str(i) for i in cycle) for cycle in cycles)
+        "  " + "\n    ".join(str(i) for i in cycle) for cycle in cycles
+    )
 
 
 def test_no_import_cycle_between_units() -> None:
@@ -247,9 +264,12 @@ def test_no_import_cycle_between_units() -> None:
         a, b = unit(imp.source), unit(imp.target)
         if a != b:
             edges.setdefault(a, {}).setdefault(b, imp)
-    seen = [f"{a} <-> {b}: {imp} / {edges[b][a]}"
-            for a, targets in sorted(edges.items()) for b, imp in sorted(targets.items())
-            if a < b and a in edges.get(b, {})]
+    seen = [
+        f"{a} <-> {b}: {imp} / {edges[b][a]}"
+        for a, targets in sorted(edges.items())
+        for b, imp in sorted(targets.items())
+        if a < b and a in edges.get(b, {})
+    ]
     assert not seen, "units importing each other:\n  " + "\n  ".join(seen)
 
 
@@ -262,16 +282,23 @@ def test_units_import_only_lower_layers() -> None:
     assert not bad, "imports against the layer order (see RANKS):\n  " + "\n  ".join(bad)
 
 
-@pytest.mark.parametrize("a, b", [("rapidfire_nb.automl", "rapidfire_nb.training"),
-                                  ("rapidfire_nb.training", "rapidfire_nb.automl")])
+@pytest.mark.parametrize(
+    "a, b",
+    [("rapidfire_nb.automl", "rapidfire_nb.training"), ("rapidfire_nb.training", "rapidfire_nb.automl")],
+)
 def test_automl_and_training_never_import_each_other(a: str, b: str) -> None:
     bad = [str(i) for i in INTERNAL if unit(i.source) == a and unit(i.target) == b]
     assert not bad, f"{a} imports {b}:\n  " + "\n  ".join(bad)
 
 
 def test_kernel_scheduler_imports_only_the_standard_library() -> None:
-    bad = [str(i) for i in IMPORTS if unit(i.source) == "kernel_scheduler" and unit(i.target) != "kernel_scheduler"
-           and i.target not in sys.stdlib_module_names]
+    bad = [
+        str(i)
+        for i in IMPORTS
+        if unit(i.source) == "kernel_scheduler"
+        and unit(i.target) != "kernel_scheduler"
+        and i.target not in sys.stdlib_module_names
+    ]
     assert not bad, "kernel_scheduler imports outside the standard library:\n  " + "\n  ".join(bad)
 
 

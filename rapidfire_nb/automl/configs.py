@@ -346,8 +346,10 @@ class RFModelConfig:
         for name in unknown:  # a misspelt keyword: the same message as a misspelt attribute
             self.__setattr__(name, unknown[name])
         if model_name is _REQUIRED:
-            raise ConfigError("RFModelConfig needs `model_name` (a model id or path passed to create_model_fn), "
-                              "e.g. RFModelConfig(model_name=\"HuggingFaceTB/SmolLM2-135M-Instruct\", ...)")
+            raise ConfigError(
+                "RFModelConfig needs `model_name` (a model id or path passed to create_model_fn), "
+                'e.g. RFModelConfig(model_name="HuggingFaceTB/SmolLM2-135M-Instruct", ...)'
+            )
         for name in MODEL_FIELDS:
             setattr(self, name, values[name])
 

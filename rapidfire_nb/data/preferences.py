@@ -47,8 +47,9 @@ def _assistant(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
 
 
-def _shuffled_rejects(rows: list[tuple[str, str]], seed: int, pool: list[str] | None = None,
-                      rng: random.Random | None = None) -> list[str]:
+def _shuffled_rejects(
+    rows: list[tuple[str, str]], seed: int, pool: list[str] | None = None, rng: random.Random | None = None
+) -> list[str]:
     """For each row, another answer from ``pool`` (default: every corpus answer), never equal to the row's own
     answer, drawn with ``rng`` (default ``random.Random(seed)``)."""
     answers = sorted(set(pool)) if pool is not None else sorted({a for _, a in load_tech_support_pairs()})
@@ -60,8 +61,9 @@ def _shuffled_rejects(rows: list[tuple[str, str]], seed: int, pool: list[str] | 
     return out
 
 
-def _split_rejects(train_rows: list[tuple[str, str]], eval_rows: list[tuple[str, str]], seed: int,
-                   split: str) -> list[str]:
+def _split_rejects(
+    train_rows: list[tuple[str, str]], eval_rows: list[tuple[str, str]], seed: int, split: str
+) -> list[str]:
     """Shuffled rejections for ``train_rows + eval_rows``.
 
     With ``split="question"`` each part draws from its own answers, so held-out rows never get a training answer

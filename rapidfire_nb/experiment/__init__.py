@@ -14,5 +14,11 @@ from .facade import Experiment
 from .inputs import dataset_fingerprint
 from .registry import current_experiment, live_experiment
 
-__all__ = ["Experiment", "current_experiment", "dataset_fingerprint", "decode_changes", "encode_changes",
-           "live_experiment"]
+__all__ = [
+    "Experiment",
+    "current_experiment",
+    "dataset_fingerprint",
+    "decode_changes",
+    "encode_changes",
+    "live_experiment",
+]

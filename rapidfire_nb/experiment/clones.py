@@ -15,8 +15,16 @@ from typing import Any
 from ..errors import ConfigError, OpError
 from ..training.kinds import WARM_FORBIDDEN, warm_start_violations  # torch-free: the kinds' warm-start rules
 
-__all__ = ["CloneRequest", "WARM_FORBIDDEN", "decode_changes", "encode_changes", "prepare_clone",
-           "rebuild_clone_spec", "record_clone"]
+__all__ = [
+    "CloneRequest",
+    "WARM_FORBIDDEN",
+    "decode_changes",
+    "encode_changes",
+    "prepare_clone",
+    "rebuild_clone_spec",
+    "record_clone",
+]
+
 
 @dataclass(frozen=True)
 class CloneRequest:
@@ -32,8 +40,9 @@ class CloneRequest:
         return {"changes": self.encoded, "warm_start": self.warm_start, "spec": self.spec}
 
 
-def prepare_clone(parent: Any, run_id: int, changes: Mapping[str, Any] | None, warm_start: bool,
-                  source: str) -> CloneRequest:
+def prepare_clone(
+    parent: Any, run_id: int, changes: Mapping[str, Any] | None, warm_start: bool, source: str
+) -> CloneRequest:
     """Check a clone of run ``run_id`` (spec ``parent``) and build the child's spec.
 
     Args:
@@ -52,8 +61,10 @@ def prepare_clone(parent: Any, run_id: int, changes: Mapping[str, Any] | None, w
     if warm_start:
         bad = warm_start_violations(changes)
         if bad:
-            raise OpError(f"{', '.join(bad)} cannot be changed in a warm start (it changes how data is batched or "
-                          "sampled, or the adapter's shape); use a cold clone (warm_start=False)")
+            raise OpError(
+                f"{', '.join(bad)} cannot be changed in a warm start (it changes how data is batched or "
+                "sampled, or the adapter's shape); use a cold clone (warm_start=False)"
+            )
     child = parent.with_changes(changes, allow_functions=(source == "api"))
     return CloneRequest(child, changes, encode_changes(changes), bool(warm_start))
 
@@ -61,10 +72,21 @@ def prepare_clone(parent: Any, run_id: int, changes: Mapping[str, Any] | None, w
 def record_clone(store: Any, child_id: int, parent_id: int, request: CloneRequest) -> None:
     """Write the child's run row and its recipe (meta ``clones``) to the store."""
     spec = request.spec
-    store.upsert_run(child_id, status="NEW", config=spec.to_json(), hparams=spec.hparams(),
-                     fingerprint=spec.fingerprint(), source="clone", parent_id=int(parent_id),
-                     warm_start=request.warm_start, total_steps=0, completed_steps=0, chunks_done=0,
-                     epoch=0.0, samples_seen=0)
+    store.upsert_run(
+        child_id,
+        status="NEW",
+        config=spec.to_json(),
+        hparams=spec.hparams(),
+        fingerprint=spec.fingerprint(),
+        source="clone",
+        parent_id=int(parent_id),
+        warm_start=request.warm_start,
+        total_steps=0,
+        completed_steps=0,
+        chunks_done=0,
+        epoch=0.0,
+        samples_seen=0,
+    )
     clones = store.get_meta("clones", {}) or {}
     clones[str(child_id)] = {"parent": int(parent_id), "changes": request.encoded, "warm": request.warm_start}
     store.set_meta("clones", clones)
@@ -83,9 +105,12 @@ def rebuild_clone_spec(parent: Any, recipe: Mapping[str, Any]) -> Any:
 def encode_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
     """A clone's changes as JSON: a function (or a list of functions, e.g. ``reward_funcs``) is stored by reference,
     ``{"__function__": "module:qualname"}``, so a restarted kernel can find it again (nothing is pickled)."""
+
     def one(value: Any) -> Any:
         if callable(value):
-            return {"__function__": f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', '?')}"}
+            return {
+                "__function__": f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', '?')}"
+            }
         if isinstance(value, (list, tuple)):
             return [one(v) for v in value]
         return value
@@ -100,6 +125,7 @@ def decode_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ConfigError: a referenced function is not there (a lambda, a nested function, or a cell not re-run).
     """
+
     def one(value: Any) -> Any:
         if isinstance(value, dict) and set(value) == {"__function__"}:
             module_name, _, qualname = str(value["__function__"]).partition(":")
@@ -107,8 +133,10 @@ def decode_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
             for part in qualname.split("."):
                 target = getattr(target, part, None) if target is not None else None
             if not callable(target):
-                raise ConfigError(f"the function {qualname!r} of module {module_name!r} that this clone was given "
-                                  "is not defined in this process (define it again, e.g. re-run its cell)")
+                raise ConfigError(
+                    f"the function {qualname!r} of module {module_name!r} that this clone was given "
+                    "is not defined in this process (define it again, e.g. re-run its cell)"
+                )
             return target
         if isinstance(value, list):
             return [one(v) for v in value]

@@ -13,16 +13,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus
+from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot
 
 from .._writer_lock import WriterLock
 from ..errors import ConfigError, ExperimentError, OpError
+from ..frontend import in_kernel, thread_parent_hook
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
 from ..store import Store
 from . import panel_source, registry, tables
 from .inputs import check_fit_inputs
 from .ownership import other_writer, settle_orphan, wipe
-from .reporter import Reporter, in_kernel, thread_parent_hook
+from .reporter import Reporter
 from .session import FitSession, check_group, open_session, start_message
 
 __all__ = ["Experiment"]
@@ -50,10 +51,18 @@ class Experiment:
         ExperimentError: ``overwrite=True`` while the experiment is training (here or in another process).
     """
 
-    def __new__(cls, experiment_name: str, mode: str = "fit", experiment_path: str | os.PathLike[str] | None = None,
-                overwrite: bool = False, quiet: bool = False) -> Experiment:
+    def __new__(
+        cls,
+        experiment_name: str,
+        mode: str = "fit",
+        experiment_path: str | os.PathLike[str] | None = None,
+        overwrite: bool = False,
+        quiet: bool = False,
+    ) -> Experiment:
         try:
-            path = experiment_dir(experiments_root(experiment_path), validate_experiment_name(experiment_name))
+            path = experiment_dir(
+                experiments_root(experiment_path), validate_experiment_name(experiment_name)
+            )
         except Exception:  # __init__ raises the error with its message
             return super().__new__(cls)
         live = registry.live_at(path)
@@ -64,12 +73,19 @@ class Experiment:
         if live.training:
             raise ExperimentError(
                 f"experiment {live.experiment_name!r} is training in this kernel; it cannot be overwritten while it "
-                "trains. Stop or wait for it (experiment.wait()), then end it (experiment.end()), or pick a new name")
+                "trains. Stop or wait for it (experiment.wait()), then end it (experiment.end()), or pick a new name"
+            )
         live.end()
         return super().__new__(cls)
 
-    def __init__(self, experiment_name: str, mode: str = "fit", experiment_path: str | os.PathLike[str] | None = None,
-                 overwrite: bool = False, quiet: bool = False) -> None:
+    def __init__(
+        self,
+        experiment_name: str,
+        mode: str = "fit",
+        experiment_path: str | os.PathLike[str] | None = None,
+        overwrite: bool = False,
+        quiet: bool = False,
+    ) -> None:
         if getattr(self, "_initialised", False):  # the live object of this folder, returned by __new__
             return
         if mode != "fit":
@@ -92,8 +108,10 @@ class Experiment:
         self._initialised = True
         other = settle_orphan(self._lock, self.store)
         if other is not None:
-            self._say(f"experiment {self.experiment_name!r} is being trained by process {other}; its state is "
-                      "shown read-only here")
+            self._say(
+                f"experiment {self.experiment_name!r} is being trained by process {other}; its state is "
+                "shown read-only here"
+            )
 
     def __repr__(self) -> str:
         return f"Experiment({self.experiment_name!r}, path={str(self.path)!r})"
@@ -136,9 +154,17 @@ class Experiment:
         return self._session.scheduler.run_snapshot(run_id) if self._session is not None else None
 
     # ================================================================== run_fit
-    def run_fit(self, param_config: Any, create_model_fn: Callable[[dict], Any], train_dataset: Any,
-                eval_dataset: Any = None, num_chunks: int = 4, seed: int = 42, *,
-                background: bool | None = None) -> None:
+    def run_fit(
+        self,
+        param_config: Any,
+        create_model_fn: Callable[[dict], Any],
+        train_dataset: Any,
+        eval_dataset: Any = None,
+        num_chunks: int = 4,
+        seed: int = 42,
+        *,
+        background: bool | None = None,
+    ) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
         Args:
@@ -167,7 +193,8 @@ class Experiment:
         if self.training:
             raise ExperimentError(
                 f"experiment {self.experiment_name!r} is training; use its IC Ops (experiment.stop(run_id), "
-                "resume, clone_modify, delete) or experiment.wait() before calling run_fit again")
+                "resume, clone_modify, delete) or experiment.wait() before calling run_fit again"
+            )
         background = in_kernel() if background is None else background
         held_before = self._lock.held
         if not self._lock.acquire():
@@ -175,18 +202,30 @@ class Experiment:
             who = "another Experiment object in this process" if other == os.getpid() else f"process {other}"
             raise ExperimentError(
                 f"experiment {self.experiment_name!r} is being trained by {who}; continue it there, or end it "
-                "(experiment.end(), or shut that kernel down) and run this again")
+                "(experiment.end(), or shut that kernel down) and run this again"
+            )
         try:
             if not held_before and self._session is None:
-                settle_orphan(self._lock, self.store)  # the writer may have died since this opened it read-only
-            inputs = check_fit_inputs(param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed)
-            existing = check_group(self.experiment_name, self.store, inputs, trained_here=self._session is not None)
+                settle_orphan(
+                    self._lock, self.store
+                )  # the writer may have died since this opened it read-only
+            inputs = check_fit_inputs(
+                param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed
+            )
+            existing = check_group(
+                self.experiment_name, self.store, inputs, trained_here=self._session is not None
+            )
             if existing is None:
-                self._say("the same config group is already in this experiment; every run has finished "
-                          "(see experiment.get_runs_info())")
+                self._say(
+                    "the same config group is already in this experiment; every run has finished "
+                    "(see experiment.get_runs_info())"
+                )
                 return
-            self._start(open_session(self.store, self._reporter, self.path, inputs, existing), bool(existing),
-                        background)
+            self._start(
+                open_session(self.store, self._reporter, self.path, inputs, existing),
+                bool(existing),
+                background,
+            )
         except BaseException:
             if not held_before and self._session is None:
                 self._lock.release()  # refused before training: another process may train it
@@ -226,8 +265,10 @@ class Experiment:
             return sched.wait(timeout=timeout, chunks=chunks)
         except KeyboardInterrupt:
             active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
-            self._say(f"interrupted: stopping runs {active} at the end of their current chunk "
-                      "(press interrupt again to return now)")
+            self._say(
+                f"interrupted: stopping runs {active} at the end of their current chunk "
+                "(press interrupt again to return now)"
+            )
             for rid in active:
                 sched.submit(Op(OpKind.STOP, rid, source="api"))
             try:
@@ -268,8 +309,13 @@ class Experiment:
         """Stop run(s) and mark them DELETED (hidden from listings)."""
         return self._ops(OpKind.DELETE, run_id)
 
-    def clone_modify(self, run_id: int, changes: dict[str, Any] | None = None, warm_start: bool = False,
-                     source: str = "api") -> int:
+    def clone_modify(
+        self,
+        run_id: int,
+        changes: dict[str, Any] | None = None,
+        warm_start: bool = False,
+        source: str = "api",
+    ) -> int:
         """Create a new run from ``run_id``'s config plus ``changes``; returns the new run's id at once.
 
         Args:
@@ -294,16 +340,24 @@ class Experiment:
         """Every op with its outcome, as a pandas DataFrame (op_id, run_id, kind, source, state, message, ...)."""
         return tables.ops_table(self.store)
 
-    def submit_op(self, kind: str, run_id: int, op_id: str | None = None, changes: dict[str, Any] | None = None,
-                  warm_start: bool = False, source: str = "api") -> OpAck:
+    def submit_op(
+        self,
+        kind: str,
+        run_id: int,
+        op_id: str | None = None,
+        changes: dict[str, Any] | None = None,
+        warm_start: bool = False,
+        source: str = "api",
+    ) -> OpAck:
         """The one command path used by the API, the panel, the magic and the ops inbox.
 
         Raises:
             ExperimentError: nothing trains in this process (it says what to do), or the experiment was ended.
             ConfigError/OpError: for a clone whose changes are invalid (the op is not queued).
         """
-        return self._require_session().submit(kind, run_id, op_id=op_id, changes=changes, warm_start=warm_start,
-                                              source=source)
+        return self._require_session().submit(
+            kind, run_id, op_id=op_id, changes=changes, warm_start=warm_start, source=source
+        )
 
     def _ops(self, kind: OpKind, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
         if isinstance(run_id, Iterable) and not isinstance(run_id, (str, bytes)):
@@ -316,11 +370,13 @@ class Experiment:
             if other is not None:
                 raise ExperimentError(
                     f"experiment {self.experiment_name!r} is being trained by process {other}; apply IC Ops there "
-                    "(its panel, %rapidfire, or the /rapidfire/ page of its Jupyter server)")
+                    "(its panel, %rapidfire, or the /rapidfire/ page of its Jupyter server)"
+                )
             if self.store.runs():
                 raise ExperimentError(
                     f"experiment {self.experiment_name!r} is not training in this kernel: call run_fit with the same "
-                    "arguments first (it continues the interrupted runs), then use IC Ops")
+                    "arguments first (it continues the interrupted runs), then use IC Ops"
+                )
             raise ExperimentError("no training in this experiment yet: call run_fit first")
         if self._ended:
             raise ExperimentError("this Experiment was ended; IC Ops are no longer accepted")
@@ -336,8 +392,12 @@ class Experiment:
             ``include_deleted``.
         """
         session = self._session
-        return tables.runs_table(self.store, session.snapshots() if session else {},
-                                 session.columns if session else [], include_deleted)
+        return tables.runs_table(
+            self.store,
+            session.snapshots() if session else {},
+            session.columns if session else [],
+            include_deleted,
+        )
 
     def get_results(self, include_deleted: bool = False) -> Any:
         """Every logged metric: one row per (run_id, step) with ``samples_seen`` (rows) and one column per
@@ -350,7 +410,9 @@ class Experiment:
             pandas DataFrame sorted by ``run_id, step``; empty (columns ``run_id, step, samples_seen``) before the
             first logged step.
         """
-        return tables.results_table(self.store, self._session.snapshots() if self._session else {}, include_deleted)
+        return tables.results_table(
+            self.store, self._session.snapshots() if self._session else {}, include_deleted
+        )
 
     def load_model(self, run_id: int) -> tuple[Any, Any]:
         """``(model, tokenizer)`` with run ``run_id``'s trained weights, in eval mode, ready for ``generate``.
@@ -360,8 +422,10 @@ class Experiment:
                 run, the run is training right now, or it has no saved final weights.
         """
         if self._session is None:
-            raise ExperimentError("no run trained in this kernel yet: call run_fit with the same arguments first (it "
-                                  "gives this kernel the model function; finished runs are not trained again)")
+            raise ExperimentError(
+                "no run trained in this kernel yet: call run_fit with the same arguments first (it "
+                "gives this kernel the model function; finished runs are not trained again)"
+            )
         return self._session.load_model(run_id)
 
     # ================================================================== panel source

@@ -40,13 +40,17 @@ class FitInputs:
 
     def meta(self) -> dict[str, Any]:
         """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against)."""
-        return {"num_chunks": self.num_chunks, "seed": self.seed,
-                "train_data": dataset_fingerprint(self.train_dataset),
-                "eval_data": dataset_fingerprint(self.eval_dataset)}
+        return {
+            "num_chunks": self.num_chunks,
+            "seed": self.seed,
+            "train_data": dataset_fingerprint(self.train_dataset),
+            "eval_data": dataset_fingerprint(self.eval_dataset),
+        }
 
 
-def check_fit_inputs(param_config: Any, create_model_fn: Any, train_dataset: Any, eval_dataset: Any,
-                     num_chunks: Any, seed: Any) -> FitInputs:
+def check_fit_inputs(
+    param_config: Any, create_model_fn: Any, train_dataset: Any, eval_dataset: Any, num_chunks: Any, seed: Any
+) -> FitInputs:
     """Check ``run_fit``'s arguments and expand the config group (nothing is built or loaded).
 
     Raises:
@@ -63,14 +67,21 @@ def check_fit_inputs(param_config: Any, create_model_fn: Any, train_dataset: Any
     if not hasattr(param_config, "expand") or not hasattr(param_config, "trainer_type"):
         raise ConfigError(
             f"param_config must be RFGridSearch(configs=..., trainer_type=...) or RFRandomSearch(...), got "
-            f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one")
+            f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one"
+        )
     specs = tuple(param_config.expand(seed))
     if not specs:
         raise ConfigError("the config group expands to no run")
-    return FitInputs(specs=specs, trainer_type=str(param_config.trainer_type).upper(),
-                     fingerprint=json.dumps([spec.fingerprint() for spec in specs]),
-                     create_model_fn=create_model_fn, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                     num_chunks=num_chunks, seed=seed)
+    return FitInputs(
+        specs=specs,
+        trainer_type=str(param_config.trainer_type).upper(),
+        fingerprint=json.dumps([spec.fingerprint() for spec in specs]),
+        create_model_fn=create_model_fn,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        num_chunks=num_chunks,
+        seed=seed,
+    )
 
 
 def column_names(specs: Any) -> list[str]:
@@ -96,15 +107,24 @@ def dataset_fingerprint(dataset: Any, samples: int = 32) -> dict[str, Any] | Non
     digest = hashlib.sha256()
     for i in idx:
         try:
-            row = dataset.iloc[int(i)].to_dict() if hasattr(dataset, "iloc") else dataset[int(i)]  # pandas / HF
+            row = (
+                dataset.iloc[int(i)].to_dict() if hasattr(dataset, "iloc") else dataset[int(i)]
+            )  # pandas / HF
         except Exception:  # rows not addressable by position: the row count alone
             return {"rows": n, "sha256": None}
         digest.update(json.dumps(row, sort_keys=True, default=str).encode())
     return {"rows": n, "sha256": digest.hexdigest()[:16]}
 
 
-def check_same_inputs(experiment_name: str, meta: Mapping[str, Any], num_chunks: int, seed: int, train_dataset: Any,
-                      eval_dataset: Any, unfinished: list[int]) -> None:
+def check_same_inputs(
+    experiment_name: str,
+    meta: Mapping[str, Any],
+    num_chunks: int,
+    seed: int,
+    train_dataset: Any,
+    eval_dataset: Any,
+    unfinished: list[int],
+) -> None:
     """Continuing runs from their checkpoints needs the inputs they were started with.
 
     Args:
@@ -117,9 +137,12 @@ def check_same_inputs(experiment_name: str, meta: Mapping[str, Any], num_chunks:
         ExperimentError: ``num_chunks``, ``seed``, the train or the eval dataset differ from the stored ones
             (datasets compared by :func:`dataset_fingerprint`: row count plus a hash of sampled rows).
     """
-    checks = [("num_chunks", "num_chunks", num_chunks), ("seed", "seed", seed),
-              ("train_dataset", "train_data", dataset_fingerprint(train_dataset)),
-              ("eval_dataset", "eval_data", dataset_fingerprint(eval_dataset))]
+    checks = [
+        ("num_chunks", "num_chunks", num_chunks),
+        ("seed", "seed", seed),
+        ("train_dataset", "train_data", dataset_fingerprint(train_dataset)),
+        ("eval_dataset", "eval_data", dataset_fingerprint(eval_dataset)),
+    ]
     for field, key, given in checks:
         if key not in meta or meta[key] == given:
             continue
@@ -127,15 +150,20 @@ def check_same_inputs(experiment_name: str, meta: Mapping[str, Any], num_chunks:
             f"experiment {experiment_name!r} has unfinished runs {unfinished} to continue from their "
             f"checkpoints, and run_fit got {_difference(field, meta[key], given)}. Continuing needs the same "
             "num_chunks, seed and datasets; pass those, or use a new experiment name (or "
-            "Experiment(name, overwrite=True)) to start afresh")
+            "Experiment(name, overwrite=True)) to start afresh"
+        )
 
 
 def _difference(field: str, stored: Any, given: Any) -> str:
     if field in ("num_chunks", "seed"):
         return f"{field}={given!r}, but it was started with {field}={stored!r}"
     if given is None or stored is None:
-        return (f"a different {field}: "
-                + (f"none, but it was started with {stored['rows']} rows" if given is None else
-                   f"{given['rows']} rows, but it was started without one"))
-    return (f"a different {field} than the one it was started with ({given['rows']} rows vs "
-            f"{stored['rows']}, or other content)")
+        return f"a different {field}: " + (
+            f"none, but it was started with {stored['rows']} rows"
+            if given is None
+            else f"{given['rows']} rows, but it was started without one"
+        )
+    return (
+        f"a different {field} than the one it was started with ({given['rows']} rows vs "
+        f"{stored['rows']}, or other content)"
+    )

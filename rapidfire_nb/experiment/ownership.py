@@ -50,8 +50,10 @@ def wipe(path: Path, name: str) -> None:
     """
     guard = WriterLock(path)
     if not guard.acquire():
-        raise ExperimentError(f"experiment {name!r} is being trained by process {guard.holder_pid()}; it cannot be "
-                              "overwritten while it trains. End it there first, or pick a new name")
+        raise ExperimentError(
+            f"experiment {name!r} is being trained by process {guard.holder_pid()}; it cannot be "
+            "overwritten while it trains. End it there first, or pick a new name"
+        )
     try:
         for child in path.iterdir():
             if child.name == LOCK_FILENAME:

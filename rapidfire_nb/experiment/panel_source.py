@@ -19,9 +19,14 @@ def panel_snapshot(name: str, store: Any, session: Any) -> dict[str, Any]:
         kernel = KernelState(started_at=None, num_chunks=0, hparam_columns=[])
     else:
         snaps = session.scheduler.snapshot()
-        kernel = KernelState(started_at=session.started_at, num_chunks=session.num_chunks,
-                             hparam_columns=session.columns, runs=snaps, on_device=session.scheduler.on_device(),
-                             live_steps={s.run_id: session.recorder.live_step(s.run_id) for s in snaps})
+        kernel = KernelState(
+            started_at=session.started_at,
+            num_chunks=session.num_chunks,
+            hparam_columns=session.columns,
+            runs=snaps,
+            on_device=session.scheduler.on_device(),
+            live_steps={s.run_id: session.recorder.live_step(s.run_id) for s in snaps},
+        )
     return kernel_snapshot(name, StoreRows.read(store), kernel)
 
 

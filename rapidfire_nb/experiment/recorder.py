@@ -45,8 +45,16 @@ class Recorder(SchedulerListener):
         inbox: ``inbox() -> ops``, the ops posted through the server since the last call.
     """
 
-    def __init__(self, store: Any, reporter: Reporter, tracker: Any, num_chunks: int, columns: Sequence[str],
-                 checkpoint_dir: Callable[[int], Path | None], inbox: Callable[[], Sequence[Op]]) -> None:
+    def __init__(
+        self,
+        store: Any,
+        reporter: Reporter,
+        tracker: Any,
+        num_chunks: int,
+        columns: Sequence[str],
+        checkpoint_dir: Callable[[int], Path | None],
+        inbox: Callable[[], Sequence[Op]],
+    ) -> None:
         self.store = store
         self.reporter = reporter
         self.tracker = tracker
@@ -56,8 +64,12 @@ class Recorder(SchedulerListener):
         self._lock = threading.Lock()
         self._columns = list(columns)
         self._last_beat = 0.0
-        self._known_metrics: set[str] | None = None  # metric names in the store's meta (this process writes them)
-        self._live_step: dict[int, int] = {}  # latest logged step per run (the run on the device moves in a chunk)
+        self._known_metrics: set[str] | None = (
+            None  # metric names in the store's meta (this process writes them)
+        )
+        self._live_step: dict[
+            int, int
+        ] = {}  # latest logged step per run (the run on the device moves in a chunk)
         self._seen_segments: dict[int, int] = {}  # chunks already reported per run (a restart starts there)
         self._reported_end: set[int] = set()  # runs whose COMPLETED/FAILED line was printed (or predates us)
 
@@ -76,9 +88,17 @@ class Recorder(SchedulerListener):
     def on_run(self, snap: RunSnapshot) -> None:
         ckpt = self._checkpoint_dir(snap.run_id)
         self.store.upsert_run(
-            snap.run_id, status=snap.status.value, total_steps=snap.total_steps, completed_steps=snap.step,
-            chunks_done=snap.segments_done, num_segments=snap.num_segments, epoch=snap.epoch,
-            samples_seen=snap.samples_seen, error=snap.error, last_checkpoint=str(ckpt) if ckpt else None)
+            snap.run_id,
+            status=snap.status.value,
+            total_steps=snap.total_steps,
+            completed_steps=snap.step,
+            chunks_done=snap.segments_done,
+            num_segments=snap.num_segments,
+            epoch=snap.epoch,
+            samples_seen=snap.samples_seen,
+            error=snap.error,
+            last_checkpoint=str(ckpt) if ckpt else None,
+        )
         if snap.status is RunStatus.DELETED:
             self.tracker.mark_deleted(snap.run_id)  # TensorBoard no longer lists it under its id
         if self._should_report(snap):
@@ -87,9 +107,14 @@ class Recorder(SchedulerListener):
     def _should_report(self, snap: RunSnapshot) -> bool:
         with self._lock:
             if snap.run_id not in self._seen_segments and snap.status is RunStatus.NEW:
-                self._seen_segments[snap.run_id] = snap.segments_done  # a warm clone starts at its parent's chunk
+                self._seen_segments[snap.run_id] = (
+                    snap.segments_done
+                )  # a warm clone starts at its parent's chunk
             prev = self._seen_segments.get(snap.run_id, 0)
-            ended = snap.status in (RunStatus.COMPLETED, RunStatus.FAILED) and snap.run_id not in self._reported_end
+            ended = (
+                snap.status in (RunStatus.COMPLETED, RunStatus.FAILED)
+                and snap.run_id not in self._reported_end
+            )
             if snap.segments_done <= prev and not ended:
                 return False
             self._seen_segments[snap.run_id] = max(prev, snap.segments_done)
@@ -106,10 +131,19 @@ class Recorder(SchedulerListener):
 
     def on_op(self, op: Op, ack: OpAck) -> None:
         payload = {k: v for k, v in op.payload.items() if k != "spec"}
-        if not self.store.add_op(op.op_id, op.kind.value, op.run_id, payload, source=op.source, state=ack.state,
-                                 message=ack.message, requested_at=op.requested_at):
-            self.store.update_op(op.op_id, ack.state, ack.message,
-                                 applied_at=time.time() if ack.state != "queued" else None)
+        if not self.store.add_op(
+            op.op_id,
+            op.kind.value,
+            op.run_id,
+            payload,
+            source=op.source,
+            state=ack.state,
+            message=ack.message,
+            requested_at=op.requested_at,
+        ):
+            self.store.update_op(
+                op.op_id, ack.state, ack.message, applied_at=time.time() if ack.state != "queued" else None
+            )
         if ack.state != "queued" and op.source != "api":
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
 
@@ -135,8 +169,10 @@ class Recorder(SchedulerListener):
 
     def record_editable(self, specs: Mapping[int, Any]) -> None:
         """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""
-        fields = {str(rid): {k: json_type_name(v) for k, v in spec.hparams().items() if k not in NOT_EDITABLE}
-                  for rid, spec in specs.items()}
+        fields = {
+            str(rid): {k: json_type_name(v) for k, v in spec.hparams().items() if k not in NOT_EDITABLE}
+            for rid, spec in specs.items()
+        }
         self.store.set_meta("editable_fields", fields)
 
     # ------------------------------------------------------------------ metrics (training thread)
@@ -144,14 +180,33 @@ class Recorder(SchedulerListener):
         """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows): store rows, TensorBoard scalars."""
         now = time.time()
         self._live_step[run_id] = step  # each run's entry is written by its own training thread only
-        numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numbers = {
+            k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         if not numbers:
             return
-        self.store.add_metrics([{"run_id": run_id, "step": step, "samples_seen": samples_seen, "name": k,
-                                 "value": v, "wall_time": now} for k, v in numbers.items()])
+        self.store.add_metrics(
+            [
+                {
+                    "run_id": run_id,
+                    "step": step,
+                    "samples_seen": samples_seen,
+                    "name": k,
+                    "value": v,
+                    "wall_time": now,
+                }
+                for k, v in numbers.items()
+            ]
+        )
         self._note_metric_names(numbers)
-        self.tracker.log_scalars(run_id, step, {
-            (k.replace("eval_", "eval/", 1) if k.startswith("eval_") else f"train/{k}"): logs[k] for k in numbers})
+        self.tracker.log_scalars(
+            run_id,
+            step,
+            {
+                (k.replace("eval_", "eval/", 1) if k.startswith("eval_") else f"train/{k}"): logs[k]
+                for k in numbers
+            },
+        )
 
     def _note_metric_names(self, numbers: Mapping[str, float]) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ class Experiment(Protocol):
     @property
     def ended(self) -> bool: ...
 
+
 __all__ = ["current_experiment", "keep_current", "live_at", "live_experiment", "register", "set_current"]
 
 _BY_NAME: weakref.WeakValueDictionary[str, Experiment] = weakref.WeakValueDictionary()

@@ -26,10 +26,24 @@ from typing import Any
 from kernel_scheduler import RunStatus
 
 from .._atomic import leftovers
-from ..run_folder import CHECKPOINT_PREFIX, DAMAGED_PREFIX, WARM_START_PREFIX, latest_checkpoint, readable_checkpoint
+from ..run_folder import (
+    CHECKPOINT_PREFIX,
+    DAMAGED_PREFIX,
+    WARM_START_PREFIX,
+    latest_checkpoint,
+    readable_checkpoint,
+)
 
-__all__ = ["Reconciliation", "RestoreAction", "RunRestore", "apply_restore", "plan_reconcile", "plan_restore",
-           "reconcile", "warm_start_checkpoint"]
+__all__ = [
+    "Reconciliation",
+    "RestoreAction",
+    "RunRestore",
+    "apply_restore",
+    "plan_reconcile",
+    "plan_restore",
+    "reconcile",
+    "warm_start_checkpoint",
+]
 
 NO_WARM_START = "interrupted before its warm start was written; clone it again"
 
@@ -75,7 +89,11 @@ class RunRestore:
     @property
     def restart_reason(self) -> str:
         """Why a ``restart`` starts from step 0 (for the message)."""
-        return "its checkpoint was damaged" if self.damaged is not None else "it had no complete chunk checkpoint"
+        return (
+            "its checkpoint was damaged"
+            if self.damaged is not None
+            else "it had no complete chunk checkpoint"
+        )
 
 
 def warm_start_checkpoint(folder: Path) -> Path | None:
@@ -100,10 +118,19 @@ def plan_restore(run_id: int, prior: Mapping[str, Any] | None, folder: Path) -> 
     if damaged is not None:
         ckpt = None
     if ckpt is None and prior.get("warm_start"):
-        ckpt = warm_start_checkpoint(folder)  # stopped before its own first chunk: from the state it was given
+        ckpt = warm_start_checkpoint(
+            folder
+        )  # stopped before its own first chunk: from the state it was given
         if ckpt is None:
-            return RunRestore(run_id, RestoreAction.FAILED, RunStatus.FAILED, prior, leftovers=stale,
-                              damaged=damaged, error=NO_WARM_START)
+            return RunRestore(
+                run_id,
+                RestoreAction.FAILED,
+                RunStatus.FAILED,
+                prior,
+                leftovers=stale,
+                damaged=damaged,
+                error=NO_WARM_START,
+            )
     if status is RunStatus.STOPPED:
         new_status = RunStatus.STOPPED
     else:
@@ -126,8 +153,10 @@ def apply_restore(plan: RunRestore) -> str | None:
     shutil.rmtree(aside, ignore_errors=True)
     plan.damaged.rename(aside)  # kept for a look; latest_checkpoint no longer sees it
     again = "from its warm start" if plan.prior and plan.prior.get("warm_start") else "from step 0"
-    return (f"run {plan.run_id}: checkpoint {plan.damaged.name} is damaged (a missing, empty or unreadable file; "
-            f"moved to {aside.name}); the run starts again {again}")
+    return (
+        f"run {plan.run_id}: checkpoint {plan.damaged.name} is damaged (a missing, empty or unreadable file; "
+        f"moved to {aside.name}); the run starts again {again}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- reconciliation
@@ -146,8 +175,9 @@ class Reconciliation:
     interrupted: tuple[int, ...]
 
 
-def plan_reconcile(runs: Sequence[Mapping[str, Any]], ops: Sequence[Mapping[str, Any]],
-                   inbox: Sequence[Mapping[str, Any]]) -> Reconciliation:
+def plan_reconcile(
+    runs: Sequence[Mapping[str, Any]], ops: Sequence[Mapping[str, Any]], inbox: Sequence[Mapping[str, Any]]
+) -> Reconciliation:
     """Settle a dead writer's state from the store's runs, ops log and untaken inbox ops (pure)."""
     by_id = {r["run_id"]: r for r in runs}
     updates = []
@@ -167,8 +197,15 @@ def reconcile(store: Any) -> None:
     """Apply :func:`plan_reconcile` to ``store`` (an experiment whose writer is gone)."""
     plan = plan_reconcile(store.runs(), store.ops(), store.take_inbox_ops())
     for op in plan.rejected_inbox:
-        store.add_op(op["op_id"], str(op.get("kind")), op.get("run_id"), op.get("payload"), source="inbox",
-                     state="rejected", message="the kernel that was to apply it stopped first; send it again")
+        store.add_op(
+            op["op_id"],
+            str(op.get("kind")),
+            op.get("run_id"),
+            op.get("payload"),
+            source="inbox",
+            state="rejected",
+            message="the kernel that was to apply it stopped first; send it again",
+        )
     for op_id, state, message in plan.op_updates:
         store.update_op(op_id, state, message, applied_at=time.time())
     for run_id in plan.interrupted:

@@ -13,11 +13,21 @@ from kernel_scheduler import RunSnapshot, RunStatus
 
 __all__ = ["ops_table", "results_table", "runs_table"]
 
-_TAIL_COLUMNS = ["completed_steps", "total_steps", "chunks_done", "epoch", "loss", "eval_loss", "checkpoint_dir",
-                 "error"]
+_TAIL_COLUMNS = [
+    "completed_steps",
+    "total_steps",
+    "chunks_done",
+    "epoch",
+    "loss",
+    "eval_loss",
+    "checkpoint_dir",
+    "error",
+]
 
 
-def runs_table(store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[str], include_deleted: bool) -> Any:
+def runs_table(
+    store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[str], include_deleted: bool
+) -> Any:
     """``get_runs_info()``: columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
     chunks_done, epoch, loss, eval_loss, checkpoint_dir, error``.
 
@@ -35,18 +45,31 @@ def runs_table(store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[st
     for r in store.runs():
         snap = live.get(r["run_id"])
         if snap is not None:  # the scheduler's view is the freshest (e.g. a clone applied a moment ago)
-            r = {**r, "status": snap.status.value, "completed_steps": snap.step, "total_steps": snap.total_steps,
-                 "chunks_done": snap.segments_done,
-                 "epoch": snap.epoch if snap.steps_per_epoch else r.get("epoch"), "error": snap.error}
+            r = {
+                **r,
+                "status": snap.status.value,
+                "completed_steps": snap.step,
+                "total_steps": snap.total_steps,
+                "chunks_done": snap.segments_done,
+                "epoch": snap.epoch if snap.steps_per_epoch else r.get("epoch"),
+                "error": snap.error,
+            }
         if r["status"] == RunStatus.DELETED.value and not include_deleted:
             continue
         hp = r.get("hparams") or {}
         m = latest.get(r["run_id"], {})
         row = {"run_id": r["run_id"], "status": r["status"], "config": r.get("config")}
         row.update({c: hp.get(c) for c in cols})
-        row.update(completed_steps=r.get("completed_steps"), total_steps=r.get("total_steps"),
-                   chunks_done=r.get("chunks_done"), epoch=r.get("epoch"), loss=m.get("loss"),
-                   eval_loss=m.get("eval_loss"), checkpoint_dir=r.get("checkpoint_dir"), error=r.get("error"))
+        row.update(
+            completed_steps=r.get("completed_steps"),
+            total_steps=r.get("total_steps"),
+            chunks_done=r.get("chunks_done"),
+            epoch=r.get("epoch"),
+            loss=m.get("loss"),
+            eval_loss=m.get("eval_loss"),
+            checkpoint_dir=r.get("checkpoint_dir"),
+            error=r.get("error"),
+        )
         rows.append(row)
     return pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *_TAIL_COLUMNS])
 
@@ -62,9 +85,12 @@ def results_table(store: Any, live: Mapping[int, RunSnapshot], include_deleted: 
 
     points, _ = store.metrics_since(0)
     if not include_deleted:
-        deleted = {r["run_id"] for r in store.runs()
-                   if (live[r["run_id"]].status if r["run_id"] in live else RunStatus(r["status"]))
-                   is RunStatus.DELETED}
+        deleted = {
+            r["run_id"]
+            for r in store.runs()
+            if (live[r["run_id"]].status if r["run_id"] in live else RunStatus(r["status"]))
+            is RunStatus.DELETED
+        }
         points = [p for p in points if p["run_id"] not in deleted]
     if not points:
         return pd.DataFrame(columns=["run_id", "step", "samples_seen"])

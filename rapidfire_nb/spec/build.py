@@ -36,7 +36,9 @@ class TrainerSettings(Protocol):
     def training(self) -> Mapping[str, Any]: ...  # trainer-config keyword arguments as the user set them
 
     @property
-    def lora(self) -> Mapping[str, Any] | None: ...  # peft.LoraConfig keyword arguments, None: full fine-tuning
+    def lora(
+        self,
+    ) -> Mapping[str, Any] | None: ...  # peft.LoraConfig keyword arguments, None: full fine-tuning
 
     @property
     def model_type(self) -> str: ...  # "causal_lm"

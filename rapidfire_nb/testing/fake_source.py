@@ -285,7 +285,7 @@ class FakeSource:
 
 
 def _main() -> None:  # pragma: no cover - demo
-    from rapidfire_nb.panel import TextProgress
+    from rapidfire_nb.progress import TextProgress
 
     with FakeSource(3, total_steps=40, steps_per_tick=2, tick_s=0.02, fail_run=3) as src, TextProgress(src):
         while any(RunStatus(r["status"]).in_rotation() for r in src.runs.values()):

@@ -150,8 +150,9 @@ class TensorBoardTracker:
         on by default; event files of version 2, which this writer produces).
         """
         tb = self._tb
-        event = tb.Event(wall_time=time.time(), step=int(step) + 1,
-                         session_log=tb.SessionLog(status=tb.SessionLog.START))
+        event = tb.Event(
+            wall_time=time.time(), step=int(step) + 1, session_log=tb.SessionLog(status=tb.SessionLog.START)
+        )
         with self._lock:
             writer = self._writer(int(run_id))
             if writer is not None:

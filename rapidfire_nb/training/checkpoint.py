@@ -32,8 +32,14 @@ from rapidfire_nb.run_folder import WARM_START_PREFIX, latest_checkpoint
 
 from .rng import rng_for_checkpoint
 
-__all__ = ["WARM_START_PREFIX", "BoundarySnapshot", "CheckpointWriter", "latest_checkpoint", "restore_counters",
-           "snapshot_trainer"]
+__all__ = [
+    "WARM_START_PREFIX",
+    "BoundarySnapshot",
+    "CheckpointWriter",
+    "latest_checkpoint",
+    "restore_counters",
+    "snapshot_trainer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +90,18 @@ def _clone(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def snapshot_trainer(run_id: int, trainer: Any, adapter_name: str | None, rng: dict[str, Any]) -> BoundarySnapshot:
+def snapshot_trainer(
+    run_id: int, trainer: Any, adapter_name: str | None, rng: dict[str, Any]
+) -> BoundarySnapshot:
     """Copy a trainer's resumable state (cheap for LoRA: adapter + its AdamW moments)."""
     model = trainer.model
     if adapter_name is not None:
         from peft import get_peft_model_state_dict
 
-        weights = {k: v.detach().clone() for k, v in
-                   get_peft_model_state_dict(model, adapter_name=adapter_name).items()}
+        weights = {
+            k: v.detach().clone()
+            for k, v in get_peft_model_state_dict(model, adapter_name=adapter_name).items()
+        }
         adapter_config = copy.deepcopy(model.peft_config[adapter_name])
         model_config = None
     else:
@@ -122,7 +132,9 @@ def write_snapshot(snap: BoundarySnapshot, target: Path) -> None:
     with atomic_dir(target) as tmp:
         tmp = Path(tmp)
         if snap.adapter_config is not None:
-            save_file({k: v.contiguous() for k, v in snap.weights.items()}, str(tmp / "adapter_model.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in snap.weights.items()}, str(tmp / "adapter_model.safetensors")
+            )
             snap.adapter_config.save_pretrained(str(tmp))
         else:
             # tied weights share storage: drop duplicates the way transformers does on save

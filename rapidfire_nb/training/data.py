@@ -23,14 +23,21 @@ class ColumnRules(Protocol):
     @property
     def keep_extra_columns(self) -> bool: ...  # keep the columns formatting_func did not produce
 
+
 _CACHE: dict[tuple[int, Any, str], Any] = {}
 
 
 def _fn_key(fn: Callable | None) -> Any:
-    return None if fn is None else (getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)), id(fn))
+    return (
+        None
+        if fn is None
+        else (getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)), id(fn))
+    )
 
 
-def prepare_dataset(ds: Any, formatting_func: Callable[[dict], dict] | None, kind: ColumnRules, what: str) -> Any:
+def prepare_dataset(
+    ds: Any, formatting_func: Callable[[dict], dict] | None, kind: ColumnRules, what: str
+) -> Any:
     """Return ``ds`` mapped through ``formatting_func`` (row -> dict of new columns), cached per (ds, fn).
 
     Args:
@@ -49,8 +56,10 @@ def prepare_dataset(ds: Any, formatting_func: Callable[[dict], dict] | None, kin
     if ds is None or len(ds) == 0:
         raise ConfigError(f"{what} is empty: pass a datasets.Dataset with at least one row")
     if not hasattr(ds, "column_names") or not hasattr(ds, "map"):
-        raise ConfigError(f"{what} must be a datasets.Dataset, got {type(ds).__name__}; e.g. "
-                          "datasets.Dataset.from_list(rows)")
+        raise ConfigError(
+            f"{what} must be a datasets.Dataset, got {type(ds).__name__}; e.g. "
+            "datasets.Dataset.from_list(rows)"
+        )
     key = (id(ds), _fn_key(formatting_func), kind.name)
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is ds:
@@ -65,8 +74,10 @@ def prepare_dataset(ds: Any, formatting_func: Callable[[dict], dict] | None, kin
             try:
                 return formatting_func(row)
             except Exception as exc:
-                raise ConfigError(f"formatting_func {name!r} raised {type(exc).__name__}: {exc} on row {idx} of "
-                                  f"{what}; fix the function or the data") from exc
+                raise ConfigError(
+                    f"formatting_func {name!r} raised {type(exc).__name__}: {exc} on row {idx} of "
+                    f"{what}; fix the function or the data"
+                ) from exc
 
         try:
             out = ds.map(checked, with_indices=True, remove_columns=remove)
@@ -76,8 +87,9 @@ def prepare_dataset(ds: Any, formatting_func: Callable[[dict], dict] | None, kin
             cause = exc.__cause__ if isinstance(exc.__cause__, ConfigError) else None
             if cause is not None:
                 raise cause from None
-            raise ConfigError(f"applying formatting_func {name!r} to {what} failed: {type(exc).__name__}: {exc}") \
-                from exc
+            raise ConfigError(
+                f"applying formatting_func {name!r} to {what} failed: {type(exc).__name__}: {exc}"
+            ) from exc
     _check_columns(out, kind, what)
     try:
         _CACHE[key] = (weakref.ref(ds), out)

@@ -75,10 +75,19 @@ class TorchExecutor(Executor):
         on_final: ``on_final(run_id, folder)`` after a run's final weights were saved.
     """
 
-    def __init__(self, trainer_type: str, create_model_fn: Callable[[dict], Any], train_dataset: Any,
-                 eval_dataset: Any, num_chunks: int, seed: int, exp_dir: Path, metric_sink: MetricSink,
-                 notes: Callable[[str], None] | None = None,
-                 on_final: Callable[[int, Path], None] | None = None) -> None:
+    def __init__(
+        self,
+        trainer_type: str,
+        create_model_fn: Callable[[dict], Any],
+        train_dataset: Any,
+        eval_dataset: Any,
+        num_chunks: int,
+        seed: int,
+        exp_dir: Path,
+        metric_sink: MetricSink,
+        notes: Callable[[str], None] | None = None,
+        on_final: Callable[[int, Path], None] | None = None,
+    ) -> None:
         self.kind = get_kind(trainer_type)
         self.create_model_fn = create_model_fn
         self.train_dataset = train_dataset
@@ -97,8 +106,9 @@ class TorchExecutor(Executor):
         self._noted: set[str] = set()
 
     # ------------------------------------------------------------------ Executor API
-    def add_run(self, run_id: int, spec: LeafConfig, warm_from: int | None = None,
-                resume_from: Path | None = None) -> RunStart:
+    def add_run(
+        self, run_id: int, spec: LeafConfig, warm_from: int | None = None, resume_from: Path | None = None
+    ) -> RunStart:
         """Build the run's trainer (validation happens here) and return its plan and start position.
 
         Args:
@@ -186,8 +196,9 @@ class TorchExecutor(Executor):
         self.on_final(run_id, target)
         return target
 
-    def load_model(self, run_id: int, spec: LeafConfig | None = None,
-                   final_dir: Path | None = None) -> tuple[Any, Any]:
+    def load_model(
+        self, run_id: int, spec: LeafConfig | None = None, final_dir: Path | None = None
+    ) -> tuple[Any, Any]:
         """A fresh ``(model, tokenizer)`` with the run's trained weights (from its final folder).
 
         A run this executor did not build (it ended in an earlier process) needs its ``spec`` and ``final_dir``.
@@ -221,7 +232,9 @@ class TorchExecutor(Executor):
             self._noted.add(text)
             self.notes(text)
 
-    def _add_run(self, run_id: int, spec: LeafConfig, warm_from: int | None, resume_from: Path | None) -> RunStart:
+    def _add_run(
+        self, run_id: int, spec: LeafConfig, warm_from: int | None, resume_from: Path | None
+    ) -> RunStart:
         run_dir = self.run_dir(run_id)
         args, train_ds, eval_ds, lora = self._inputs(spec, run_dir)
         base = self.models.base_for(spec, args)
@@ -237,10 +250,15 @@ class TorchExecutor(Executor):
             self._activate(run_id)
 
         worker = RunWorker(
-            run_id, trainer, plan, activate=activate,
+            run_id,
+            trainer,
+            plan,
+            activate=activate,
             on_boundary=lambda step, rng, rid=run_id: self._on_boundary(rid, step, rng),
             on_log=lambda step, logs, rid=run_id: self._on_log(rid, step, logs),
-            initial_rng=initial_rng, eval_at_boundaries=eval_ds is not None, resume_from_checkpoint=resume,
+            initial_rng=initial_rng,
+            eval_at_boundaries=eval_ds is not None,
+            resume_from_checkpoint=resume,
         )
         self._runs[run_id] = _Run(run_id, spec, self.kind, base, adapter, worker, plan, run_dir)
         return start
@@ -252,8 +270,11 @@ class TorchExecutor(Executor):
         for n in notes:
             self._note(n)
         train_ds = prepare_dataset(self.train_dataset, spec.formatting_func, self.kind, "train_dataset")
-        eval_ds = (prepare_dataset(self.eval_dataset, spec.formatting_func, self.kind, "eval_dataset")
-                   if self.eval_dataset is not None else None)
+        eval_ds = (
+            prepare_dataset(self.eval_dataset, spec.formatting_func, self.kind, "eval_dataset")
+            if self.eval_dataset is not None
+            else None
+        )
         return args, train_ds, eval_ds, build_lora_config(spec)
 
     def _plan(self, run_id: int, trainer: Any) -> ChunkPlan:
@@ -263,21 +284,36 @@ class TorchExecutor(Executor):
         except ChunkPlanError as exc:
             raise ConfigError(f"num_chunks: {exc} (run {run_id})") from exc
 
-    def _start_position(self, run_id: int, trainer: Any, adapter: str | None, plan: ChunkPlan, run_dir: Path,
-                        warm_from: int | None, resume_from: Path | None) -> tuple[str | None, RunStart]:
+    def _start_position(
+        self,
+        run_id: int,
+        trainer: Any,
+        adapter: str | None,
+        plan: ChunkPlan,
+        run_dir: Path,
+        warm_from: int | None,
+        resume_from: Path | None,
+    ) -> tuple[str | None, RunStart]:
         """Where the run starts: ``(checkpoint folder to resume from or None, RunStart)``."""
         if resume_from is not None:
             step = _checkpoint_step(resume_from)
-            if Path(resume_from).name.startswith(WARM_START_PREFIX):  # a warm clone restarted before its 1st chunk
+            if Path(resume_from).name.startswith(
+                WARM_START_PREFIX
+            ):  # a warm clone restarted before its 1st chunk
                 _keep_own_hyperparameters(trainer)
-            return str(resume_from), RunStart(plan=plan, step=step, segments_done=plan.segments_done_at(step),
-                                              samples_seen=plan.samples_seen(step))
+            return str(resume_from), RunStart(
+                plan=plan,
+                step=step,
+                segments_done=plan.segments_done_at(step),
+                samples_seen=plan.samples_seen(step),
+            )
         if warm_from is not None:
             return self._warm_start(run_id, warm_from, trainer, adapter, plan, run_dir)
         return None, RunStart(plan=plan)
 
-    def _warm_start(self, run_id: int, parent_id: int, trainer: Any, adapter: str | None, plan: ChunkPlan,
-                    run_dir: Path) -> tuple[str, RunStart]:
+    def _warm_start(
+        self, run_id: int, parent_id: int, trainer: Any, adapter: str | None, plan: ChunkPlan, run_dir: Path
+    ) -> tuple[str, RunStart]:
         """Prepare a warm clone: a resumable checkpoint holding the parent's state at its latest boundary.
 
         The clone's trainer resumes from it (TRL/transformers' own resume: data position, global step, RNG,
@@ -293,9 +329,14 @@ class TorchExecutor(Executor):
         if (parent.adapter is None) != (adapter is None):
             raise ConfigError("a warm start needs the same kind of training (LoRA or full) as the parent")
         if snap.step >= plan.total_steps:
-            raise ConfigError(f"the clone's total steps ({plan.total_steps}) must exceed the parent's position "
-                              f"(step {snap.step}); raise max_steps")
-        if (plan.rows_per_step, plan.steps_per_epoch) != (parent.plan.rows_per_step, parent.plan.steps_per_epoch):
+            raise ConfigError(
+                f"the clone's total steps ({plan.total_steps}) must exceed the parent's position "
+                f"(step {snap.step}); raise max_steps"
+            )
+        if (plan.rows_per_step, plan.steps_per_epoch) != (
+            parent.plan.rows_per_step,
+            parent.plan.steps_per_epoch,
+        ):
             raise ConfigError("the clone batches data differently from its parent; use a cold clone")
         if adapter is not None:
             own = trainer.model.peft_config[adapter]
@@ -305,17 +346,34 @@ class TorchExecutor(Executor):
         run_dir.mkdir(parents=True, exist_ok=True)
         write_snapshot(snap, target)
         _keep_own_hyperparameters(trainer)
-        start = RunStart(plan=plan, step=snap.step, segments_done=plan.segments_done_at(snap.step),
-                         samples_seen=plan.samples_seen(snap.step))
+        start = RunStart(
+            plan=plan,
+            step=snap.step,
+            segments_done=plan.segments_done_at(snap.step),
+            samples_seen=plan.samples_seen(snap.step),
+        )
         return str(target), start
 
-    def _build_trainer(self, spec: LeafConfig, model: Any, adapter: str | None, tokenizer: Any, args: Any,
-                       train_ds: Any, eval_ds: Any) -> Any:
+    def _build_trainer(
+        self,
+        spec: LeafConfig,
+        model: Any,
+        adapter: str | None,
+        tokenizer: Any,
+        args: Any,
+        train_ds: Any,
+        eval_ds: Any,
+    ) -> Any:
         kind = self.kind
         with kind.building(model, adapter):  # e.g. DPO/GRPO on a shared PeftModel (reference = base)
             cls = kind.trainer_class()
-            kwargs: dict[str, Any] = {"model": model, "args": args, "train_dataset": train_ds,
-                                      "eval_dataset": eval_ds, "processing_class": tokenizer}
+            kwargs: dict[str, Any] = {
+                "model": model,
+                "args": args,
+                "train_dataset": train_ds,
+                "eval_dataset": eval_ds,
+                "processing_class": tokenizer,
+            }
             if spec.compute_metrics is not None:
                 kwargs["compute_metrics"] = spec.compute_metrics
             kwargs.update(kind.trainer_kwargs(spec, model, args, self.models))  # reward_funcs, DPO ref_model
@@ -324,8 +382,9 @@ class TorchExecutor(Executor):
             except ConfigError:
                 raise
             except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(f"{cls.__name__} rejected the config or data: {type(exc).__name__}: {exc}") \
-                    from exc
+                raise ConfigError(
+                    f"{cls.__name__} rejected the config or data: {type(exc).__name__}: {exc}"
+                ) from exc
             from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
             trainer.remove_callback(PrinterCallback)  # rapidfire_nb prints one line per chunk instead

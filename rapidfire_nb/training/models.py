@@ -21,7 +21,11 @@ from rapidfire_nb.spec import LeafConfig
 __all__ = ["SHARED_MODEL_FIELDS", "BaseModels", "ModelProvider", "SharedBase"]
 
 SHARED_MODEL_FIELDS: tuple[str, ...] = (
-    "gradient_checkpointing", "neftune_noise_alpha", "disable_dropout", "use_liger_kernel", "torch_compile",
+    "gradient_checkpointing",
+    "neftune_noise_alpha",
+    "disable_dropout",
+    "use_liger_kernel",
+    "torch_compile",
     "cast_lm_head_to_fp32",  # GRPO's cast replaces the shared lm_head
 )
 """TrainingArguments fields that act on the shared model itself: runs on one base must agree on them."""
@@ -112,8 +116,13 @@ class BaseModels(ModelProvider):
             out = self.create_model_fn(copy.deepcopy(model_config))
         except Exception as exc:
             raise ConfigError(f"create_model_fn raised {type(exc).__name__}: {exc}") from exc
-        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module)
-                and out[1] is not None and hasattr(out[1], "__call__")):
+        if not (
+            isinstance(out, tuple)
+            and len(out) == 2
+            and isinstance(out[0], torch.nn.Module)
+            and out[1] is not None
+            and callable(out[1])
+        ):
             raise ConfigError(
                 "create_model_fn must return a (model, tokenizer) tuple, e.g. "
                 "`return AutoModelForCausalLM.from_pretrained(...), AutoTokenizer.from_pretrained(...)`; "
@@ -123,16 +132,25 @@ class BaseModels(ModelProvider):
 
     def base_for(self, spec: LeafConfig, args: Any) -> SharedBase:
         shared = {f: getattr(args, f, None) for f in SHARED_MODEL_FIELDS}
-        key = json.dumps({"model_name": spec.model_name, "model_kwargs": repr(sorted(spec.model_kwargs.items())),
-                          "tokenizer": repr(spec.tokenizer), "shared": repr(shared)}, sort_keys=True)
+        key = json.dumps(
+            {
+                "model_name": spec.model_name,
+                "model_kwargs": repr(sorted(spec.model_kwargs.items())),
+                "tokenizer": repr(spec.tokenizer),
+                "shared": repr(shared),
+            },
+            sort_keys=True,
+        )
         base = self._bases.get(key)
         if base is None:
             model, tok = self.create(spec.model_config_dict())
             base = SharedBase(key=key, model=model, tokenizer=tok)
             self._bases[key] = base
             if len({b.key.split('"shared"')[0] for b in self._bases.values()}) < len(self._bases):
-                self._note("runs on the same base model disagree on settings that act on the shared model "
-                           f"({', '.join(SHARED_MODEL_FIELDS)}); they get their own base copy")
+                self._note(
+                    "runs on the same base model disagree on settings that act on the shared model "
+                    f"({', '.join(SHARED_MODEL_FIELDS)}); they get their own base copy"
+                )
         return base
 
     def shared(self, key: Hashable, make: Callable[[], Any]) -> Any:
@@ -141,7 +159,9 @@ class BaseModels(ModelProvider):
         return self._shared[key]
 
 
-def attach_run_model(base: SharedBase, run_id: int, spec: LeafConfig, lora: Any, seed: int) -> tuple[Any, str | None]:
+def attach_run_model(
+    base: SharedBase, run_id: int, spec: LeafConfig, lora: Any, seed: int
+) -> tuple[Any, str | None]:
     """The model one run trains: its own LoRA adapter on the shared base, or its own copy of the base.
 
     Args:
@@ -178,8 +198,9 @@ def attach_run_model(base: SharedBase, run_id: int, spec: LeafConfig, lora: Any,
     except ValueError as exc:
         if isinstance(base.model, PeftModel) and adapter in base.model.peft_config:
             base.model.delete_adapter(adapter)  # leave no half-registered adapter on the shared base
-        raise ConfigError(f"lora.target_modules={lora.target_modules!r} does not fit the model "
-                          f"{spec.model_name!r}: {exc}") from exc
+        raise ConfigError(
+            f"lora.target_modules={lora.target_modules!r} does not fit the model {spec.model_name!r}: {exc}"
+        ) from exc
     base.model.set_adapter(adapter)
     base.adapters.append(adapter)
     return base.model, adapter

@@ -42,5 +42,7 @@ def rng_for_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
     out = {"python": state["python"], "numpy": state["numpy"], "cpu": state["cpu"]}
     if "cuda" in state:
         # one device per process: transformers reads a single device state when not distributed
-        out["cuda"] = state["cuda"][torch.cuda.current_device()] if isinstance(state["cuda"], list) else state["cuda"]
+        out["cuda"] = (
+            state["cuda"][torch.cuda.current_device()] if isinstance(state["cuda"], list) else state["cuda"]
+        )
     return out

@@ -12,11 +12,30 @@ from .quiet import silence_globally
 __all__ = ["make_executor", "make_tracker", "silence_globally"]
 
 
-def make_executor(trainer_type: str, create_model_fn: Callable[[dict], Any], train_dataset: Any, eval_dataset: Any,
-                  num_chunks: int, seed: int, exp_dir: Path, metric_sink: Any,
-                  notes: Callable[[str], None], on_final: Callable[[int, Path], None]) -> TorchExecutor:
-    return TorchExecutor(trainer_type, create_model_fn, train_dataset, eval_dataset, num_chunks, seed, exp_dir,
-                         metric_sink, notes, on_final)
+def make_executor(
+    trainer_type: str,
+    create_model_fn: Callable[[dict], Any],
+    train_dataset: Any,
+    eval_dataset: Any,
+    num_chunks: int,
+    seed: int,
+    exp_dir: Path,
+    metric_sink: Any,
+    notes: Callable[[str], None],
+    on_final: Callable[[int, Path], None],
+) -> TorchExecutor:
+    return TorchExecutor(
+        trainer_type,
+        create_model_fn,
+        train_dataset,
+        eval_dataset,
+        num_chunks,
+        seed,
+        exp_dir,
+        metric_sink,
+        notes,
+        on_final,
+    )
 
 
 def make_tracker(log_root: Path) -> Any:

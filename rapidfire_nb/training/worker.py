@@ -35,8 +35,9 @@ class _ChunkCallback(TrainerCallback):
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.worker.last_eval_step = state.global_step
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None,
-               **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any
+    ) -> None:
         if logs:
             self.worker.on_log(state.global_step, dict(logs))
 
@@ -104,7 +105,9 @@ class RunWorker:
         self._future = fut
         self.stop_step = stop_step
         if self._thread is None:
-            self._thread = threading.Thread(target=self._main, name=f"rapidfire-run-{self.run_id}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._main, name=f"rapidfire-run-{self.run_id}", daemon=True
+            )
             self._thread.start()
         else:
             self._go.set()

@@ -284,8 +284,10 @@ group = RFGridSearch(List([
     for lr in (1e-3, 2e-3, 3e-3)]), "SFT")
 exp = Experiment("{RESTART_EXPERIMENT}")
 """
-RESUME_FIT_CELL = "exp.run_fit(group, tiny_create_model, tiny_sft_dataset(96), tiny_sft_dataset(4, seed=1), " \
+RESUME_FIT_CELL = (
+    "exp.run_fit(group, tiny_create_model, tiny_sft_dataset(96), tiny_sft_dataset(4, seed=1), "
     "num_chunks=4, seed=7)\n"
+)
 
 
 def _store_losses(rf_home: Path, name: str) -> dict[int, list[int]]:
@@ -334,11 +336,23 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
         panel.locator('tr[data-run-id="3"] [data-op="stop"]').click()
         panel.locator('tr[data-run-id="3"][data-status="STOPPED"]').wait_for(timeout=60_000)
         _wait(lambda: _store_runs(rf_home, RESTART_EXPERIMENT)[3]["status"] == "STOPPED", 10, "run 3 STOPPED")
-        _wait(lambda: min(r["chunks_done"] for rid, r in _store_runs(rf_home, RESTART_EXPERIMENT).items()
-                          if rid != 3) >= 2, 120, "two chunks done by runs 1 and 2")
+        _wait(
+            lambda: (
+                min(
+                    r["chunks_done"]
+                    for rid, r in _store_runs(rf_home, RESTART_EXPERIMENT).items()
+                    if rid != 3
+                )
+                >= 2
+            ),
+            120,
+            "two chunks done by runs 1 and 2",
+        )
         before = _store_runs(rf_home, RESTART_EXPERIMENT)
         assert all(before[r]["status"] in ("ONGOING", "NEW") for r in (1, 2)), before
-        assert all(before[r]["completed_steps"] < RESTART_STEPS for r in (1, 2)), "a run finished before the kill"
+        assert all(before[r]["completed_steps"] < RESTART_STEPS for r in (1, 2)), (
+            "a run finished before the kill"
+        )
         phase("runs 1-2 two chunks in, run 3 STOPPED: killing the kernel")
 
         # the kernel dies (SIGKILL, as an out-of-memory kill would) in the middle of a chunk
@@ -347,7 +361,9 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
                        ctx.statusChanged.connect((_, s) => window.__rfStatuses.push(s)); }"""
         )
         pid = _writer_pid(rf_home, RESTART_EXPERIMENT)
-        assert "ipykernel" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "), "not the kernel's pid"
+        assert "ipykernel" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "), (
+            "not the kernel's pid"
+        )
         os.kill(pid, signal.SIGKILL)
         killed = _store_runs(rf_home, RESTART_EXPERIMENT)
         history = _store_points(rf_home, ("loss", "eval_loss"), RESTART_EXPERIMENT)
@@ -376,21 +392,28 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
 
         # ... and run_fit continues runs 1-2 from their last chunk checkpoints, saying so
         lab.run_cell(1)
-        _wait(lambda: "continuing from the last chunk checkpoints" in _cell_output(page, 1), 120,
-              "run_fit's resume message")
+        _wait(
+            lambda: "continuing from the last chunk checkpoints" in _cell_output(page, 1),
+            120,
+            "run_fit's resume message",
+        )
         out = _cell_output(page, 1)
         resumed = {int(r): int(s) for r, s in re.findall(r"run (\d+) at step (\d+)", out)}
         assert set(resumed) == {1, 2}, out
         assert re.search(r"run 3 stays STOPPED at step \d+", out), out
         for rid, step in resumed.items():
             assert 0 < step <= killed[rid]["completed_steps"], (rid, step, killed[rid])
-            assert step % (RESTART_STEPS // 12) == 0, f"run {rid} resumed at step {step}, not a chunk boundary"
+            assert step % (RESTART_STEPS // 12) == 0, (
+                f"run {rid} resumed at step {step}, not a chunk boundary"
+            )
         panel = cell_panel()
         panel.wait_for(timeout=60_000)
         # the redrawn panel holds every point kept in the store (the history up to each resumed checkpoint)
         kept = sum(
-            1 for rid, steps in _store_losses(rf_home, RESTART_EXPERIMENT).items()
-            for s in steps if rid == 3 or s <= resumed[rid]
+            1
+            for rid, steps in _store_losses(rf_home, RESTART_EXPERIMENT).items()
+            for s in steps
+            if rid == 3 or s <= resumed[rid]
         )
         _wait(lambda: _points(panel) >= kept, 30, f"the panel to redraw the {kept} kept loss points")
         assert kept > 0 and history > 0
@@ -408,11 +431,17 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
         for rid in (1, 2):
             # one loss per step from 1 to the end: the points logged after the checkpoint by the dead kernel were
             # dropped and logged again, never twice
-            assert sorted(losses[rid]) == list(range(1, RESTART_STEPS + 1)), (rid, losses[rid][:5], len(losses[rid]))
+            assert sorted(losses[rid]) == list(range(1, RESTART_STEPS + 1)), (
+                rid,
+                losses[rid][:5],
+                len(losses[rid]),
+            )
             cell = panel.locator(f'tr[data-run-id="{rid}"] td.rf-col-step').inner_text()
             assert f"{RESTART_STEPS}/{RESTART_STEPS}" in cell, cell
         expected = _store_points(rf_home, ("loss", "eval_loss"), RESTART_EXPERIMENT)
-        _wait(lambda: _points(panel) == expected, 15, f"{expected} plotted points (the store's loss/eval_loss)")
+        _wait(
+            lambda: _points(panel) == expected, 15, f"{expected} plotted points (the store's loss/eval_loss)"
+        )
         phase("runs 1-2 COMPLETED, run 3 still STOPPED")
         time.sleep(1.0)
         page.mouse.move(2, 2)
@@ -440,9 +469,11 @@ def _current_cells(page: Any) -> Any:
 
 
 def _kernel_status(page: Any) -> str:
-    return str(page.evaluate(
-        "() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel; return k.status; }"
-    ))
+    return str(
+        page.evaluate(
+            "() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel; return k.status; }"
+        )
+    )
 
 
 def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home: Path) -> None:
@@ -473,13 +504,19 @@ def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home
         )
         row2.locator('[data-op="stop"]').click()
         clicked = time.monotonic()
-        _wait(lambda: any("kernel busy: sent through the server" in t for t in page.evaluate("() => window.__rfNotices")),
-              15, "the panel's notice that the op went through the server")
+        _wait(
+            lambda: any(
+                "kernel busy: sent through the server" in t for t in page.evaluate("() => window.__rfNotices")
+            ),
+            15,
+            "the panel's notice that the op went through the server",
+        )
         phase(f"op posted to the server after {time.monotonic() - clicked:.1f}s")
         row2.and_(page.locator('[data-status="STOPPED"]')).wait_for(timeout=90_000)
         phase(f"run 2 STOPPED {time.monotonic() - clicked:.1f}s after the click")
-        assert _kernel_status(page) == "busy" and "SLEPT" not in _cell_output(page, 1), \
+        assert _kernel_status(page) == "busy" and "SLEPT" not in _cell_output(page, 1), (
             "the sleep cell ended before the op was applied: the comm path, not the server, applied it"
+        )
         with _store(rf_home, FALLBACK_EXPERIMENT) as store:
             stops = [o for o in store.ops() if o["kind"] == "stop" and o["run_id"] == 2]
         assert [(o["source"], o["state"]) for o in stops] == [("inbox", "applied")], stops
@@ -494,15 +531,23 @@ def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home
             stops = [o for o in store.ops() if o["kind"] == "stop" and o["run_id"] == 2]
         assert len(stops) == 1 and stops[0]["state"] == "applied", stops
         assert panel.locator(".rf-op-item", has_text="stop run 2").count() == 1
-        assert panel.locator(".rf-notice-rejected").count() == 0, panel.locator(".rf-notice").all_inner_texts()
+        assert panel.locator(".rf-notice-rejected").count() == 0, panel.locator(
+            ".rf-notice"
+        ).all_inner_texts()
         assert row2.get_attribute("data-status") == "STOPPED"
-        assert panel.locator('tr[data-run-id="1"]').get_attribute("data-status") in ("NEW", "ONGOING", "COMPLETED")
+        assert panel.locator('tr[data-run-id="1"]').get_attribute("data-status") in (
+            "NEW",
+            "ONGOING",
+            "COMPLETED",
+        )
         phase("kernel idle again; op applied once")
         errors = [m for m in lab.console if m.startswith("pageerror")]
         assert not errors, errors
     finally:
         # stop the still-training kernel so it does not load the machine after this test
-        with_kernel = "() => { const s = window.jupyterapp.shell.currentWidget.sessionContext; return s.shutdown(); }"
+        with_kernel = (
+            "() => { const s = window.jupyterapp.shell.currentWidget.sessionContext; return s.shutdown(); }"
+        )
         with contextlib.suppress(Exception):  # the page may be gone after a failure
             page.evaluate(with_kernel)
         timeline.write("fallback-timings.txt")

@@ -45,8 +45,9 @@ def _plan(n: int, k: int, b: int, total: int | None = None, **kw: int) -> ChunkP
         (10, 3, 1, 10, (4, 7, 10), ((1, 1), (1, 2), (1, 3))),
     ],
 )
-def test_exact_boundaries(n: int, k: int, b: int, total: int, boundaries: tuple[int, ...],
-                          labels: tuple[tuple[int, int], ...]) -> None:
+def test_exact_boundaries(
+    n: int, k: int, b: int, total: int, boundaries: tuple[int, ...], labels: tuple[tuple[int, int], ...]
+) -> None:
     plan = plan_chunks(n, k, b, total)
     assert plan.boundaries == boundaries
     assert plan.labels == labels
@@ -102,7 +103,9 @@ def test_num_chunks_below_one(k: int) -> None:
 
 
 def test_more_chunks_than_steps_per_epoch() -> None:
-    with pytest.raises(ChunkPlanError, match=r"num_chunks=4 is larger than the 3 optimizer steps.*num_chunks <= 3"):
+    with pytest.raises(
+        ChunkPlanError, match=r"num_chunks=4 is larger than the 3 optimizer steps.*num_chunks <= 3"
+    ):
         plan_chunks(10, 4, 4, 3)  # ceil(10/4) = 3 steps per epoch
     plan_chunks(10, 3, 4, 3)  # the largest legal value
 

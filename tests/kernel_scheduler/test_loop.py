@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
-from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec, Harness, Recorder
 
 from kernel_scheduler import Op, OpKind, RunStatus, Scheduler
+from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec, Harness, Recorder
 
 S = RunStatus
 TERMINAL = {"applied", "rejected"}
@@ -38,8 +38,12 @@ Make = Callable[..., Harness]
 def make(harnesses: list[Harness]) -> Make:
     """``make(specs, num_chunks=2, mode="auto", start=True)``: a Harness closed (and checked) after the test."""
 
-    def _make(specs: Sequence[FakeSpec] | dict[int, FakeSpec], num_chunks: int = 2, mode: str = "auto",
-              start: bool = True) -> Harness:
+    def _make(
+        specs: Sequence[FakeSpec] | dict[int, FakeSpec],
+        num_chunks: int = 2,
+        mode: str = "auto",
+        start: bool = True,
+    ) -> Harness:
         h = Harness(specs, num_chunks=num_chunks, mode=mode, start=start)
         harnesses.append(h)
         return h
@@ -251,9 +255,13 @@ def test_resumed_run_catches_up_furthest_behind_first(make: Make) -> None:
     h.run_to_idle()
     assert h.fake.calls[4:] == [
         (1, 6),  # in flight when run 3 was resumed
-        (3, 2), (3, 4),  # run 3 catches up...
-        (2, 6), (3, 6),  # ... ties at chunk 3 go by run id
-        (1, 8), (2, 8), (3, 8),
+        (3, 2),
+        (3, 4),  # run 3 catches up...
+        (2, 6),
+        (3, 6),  # ... ties at chunk 3 go by run id
+        (1, 8),
+        (2, 8),
+        (3, 8),
     ]
     assert all(h.status(r) is S.COMPLETED for r in (1, 2, 3))
 
@@ -323,9 +331,15 @@ def test_cold_clone_gets_max_plus_one_and_catches_up(make: Make) -> None:
     h.run_to_idle()
     assert h.fake.calls[6:] == [
         (1, 6),
-        (4, 2), (4, 4),  # the clone catches up from chunk 1
-        (2, 6), (3, 6), (4, 6),
-        (1, 8), (2, 8), (3, 8), (4, 8),
+        (4, 2),
+        (4, 4),  # the clone catches up from chunk 1
+        (2, 6),
+        (3, 6),
+        (4, 6),
+        (1, 8),
+        (2, 8),
+        (3, 8),
+        (4, 8),
     ]
     assert h.status(4) is S.COMPLETED
     assert_ops_terminal(h)
@@ -529,7 +543,9 @@ def test_warm_clone_with_a_delete_of_its_parent_gets_the_parents_weights(make: M
     h.sched.submit(Op(OpKind.DELETE, 1))
     h.run_to_idle()
     ev = h.fake.events
-    assert ev.index(("add_run", 3, 1)) < ev.index(("on_status", 1, "DELETED")), "the delete waits for the clone"
+    assert ev.index(("add_run", 3, 1)) < ev.index(("on_status", 1, "DELETED")), (
+        "the delete waits for the clone"
+    )
     assert h.sched.ack(ack.op_id).state == "applied"  # type: ignore[union-attr]
     assert h.fake.calls_of(3) == [4] and h.status(3) is S.COMPLETED and h.status(1) is S.DELETED
 
@@ -589,8 +605,9 @@ def test_duplicate_op_id_is_applied_once(make: Make) -> None:
         (OpKind.STOP, 0, "completed", "does not exist"),
     ],
 )
-def test_illegal_ops_are_rejected_with_a_reason(make: Make, kind: OpKind, target: int, setup: str,
-                                                reason: str) -> None:
+def test_illegal_ops_are_rejected_with_a_reason(
+    make: Make, kind: OpKind, target: int, setup: str, reason: str
+) -> None:
     first = FakeSpec(rows=16, batch=4, fail_at_step=1) if setup == "failed" else TWO
     h = make([first, TWO])
     assert h.sched.wait(timeout=TIMEOUT)
@@ -728,8 +745,17 @@ def test_no_executor_call_while_a_segment_is_in_flight(make: Make) -> None:
     """Ops rain in from another thread while segments run; the fake records any call made mid-segment."""
     h = make([FOUR, FOUR, FOUR], num_chunks=4, mode="thread")
     h.fake.delay = 0.003
-    ops = [Op(OpKind.STOP, 2), clone(1, FOUR), Op(OpKind.RESUME, 2), clone(3, FOUR, warm=True),
-           Op(OpKind.DELETE, 1), Op(OpKind.STOP, 4), Op(OpKind.RESUME, 4), clone(2, FOUR), Op(OpKind.DELETE, 5)]
+    ops = [
+        Op(OpKind.STOP, 2),
+        clone(1, FOUR),
+        Op(OpKind.RESUME, 2),
+        clone(3, FOUR, warm=True),
+        Op(OpKind.DELETE, 1),
+        Op(OpKind.STOP, 4),
+        Op(OpKind.RESUME, 4),
+        clone(2, FOUR),
+        Op(OpKind.DELETE, 5),
+    ]
     for op in ops:
         time.sleep(0.004)
         h.sched.submit(op)
@@ -742,8 +768,14 @@ def test_no_executor_call_while_a_segment_is_in_flight(make: Make) -> None:
 def test_listener_hears_queued_then_outcome_for_every_op(make: Make) -> None:
     h = make([TWO, TWO], mode="manual")
     h.fake.wait_inflight()
-    ops = [Op(OpKind.STOP, 1), Op(OpKind.STOP, 2), Op(OpKind.RESUME, 2), clone(1, TWO), Op(OpKind.DELETE, 9),
-           Op(OpKind.RESUME, 1)]
+    ops = [
+        Op(OpKind.STOP, 1),
+        Op(OpKind.STOP, 2),
+        Op(OpKind.RESUME, 2),
+        clone(1, TWO),
+        Op(OpKind.DELETE, 9),
+        Op(OpKind.RESUME, 1),
+    ]
     for op in ops:
         h.sched.submit(op)
         h.settle()

@@ -13,7 +13,9 @@ from kernel_scheduler import FurthestBehindFirst, RunStatus, RunView, Scheduling
 S = RunStatus
 
 
-def v(run_id: int, epoch: int = 1, chunk: int = 1, status: RunStatus = S.ONGOING, ready: bool = True) -> RunView:
+def v(
+    run_id: int, epoch: int = 1, chunk: int = 1, status: RunStatus = S.ONGOING, ready: bool = True
+) -> RunView:
     return RunView(run_id, status, (epoch, chunk), ready)
 
 
@@ -73,9 +75,15 @@ def test_is_a_scheduling_policy() -> None:
 
 
 views = st.lists(
-    st.builds(RunView, run_id=st.integers(1, 30), status=st.sampled_from(list(RunStatus)),
-              position=st.tuples(st.integers(1, 3), st.integers(1, 4)), ready=st.booleans()),
-    max_size=8, unique_by=lambda r: r.run_id,
+    st.builds(
+        RunView,
+        run_id=st.integers(1, 30),
+        status=st.sampled_from(list(RunStatus)),
+        position=st.tuples(st.integers(1, 3), st.integers(1, 4)),
+        ready=st.booleans(),
+    ),
+    max_size=8,
+    unique_by=lambda r: r.run_id,
 )
 
 

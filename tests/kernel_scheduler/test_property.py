@@ -21,12 +21,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from rapidfire_nb.testing.fakes import FakeSpec, Harness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernel_scheduler.loop as loop_mod
 from kernel_scheduler import IllegalTransition, Op, OpKind, RunStatus, check_transition
+from rapidfire_nb.testing.fakes import FakeSpec, Harness
 
 specs = st.builds(
     FakeSpec,
@@ -109,8 +109,10 @@ def make_hooks(h: Harness, checks: Checks) -> None:
         ready = [s for s in snaps if s.status.in_rotation() and s.total_steps > 0]
         best = min(ready, key=lambda s: (s.position, s.run_id)) if ready else None
         if best is None or best.run_id != run_id:
-            checks.add(f"order: run {run_id} at {me.position} chosen, but "
-                       f"{[(s.run_id, s.position) for s in ready]} are ready")
+            checks.add(
+                f"order: run {run_id} at {me.position} chosen, but "
+                f"{[(s.run_id, s.position) for s in ready]} are ready"
+            )
 
     h.fake.on_segment = on_segment
 
@@ -124,12 +126,17 @@ def make_hooks(h: Harness, checks: Checks) -> None:
     h.fake.on_add_run = on_add_run
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(initial=st.lists(specs, min_size=1, max_size=3), before_start=st.lists(st.one_of(simple_ops, clone_ops),
-                                                                             max_size=3),
-       script=st.lists(actions, max_size=30))
-def test_random_ops_and_completions(initial: list[FakeSpec], before_start: list[tuple[Any, ...]],
-                                    script: list[tuple[Any, ...]]) -> None:
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(
+    initial=st.lists(specs, min_size=1, max_size=3),
+    before_start=st.lists(st.one_of(simple_ops, clone_ops), max_size=3),
+    script=st.lists(actions, max_size=30),
+)
+def test_random_ops_and_completions(
+    initial: list[FakeSpec], before_start: list[tuple[Any, ...]], script: list[tuple[Any, ...]]
+) -> None:
     checks = Checks()
     with recording_transitions(checks):
         h = Harness(initial, num_chunks=2, mode="manual", idle_poll_s=0.0005, start=False)
@@ -158,7 +165,9 @@ def test_random_ops_and_completions(initial: list[FakeSpec], before_start: list[
                 elif kind == "clone":
                     _, rid, warm, spec, settle = action
                     parent_spec = spec_of.get(rid, spec)
-                    op = Op(OpKind.CLONE, rid, payload={"spec": parent_spec if warm else spec, "warm_start": warm})
+                    op = Op(
+                        OpKind.CLONE, rid, payload={"spec": parent_spec if warm else spec, "warm_start": warm}
+                    )
                 else:
                     _, rid, settle = action
                     op = Op(OpKind(kind), rid)

@@ -22,7 +22,14 @@ def test_every_status_has_a_row_and_only_known_targets() -> None:
 
 def test_the_seven_statuses_and_their_values() -> None:
     assert [s.value for s in RunStatus] == [
-        "NEW", "ONGOING", "STOPPED", "COMPLETED", "FAILED", "DELETED", "INTERRUPTED"]
+        "NEW",
+        "ONGOING",
+        "STOPPED",
+        "COMPLETED",
+        "FAILED",
+        "DELETED",
+        "INTERRUPTED",
+    ]
     assert RunStatus("STOPPED") is S.STOPPED
     assert str(S.ONGOING) == "ONGOING"
     assert S.NEW == "NEW"  # a str enum: stored and compared as its value

@@ -33,12 +33,29 @@ EXECUTE_MARKS = [pytest.mark.real_model, pytest.mark.notebook]
 
 #: what each executed notebook must show (substrings of its text outputs), beyond running without error
 EXPECTED_OUTPUTS = {
-    "01_sft_customer_support.ipynb": ["smoke test settings", "[rapidfire] stop run", "clone of run",
-                                      "COMPLETED", "STOPPED", "base model :", "ended"],
-    "02_dpo_preferences.ipynb": ["smoke test settings", "rejected: 'shuffle'", "COMPLETED",
-                                 "eval_rewards/accuracies", "ended"],
-    "03_grpo_math_reasoning.ipynb": ["smoke test settings", "correctness: [2.0] format: [0.5]", "COMPLETED",
-                                     "--- base model: reward", "ended"],
+    "01_sft_customer_support.ipynb": [
+        "smoke test settings",
+        "[rapidfire] stop run",
+        "clone of run",
+        "COMPLETED",
+        "STOPPED",
+        "base model :",
+        "ended",
+    ],
+    "02_dpo_preferences.ipynb": [
+        "smoke test settings",
+        "rejected: 'shuffle'",
+        "COMPLETED",
+        "eval_rewards/accuracies",
+        "ended",
+    ],
+    "03_grpo_math_reasoning.ipynb": [
+        "smoke test settings",
+        "correctness: [2.0] format: [0.5]",
+        "COMPLETED",
+        "--- base model: reward",
+        "ended",
+    ],
 }
 
 
@@ -109,10 +126,15 @@ def kernel_name(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir = tmp_path_factory.mktemp("jupyter_data")
     spec_dir = data_dir / "kernels" / name
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": f"Python ({sys.executable})", "language": "python",
-    }))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": f"Python ({sys.executable})",
+                "language": "python",
+            }
+        )
+    )
     previous = os.environ.get("JUPYTER_PATH")
     os.environ["JUPYTER_PATH"] = os.pathsep.join([str(data_dir), *([previous] if previous else [])])
     yield name
@@ -134,8 +156,9 @@ def _text_outputs(nb: Any) -> str:
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=EXECUTE_MARKS) for n in NOTEBOOKS])
-def test_notebook_executes_in_smoke_mode(name: str, kernel_name: str, smollm2_dir: Path, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_executes_in_smoke_mode(
+    name: str, kernel_name: str, smollm2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
 
@@ -151,9 +174,15 @@ def test_notebook_executes_in_smoke_mode(name: str, kernel_name: str, smollm2_di
         monkeypatch.setenv(var, os.environ.get(var, "1"))
 
     nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
-    client = nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=CELL_TIMEOUT_S, startup_timeout=120,
-                                     resources={"metadata": {"path": str(NOTEBOOKS_DIR)}},
-                                     store_widget_state=True, allow_errors=False)
+    client = nbclient.NotebookClient(
+        nb,
+        kernel_name=kernel_name,
+        timeout=CELL_TIMEOUT_S,
+        startup_timeout=120,
+        resources={"metadata": {"path": str(NOTEBOOKS_DIR)}},
+        store_widget_state=True,
+        allow_errors=False,
+    )
     started = time.monotonic()
     try:
         client.execute()

@@ -75,8 +75,9 @@ def _install(mode: str, k: int, marker: str) -> None:
         def atomic_write_text(path, text, *a, **kw):
             orig_text(path, text, *a, **kw)
             p = os.fspath(path)
-            if os.path.basename(p) == _atomic.COMPLETE_MARKER and \
-                    os.path.basename(os.path.dirname(p)).startswith(".checkpoint-"):
+            if os.path.basename(p) == _atomic.COMPLETE_MARKER and os.path.basename(
+                os.path.dirname(p)
+            ).startswith(".checkpoint-"):
                 hit({"file": p})
 
         _atomic.atomic_write_text = atomic_write_text
@@ -122,17 +123,31 @@ def main() -> None:
 
     train = tiny_sft_dataset(24, seed=0)
     ev = tiny_sft_dataset(4, seed=1)
-    cfgs = List([
-        RFModelConfig(
-            model_name="tiny",
-            peft_config=RFLoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]),
-            training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=bs,
-                                      gradient_accumulation_steps=ga, num_train_epochs=2, warmup_steps=2,
-                                      weight_decay=0.01, max_length=64, logging_steps=1))
-        for lr, bs, ga in ((1e-3, 3, 1), (5e-4, 2, 3), (2e-4, 3, 1))
-    ])
+    cfgs = List(
+        [
+            RFModelConfig(
+                model_name="tiny",
+                peft_config=RFLoraConfig(
+                    r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]
+                ),
+                training_args=RFSFTConfig(
+                    learning_rate=lr,
+                    per_device_train_batch_size=bs,
+                    gradient_accumulation_steps=ga,
+                    num_train_epochs=2,
+                    warmup_steps=2,
+                    weight_decay=0.01,
+                    max_length=64,
+                    logging_steps=1,
+                ),
+            )
+            for lr, bs, ga in ((1e-3, 3, 1), (5e-4, 2, 3), (2e-4, 3, 1))
+        ]
+    )
     exp = Experiment(name, experiment_path=root)
-    exp.run_fit(RFGridSearch(cfgs, "SFT"), tiny_create_model, train, ev, num_chunks=4, seed=11, background=False)
+    exp.run_fit(
+        RFGridSearch(cfgs, "SFT"), tiny_create_model, train, ev, num_chunks=4, seed=11, background=False
+    )
     exp.end()
 
 

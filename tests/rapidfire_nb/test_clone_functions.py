@@ -21,7 +21,9 @@ def shout(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_functions_round_trip_by_reference() -> None:
-    stored = encode_changes({"formatting_func": shout, "reward_funcs": [shout, qa_to_chat], "learning_rate": 1e-3})
+    stored = encode_changes(
+        {"formatting_func": shout, "reward_funcs": [shout, qa_to_chat], "learning_rate": 1e-3}
+    )
     assert stored["formatting_func"] == {"__function__": f"{__name__}:shout"}
     assert stored["reward_funcs"][1] == {"__function__": "tests.helpers:qa_to_chat"}
     back = decode_changes(stored)
@@ -33,11 +35,17 @@ def test_functions_round_trip_by_reference() -> None:
 def _group() -> Any:
     from rapidfire_nb.automl import RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 
-    return RFGridSearch(RFModelConfig(
-        model_name="tiny", formatting_func=qa_to_chat,
-        peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-        training_args=RFSFTConfig(learning_rate=1e-3, per_device_train_batch_size=2, num_train_epochs=1,
-                                  max_length=32)), "SFT")
+    return RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            formatting_func=qa_to_chat,
+            peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            training_args=RFSFTConfig(
+                learning_rate=1e-3, per_device_train_batch_size=2, num_train_epochs=1, max_length=32
+            ),
+        ),
+        "SFT",
+    )
 
 
 def test_a_clone_with_a_new_function_is_rebuilt_with_it_after_a_restart(tmp_path: Path) -> None:
@@ -57,8 +65,9 @@ def test_a_clone_with_a_new_function_is_rebuilt_with_it_after_a_restart(tmp_path
     with Store(tmp_path / "fn") as store:  # as if the kernel had died before the clones finished
         store.upsert_run(child, status="INTERRUPTED")
         store.upsert_run(other, status="INTERRUPTED")
-        assert store.get_meta("clones")[str(child)]["changes"] == {"formatting_func": {"__function__":
-                                                                                        f"{__name__}:shout"}}
+        assert store.get_meta("clones")[str(child)]["changes"] == {
+            "formatting_func": {"__function__": f"{__name__}:shout"}
+        }
     again = Experiment("fn", experiment_path=tmp_path)
     said: list[str] = []
     again.on_message(said.append)

@@ -23,8 +23,10 @@ def _never(_cfg: Any) -> Any:
 def _group() -> Any:
     from rapidfire_nb.automl import List, RFGridSearch, RFModelConfig, RFSFTConfig
 
-    return RFGridSearch(List([RFModelConfig("tiny", training_args=RFSFTConfig(learning_rate=lr))
-                              for lr in (1e-3, 1e-4)]), "SFT")
+    return RFGridSearch(
+        List([RFModelConfig("tiny", training_args=RFSFTConfig(learning_rate=lr)) for lr in (1e-3, 1e-4)]),
+        "SFT",
+    )
 
 
 def _rows(n: int, text: str = "b") -> Any:
@@ -38,9 +40,16 @@ def crashed(tmp_path: Path) -> Path:
     from rapidfire_nb.store import Store
 
     with Store(tmp_path / "crashed") as store:
-        store.update_meta({"name": "crashed", "fingerprint": json.dumps([x.fingerprint() for x in _group().expand(5)]),
-                           "num_chunks": 4, "seed": 5, "train_data": dataset_fingerprint(_rows(16)),
-                           "eval_data": dataset_fingerprint(_rows(4, "e"))})
+        store.update_meta(
+            {
+                "name": "crashed",
+                "fingerprint": json.dumps([x.fingerprint() for x in _group().expand(5)]),
+                "num_chunks": 4,
+                "seed": 5,
+                "train_data": dataset_fingerprint(_rows(16)),
+                "eval_data": dataset_fingerprint(_rows(4, "e")),
+            }
+        )
         store.upsert_run(1, status="INTERRUPTED", source="fit")
         store.upsert_run(2, status="COMPLETED", source="fit")
     return tmp_path
@@ -56,7 +65,9 @@ def crashed(tmp_path: Path) -> Path:
         ({"eval_dataset": None}, r"different eval_dataset: none, but it was started with 4 rows"),
     ],
 )
-def test_different_inputs_are_refused_before_training(crashed: Path, kwargs: dict[str, Any], message: str) -> None:
+def test_different_inputs_are_refused_before_training(
+    crashed: Path, kwargs: dict[str, Any], message: str
+) -> None:
     from rapidfire_nb import Experiment
     from rapidfire_nb.errors import ExperimentError
 
@@ -65,7 +76,9 @@ def test_different_inputs_are_refused_before_training(crashed: Path, kwargs: dic
     try:
         with pytest.raises(ExperimentError, match=message) as err:
             exp.run_fit(_group(), _never, **args)
-        assert "unfinished runs [1]" in str(err.value) and "same num_chunks, seed and datasets" in str(err.value)
+        assert "unfinished runs [1]" in str(err.value) and "same num_chunks, seed and datasets" in str(
+            err.value
+        )
     finally:
         exp.end()
 
@@ -76,9 +89,13 @@ def test_an_eval_set_where_there_was_none(tmp_path: Path) -> None:
     from rapidfire_nb.store import Store
 
     with Store(tmp_path / "noeval") as store:
-        store.update_meta({"num_chunks": 4, "seed": 5, "train_data": dataset_fingerprint(_rows(16)), "eval_data": None})
+        store.update_meta(
+            {"num_chunks": 4, "seed": 5, "train_data": dataset_fingerprint(_rows(16)), "eval_data": None}
+        )
     exp = Experiment("noeval", experiment_path=tmp_path)
-    with pytest.raises(ExperimentError, match="different eval_dataset: 4 rows, but it was started without one"):
+    with pytest.raises(
+        ExperimentError, match="different eval_dataset: 4 rows, but it was started without one"
+    ):
         check_same_inputs(exp.experiment_name, exp.store.meta(), 4, 5, _rows(16), _rows(4), [1])
     check_same_inputs(exp.experiment_name, exp.store.meta(), 4, 5, _rows(16), None, [1])
     exp.end()
@@ -106,8 +123,10 @@ def test_reattached_panel_says_what_waits(crashed: Path) -> None:
 
     exp = Experiment("crashed", experiment_path=crashed)
     snap = exp.panel_snapshot()
-    assert snap["progress"] == ("not training in this kernel — 1/2 runs completed; 1 interrupted (run_fit with "
-                                "the same arguments continues them)")
+    assert snap["progress"] == (
+        "not training in this kernel — 1/2 runs completed; 1 interrupted (run_fit with "
+        "the same arguments continues them)"
+    )
     assert {r["run_id"]: r["status"] for r in snap["runs"]} == {1: "INTERRUPTED", 2: "COMPLETED"}
     exp.end()
 
@@ -117,7 +136,9 @@ def test_ic_ops_before_run_fit_say_how_to_continue(crashed: Path) -> None:
     from rapidfire_nb.errors import ExperimentError
 
     exp = Experiment("crashed", experiment_path=crashed)
-    with pytest.raises(ExperimentError, match="not training in this kernel: call run_fit with the same arguments"):
+    with pytest.raises(
+        ExperimentError, match="not training in this kernel: call run_fit with the same arguments"
+    ):
         exp.stop(1)
     exp.end()
 

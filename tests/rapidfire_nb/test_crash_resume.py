@@ -54,8 +54,13 @@ def _env() -> dict[str, str]:
 
 def _spawn(root: Path, name: str, *extra: str, log: Path) -> subprocess.Popen:
     with open(log, "w") as f:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, str(CHILD), str(root), name, *extra], stdout=f,
-                                stderr=subprocess.STDOUT, env=_env(), cwd=str(REPO))
+        return subprocess.Popen(
+            [sys.executable, str(CHILD), str(root), name, *extra],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            cwd=str(REPO),
+        )
 
 
 def _finish(p: subprocess.Popen, log: Path, timeout: float = 240) -> str:
@@ -102,12 +107,16 @@ def _kill_at(root: Path, mode: str, i: int, logs: Path) -> tuple[str, dict]:
     deadline = time.monotonic() + FREEZE_TIMEOUT
     while not marker.exists():
         if p.poll() is not None:
-            pytest.fail(f"incarnation {i} ({mode}) exited (rc={p.returncode}) before freezing:\n"
-                        f"{log.read_text()[-4000:]}")
+            pytest.fail(
+                f"incarnation {i} ({mode}) exited (rc={p.returncode}) before freezing:\n"
+                f"{log.read_text()[-4000:]}"
+            )
         if time.monotonic() > deadline:
             p.kill()
             p.wait()
-            pytest.fail(f"incarnation {i} ({mode}) never reached its freeze point:\n{log.read_text()[-4000:]}")
+            pytest.fail(
+                f"incarnation {i} ({mode}) never reached its freeze point:\n{log.read_text()[-4000:]}"
+            )
         time.sleep(0.05)
     info = json.loads(marker.read_text())
     os.kill(p.pid, signal.SIGKILL)
@@ -199,12 +208,16 @@ def test_kill_at_five_moments_then_resume_exactly(tmp_path: Path) -> None:
     assert not list((root / NAME / "runs").glob("*/.checkpoint-*")), list((root / NAME / "runs").glob("*/.*"))
     assert {r: x["status"] for r, x in got_runs.items()} == {1: "COMPLETED", 2: "COMPLETED", 3: "COMPLETED"}
     for rid in (1, 2, 3):
-        assert got_runs[rid]["completed_steps"] == ref_runs[rid]["completed_steps"] == ref_runs[rid]["total_steps"]
+        assert (
+            got_runs[rid]["completed_steps"]
+            == ref_runs[rid]["completed_steps"]
+            == ref_runs[rid]["total_steps"]
+        )
         assert set(got_w[rid]) == set(ref_w[rid])
         for k, v in ref_w[rid].items():
             d = (got_w[rid][k] - v).abs().max().item()
             assert d <= TOL, f"run {rid} adapter {k}: max abs diff {d}"
-    assert set(got_l) == set(ref_l), (sorted(set(ref_l) ^ set(got_l))[:20])
+    assert set(got_l) == set(ref_l), sorted(set(ref_l) ^ set(got_l))[:20]
     assert any(k[1] == "loss" for k in ref_l) and any(k[1] == "num_tokens" for k in ref_l)
     for k, v in ref_l.items():
         assert abs(got_l[k] - v) <= TOL, f"{k}: {got_l[k]} vs {v}"

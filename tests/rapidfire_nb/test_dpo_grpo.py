@@ -42,8 +42,9 @@ def digit_reward(completions: list[Any], answer: list[str], **kwargs: Any) -> li
 
 
 # ------------------------------------------------------------------------------------------------ plain TRL
-def plain_trl(leaf: Any, create_model_fn: Any, train: Any, evald: Any, output_dir: Any,
-              ref_model: Any = None) -> dict[str, Any]:
+def plain_trl(
+    leaf: Any, create_model_fn: Any, train: Any, evald: Any, output_dir: Any, ref_model: Any = None
+) -> dict[str, Any]:
     """What a user writes without rapidfire_nb: the same TRL config, ``peft_config``, rows and seed, one ``train()``."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import DPOTrainer, GRPOTrainer
@@ -57,8 +58,14 @@ def plain_trl(leaf: Any, create_model_fn: Any, train: Any, evald: Any, output_di
     def rows(ds: Any) -> Any:
         return ds if ds is None or fmt is None else ds.map(fmt, remove_columns=ds.column_names)
 
-    kwargs = dict(model=model, args=args, train_dataset=rows(train), eval_dataset=rows(evald), processing_class=tok,
-                  peft_config=build_lora_config(leaf))
+    kwargs = dict(
+        model=model,
+        args=args,
+        train_dataset=rows(train),
+        eval_dataset=rows(evald),
+        processing_class=tok,
+        peft_config=build_lora_config(leaf),
+    )
     if leaf.trainer_type == "GRPO":
         trainer = GRPOTrainer(reward_funcs=list(leaf.reward_funcs), **kwargs)
     else:
@@ -66,8 +73,11 @@ def plain_trl(leaf: Any, create_model_fn: Any, train: Any, evald: Any, output_di
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     trainer.train()
-    weights = (adapter_state(trainer.model) if leaf.lora is not None
-               else {k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+    weights = (
+        adapter_state(trainer.model)
+        if leaf.lora is not None
+        else {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    )
     return dict(weights=weights, log=list(trainer.state.log_history), max_steps=trainer.state.max_steps)
 
 
@@ -87,14 +97,33 @@ def assert_same_series(results: Any, rid: int, ref_log: list[dict[str, Any]], na
 
 # ================================================================================================ DPO
 def _dpo_group() -> RFGridSearch:
-    common = dict(loss_type="sigmoid", learning_rate=1e-3, per_device_train_batch_size=4, num_train_epochs=2,
-                  max_length=48, warmup_steps=1, logging_steps=1, eval_strategy="no")
-    return RFGridSearch(List([
-        RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
-                      training_args=RFDPOConfig(beta=List([0.1, 0.3]), **common)),
-        RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
-                      training_args=RFDPOConfig(beta=0.1, disable_dropout=False, **common)),
-    ]), "DPO")
+    common = dict(
+        loss_type="sigmoid",
+        learning_rate=1e-3,
+        per_device_train_batch_size=4,
+        num_train_epochs=2,
+        max_length=48,
+        warmup_steps=1,
+        logging_steps=1,
+        eval_strategy="no",
+    )
+    return RFGridSearch(
+        List(
+            [
+                RFModelConfig(
+                    model_name="tiny",
+                    peft_config=RFLoraConfig(**LORA),
+                    training_args=RFDPOConfig(beta=List([0.1, 0.3]), **common),
+                ),
+                RFModelConfig(
+                    model_name="tiny",
+                    peft_config=RFLoraConfig(**LORA),
+                    training_args=RFDPOConfig(beta=0.1, disable_dropout=False, **common),
+                ),
+            ]
+        ),
+        "DPO",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,16 +135,24 @@ def dpo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     exp.quiet = True
     exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=SEED)
     ex = exp.session.executor
-    out = dict(info=exp.get_runs_info().set_index("run_id"), results=exp.get_results(),
-               trainers={rid: run.worker.trainer for rid, run in ex.runs.items()},
-               adapters={rid: run.adapter for rid, run in ex.runs.items()},
-               bases={rid: run.base for rid, run in ex.runs.items()},
-               in_memory={rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
-                          for rid, run in ex.runs.items()},
-               plans={rid: run.plan for rid, run in ex.runs.items()}, tb=exp.path / "tensorboard")
+    out = dict(
+        info=exp.get_runs_info().set_index("run_id"),
+        results=exp.get_results(),
+        trainers={rid: run.worker.trainer for rid, run in ex.runs.items()},
+        adapters={rid: run.adapter for rid, run in ex.runs.items()},
+        bases={rid: run.base for rid, run in ex.runs.items()},
+        in_memory={
+            rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
+            for rid, run in ex.runs.items()
+        },
+        plans={rid: run.plan for rid, run in ex.runs.items()},
+        tb=exp.path / "tensorboard",
+    )
     exp.end()
-    out["refs"] = {rid: plain_trl(leaf, tiny_create_model, train, None, root / f"plain-{rid}")
-                   for rid, leaf in enumerate(group.expand(SEED), start=1)}
+    out["refs"] = {
+        rid: plain_trl(leaf, tiny_create_model, train, None, root / f"plain-{rid}")
+        for rid, leaf in enumerate(group.expand(SEED), start=1)
+    }
     return out
 
 
@@ -126,7 +163,12 @@ def test_dpo_runs_complete_chunk_by_chunk(dpo: dict[str, Any]) -> None:
     for rid in (1, 2, 3):
         assert dpo["plans"][rid].boundaries == (1, 2, 3, 4)
         assert dpo["plans"][rid].labels == ((1, 1), (1, 2), (2, 1), (2, 2))
-        assert info.loc[rid, "completed_steps"] == info.loc[rid, "total_steps"] == dpo["refs"][rid]["max_steps"] == 4
+        assert (
+            info.loc[rid, "completed_steps"]
+            == info.loc[rid, "total_steps"]
+            == dpo["refs"][rid]["max_steps"]
+            == 4
+        )
         assert info.loc[rid, "chunks_done"] == 4
 
 
@@ -134,10 +176,23 @@ def test_dpo_lora_weights_and_metrics_equal_plain_trl(dpo: dict[str, Any]) -> No
     for rid, ref in dpo["refs"].items():
         saved = adapter_from_folder(dpo["info"].loc[rid, "checkpoint_dir"])
         assert max_abs_diff(saved, ref["weights"]) <= TOL, f"run {rid}: saved adapter differs"
-        assert max_abs_diff(dpo["in_memory"][rid], ref["weights"]) <= TOL, f"run {rid}: trained adapter differs"
-        assert_same_series(dpo["results"], rid, ref["log"],
-                           ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
-                            "logps/chosen", "grad_norm"))
+        assert max_abs_diff(dpo["in_memory"][rid], ref["weights"]) <= TOL, (
+            f"run {rid}: trained adapter differs"
+        )
+        assert_same_series(
+            dpo["results"],
+            rid,
+            ref["log"],
+            (
+                "loss",
+                "rewards/chosen",
+                "rewards/rejected",
+                "rewards/margins",
+                "rewards/accuracies",
+                "logps/chosen",
+                "grad_norm",
+            ),
+        )
     # beta matters: the two beta runs on one base really trained different adapters
     assert max_abs_diff(dpo["in_memory"][1], dpo["in_memory"][2]) > 1e-4
 
@@ -152,8 +207,14 @@ def test_dpo_lora_reference_is_the_shared_base_with_adapters_disabled(dpo: dict[
         configs = trainer.model.peft_config
         assert "ref" not in configs and "default" not in configs, sorted(configs)
     # DPO's disable_dropout=True zeroed the dropout of its base only
-    drops = {rid: {m.p for n, m in trainers[rid].model.named_modules()
-                   if type(m).__name__ == "Dropout" and f".{dpo['adapters'][rid]}" in n} for rid in (1, 3)}
+    drops = {
+        rid: {
+            m.p
+            for n, m in trainers[rid].model.named_modules()
+            if type(m).__name__ == "Dropout" and f".{dpo['adapters'][rid]}" in n
+        }
+        for rid in (1, 3)
+    }
     assert drops == {1: {0.0}, 3: {0.1}}
 
 
@@ -171,16 +232,30 @@ def test_dpo_metrics_keep_trl_names_in_store_results_and_tensorboard(dpo: dict[s
 
 def test_dpo_full_fine_tuning_shares_one_frozen_reference(tmp_path: Any) -> None:
     train = tiny_dpo_dataset(4, seed=0)
-    group = RFGridSearch(RFModelConfig(model_name="tiny", training_args=RFDPOConfig(
-        beta=List([0.1, 0.3]), loss_type="sigmoid", learning_rate=1e-3, per_device_train_batch_size=2,
-        num_train_epochs=1, max_length=48, logging_steps=1)), "DPO")
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            training_args=RFDPOConfig(
+                beta=List([0.1, 0.3]),
+                loss_type="sigmoid",
+                learning_rate=1e-3,
+                per_device_train_batch_size=2,
+                num_train_epochs=1,
+                max_length=48,
+                logging_steps=1,
+            ),
+        ),
+        "DPO",
+    )
     exp = Experiment("dpo-full", experiment_path=tmp_path)
     exp.quiet = True
     exp.run_fit(group, tiny_create_model, train, num_chunks=2, seed=SEED)
     runs = exp.session.executor.runs
     refs = {rid: run.worker.trainer.ref_model for rid, run in runs.items()}
-    got = {rid: {k: v.detach().clone() for k, v in run.worker.trainer.model.state_dict().items()}
-           for rid, run in runs.items()}
+    got = {
+        rid: {k: v.detach().clone() for k, v in run.worker.trainer.model.state_dict().items()}
+        for rid, run in runs.items()
+    }
     results = exp.get_results()
     exp.end()
     assert refs[1] is refs[2] and refs[1] is not None, "one reference per distinct base"
@@ -202,10 +277,17 @@ def test_dpo_ref_model_name_loads_one_frozen_reference_through_create_model_fn(t
         calls.append(config["model_name"])
         return tiny_create_model(config)
 
-    group = RFGridSearch(RFModelConfig(model_name="tiny", ref_model_name="tiny-qwen2", peft_config=RFLoraConfig(**LORA),
-                                       training_args=RFDPOConfig(beta=0.1, learning_rate=1e-3, max_length=48,
-                                                                 per_device_train_batch_size=2, logging_steps=1)),
-                         "DPO")
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            ref_model_name="tiny-qwen2",
+            peft_config=RFLoraConfig(**LORA),
+            training_args=RFDPOConfig(
+                beta=0.1, learning_rate=1e-3, max_length=48, per_device_train_batch_size=2, logging_steps=1
+            ),
+        ),
+        "DPO",
+    )
     exp = Experiment("dpo-ref-name", experiment_path=tmp_path)
     exp.quiet = True
     exp.run_fit(group, create, train, num_chunks=2, seed=SEED)
@@ -217,26 +299,53 @@ def test_dpo_ref_model_name_loads_one_frozen_reference_through_create_model_fn(t
     assert sorted(calls) == ["tiny", "tiny-qwen2"] and type(ref_model).__name__ == "Qwen2ForCausalLM"
     assert not any(p.requires_grad for p in ref_model.parameters())
     (leaf,) = group.expand(SEED)
-    ref = plain_trl(leaf, tiny_create_model, train, None, tmp_path / "plain",
-                    ref_model=tiny_create_model({"model_name": "tiny-qwen2"})[0])
+    ref = plain_trl(
+        leaf,
+        tiny_create_model,
+        train,
+        None,
+        tmp_path / "plain",
+        ref_model=tiny_create_model({"model_name": "tiny-qwen2"})[0],
+    )
     assert max_abs_diff(got, ref["weights"]) <= TOL
     assert_same_series(results, 1, ref["log"], ("loss", "rewards/margins"))
 
 
 # ================================================================================================ GRPO
-GRPO_COMMON = dict(num_generations=4, max_completion_length=6, learning_rate=1e-2, beta=0.04, logging_steps=1,
-                   num_train_epochs=1)
+GRPO_COMMON = dict(
+    num_generations=4,
+    max_completion_length=6,
+    learning_rate=1e-2,
+    beta=0.04,
+    logging_steps=1,
+    num_train_epochs=1,
+)
 
 
 def _grpo_group() -> RFGridSearch:
-    return RFGridSearch(List([
-        RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), reward_funcs=[length_reward, digit_reward],
-                      training_args=RFGRPOConfig(per_device_train_batch_size=4, steps_per_generation=1,
-                                                 temperature=1.0, **GRPO_COMMON)),
-        RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA), reward_funcs=[length_reward, digit_reward],
-                      training_args=RFGRPOConfig(per_device_train_batch_size=4, steps_per_generation=2,
-                                                 temperature=0.7, **GRPO_COMMON)),
-    ]), "GRPO")
+    return RFGridSearch(
+        List(
+            [
+                RFModelConfig(
+                    model_name="tiny",
+                    peft_config=RFLoraConfig(**LORA),
+                    reward_funcs=[length_reward, digit_reward],
+                    training_args=RFGRPOConfig(
+                        per_device_train_batch_size=4, steps_per_generation=1, temperature=1.0, **GRPO_COMMON
+                    ),
+                ),
+                RFModelConfig(
+                    model_name="tiny",
+                    peft_config=RFLoraConfig(**LORA),
+                    reward_funcs=[length_reward, digit_reward],
+                    training_args=RFGRPOConfig(
+                        per_device_train_batch_size=4, steps_per_generation=2, temperature=0.7, **GRPO_COMMON
+                    ),
+                ),
+            ]
+        ),
+        "GRPO",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -261,14 +370,23 @@ def grpo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         mp.setattr(TorchExecutor, "_on_boundary", spy)
         exp.run_fit(group, tiny_create_model, train, num_chunks=2, seed=SEED)
     ex = exp.session.executor
-    out = dict(info=exp.get_runs_info().set_index("run_id"), results=exp.get_results(), at_boundary=at_boundary,
-               trainers={rid: run.worker.trainer for rid, run in ex.runs.items()},
-               in_memory={rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
-                          for rid, run in ex.runs.items()},
-               plans={rid: run.plan for rid, run in ex.runs.items()}, tb=exp.path / "tensorboard")
+    out = dict(
+        info=exp.get_runs_info().set_index("run_id"),
+        results=exp.get_results(),
+        at_boundary=at_boundary,
+        trainers={rid: run.worker.trainer for rid, run in ex.runs.items()},
+        in_memory={
+            rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter)
+            for rid, run in ex.runs.items()
+        },
+        plans={rid: run.plan for rid, run in ex.runs.items()},
+        tb=exp.path / "tensorboard",
+    )
     exp.end()
-    out["refs"] = {rid: plain_trl(leaf, tiny_create_model, train, None, root / f"plain-{rid}")
-                   for rid, leaf in enumerate(group.expand(SEED), start=1)}
+    out["refs"] = {
+        rid: plain_trl(leaf, tiny_create_model, train, None, root / f"plain-{rid}")
+        for rid, leaf in enumerate(group.expand(SEED), start=1)
+    }
     return out
 
 
@@ -291,10 +409,23 @@ def test_grpo_weights_losses_and_rewards_equal_plain_trl(grpo: dict[str, Any]) -
     for rid, ref in grpo["refs"].items():
         saved = adapter_from_folder(grpo["info"].loc[rid, "checkpoint_dir"])
         assert max_abs_diff(saved, ref["weights"]) <= TOL, f"run {rid}: saved adapter differs"
-        assert max_abs_diff(grpo["in_memory"][rid], ref["weights"]) <= TOL, f"run {rid}: trained adapter differs"
-        assert_same_series(grpo["results"], rid, ref["log"],
-                           ("loss", "reward", "reward_std", "rewards/length_reward/mean",
-                            "rewards/digit_reward/mean", "kl", "completions/mean_length"))
+        assert max_abs_diff(grpo["in_memory"][rid], ref["weights"]) <= TOL, (
+            f"run {rid}: trained adapter differs"
+        )
+        assert_same_series(
+            grpo["results"],
+            rid,
+            ref["log"],
+            (
+                "loss",
+                "reward",
+                "reward_std",
+                "rewards/length_reward/mean",
+                "rewards/digit_reward/mean",
+                "kl",
+                "completions/mean_length",
+            ),
+        )
     assert grpo["trainers"][1].ref_model is None and grpo["trainers"][1].beta == 0.04
 
 
@@ -311,7 +442,12 @@ def test_grpo_metrics_in_tensorboard(grpo: dict[str, Any]) -> None:
     acc = EventAccumulator(str(grpo["tb"] / "run-2"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"train/reward", "train/kl", "train/rewards/length_reward/mean", "train/rewards/digit_reward/mean"} <= tags
+    assert {
+        "train/reward",
+        "train/kl",
+        "train/rewards/length_reward/mean",
+        "train/rewards/digit_reward/mean",
+    } <= tags
 
 
 # ------------------------------------------------------------------------------------------------ geometry
@@ -319,13 +455,24 @@ class _Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize("training, n_rows", [
-    (dict(per_device_train_batch_size=4, steps_per_generation=1), 6),
-    (dict(per_device_train_batch_size=2, steps_per_generation=2), 5),
-    (dict(per_device_train_batch_size=4, steps_per_generation=2, gradient_accumulation_steps=3), 10),
-    (dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_iterations=2, num_train_epochs=1.5), 7),
-    (dict(per_device_train_batch_size=2, generation_batch_size=8, max_steps=7), 9),
-])
+@pytest.mark.parametrize(
+    "training, n_rows",
+    [
+        (dict(per_device_train_batch_size=4, steps_per_generation=1), 6),
+        (dict(per_device_train_batch_size=2, steps_per_generation=2), 5),
+        (dict(per_device_train_batch_size=4, steps_per_generation=2, gradient_accumulation_steps=3), 10),
+        (
+            dict(
+                per_device_train_batch_size=4,
+                gradient_accumulation_steps=2,
+                num_iterations=2,
+                num_train_epochs=1.5,
+            ),
+            7,
+        ),
+        (dict(per_device_train_batch_size=2, generation_batch_size=8, max_steps=7), 9),
+    ],
+)
 def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, tmp_path: Any) -> None:
     """Total steps and steps per epoch are TRL's own (its dataloader, its ``state.max_steps``), no training."""
     from transformers import TrainerCallback
@@ -336,9 +483,15 @@ def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, t
 
     args = dict(num_generations=4, max_completion_length=4, logging_steps=1)
     args.update(training)
-    (leaf,) = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
-                                         reward_funcs=[length_reward], training_args=RFGRPOConfig(**args)),
-                           "GRPO").expand(SEED)
+    (leaf,) = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            peft_config=RFLoraConfig(**LORA),
+            reward_funcs=[length_reward],
+            training_args=RFGRPOConfig(**args),
+        ),
+        "GRPO",
+    ).expand(SEED)
     targs, _ = build_training_args(leaf, output_dir=str(tmp_path), default_seed=SEED)
     model, tok = tiny_create_model()
     seen: dict[str, int] = {}
@@ -348,9 +501,15 @@ def test_grpo_step_geometry_matches_trl(training: dict[str, Any], n_rows: int, t
             seen["max_steps"] = state.max_steps
             raise _Stop()
 
-    trainer = GRPOTrainer(model=model, args=targs, reward_funcs=[length_reward], processing_class=tok,
-                          train_dataset=tiny_grpo_dataset(n_rows), peft_config=build_lora_config(leaf),
-                          callbacks=[Probe()])
+    trainer = GRPOTrainer(
+        model=model,
+        args=targs,
+        reward_funcs=[length_reward],
+        processing_class=tok,
+        train_dataset=tiny_grpo_dataset(n_rows),
+        peft_config=build_lora_config(leaf),
+        callbacks=[Probe()],
+    )
     grpo_kind = get_kind("GRPO")
     geo = grpo_kind.step_geometry(trainer)
     assert geo.grpo is not None
@@ -402,17 +561,29 @@ def fails_before_training(trained: list, match: str, group: Any, train: Any, **k
 def _grpo(reward_funcs: Any = (length_reward,), **training: Any) -> RFGridSearch:
     args = dict(num_generations=4, max_completion_length=4, per_device_train_batch_size=4)
     args.update(training)
-    return RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
-                                      reward_funcs=list(reward_funcs) if reward_funcs else None,
-                                      training_args=RFGRPOConfig(**args)), "GRPO")
+    return RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            peft_config=RFLoraConfig(**LORA),
+            reward_funcs=list(reward_funcs) if reward_funcs else None,
+            training_args=RFGRPOConfig(**args),
+        ),
+        "GRPO",
+    )
 
 
 def test_dpo_rows_without_preference_columns(trained: list) -> None:
     from datasets import Dataset
 
     rows = Dataset.from_dict({"prompt": ["What is 3 plus 4?"], "completion": ["7"]})
-    group = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
-                                       training_args=RFDPOConfig(per_device_train_batch_size=1)), "DPO")
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            peft_config=RFLoraConfig(**LORA),
+            training_args=RFDPOConfig(per_device_train_batch_size=1),
+        ),
+        "DPO",
+    )
     msg = fails_before_training(trained, "prompt/chosen/rejected", group, rows)
     assert "formatting_func" in msg and "completion" in msg
     # the same rows through a formatting_func that builds the pair are accepted
@@ -422,7 +593,9 @@ def test_dpo_rows_without_preference_columns(trained: list) -> None:
     def to_pair(row: dict) -> dict:
         return {"prompt": row["prompt"], "chosen": row["completion"], "rejected": "8"}
 
-    assert {"prompt", "chosen", "rejected"} <= set(prepare_dataset(rows, to_pair, get_kind("DPO"), "train").column_names)
+    assert {"prompt", "chosen", "rejected"} <= set(
+        prepare_dataset(rows, to_pair, get_kind("DPO"), "train").column_names
+    )
 
 
 def test_grpo_without_reward_funcs(trained: list) -> None:
@@ -434,28 +607,48 @@ def test_grpo_without_reward_funcs(trained: list) -> None:
         check_reward_funcs([], ["prompt"])
 
 
-@pytest.mark.parametrize("training, numbers", [
-    (dict(per_device_train_batch_size=3, steps_per_generation=1), ("3 completions", "num_generations=4")),
-    (dict(per_device_train_batch_size=3, gradient_accumulation_steps=2), ("6 completions", "num_generations=4")),
-    (dict(per_device_train_batch_size=2, generation_batch_size=6), ("6 completions", "num_generations=4")),
-])
-def test_generation_batch_not_divisible_by_num_generations(trained: list, training: dict, numbers: tuple) -> None:
-    msg = fails_before_training(trained, "not divisible by num_generations", _grpo(**training), tiny_grpo_dataset(8))
+@pytest.mark.parametrize(
+    "training, numbers",
+    [
+        (dict(per_device_train_batch_size=3, steps_per_generation=1), ("3 completions", "num_generations=4")),
+        (
+            dict(per_device_train_batch_size=3, gradient_accumulation_steps=2),
+            ("6 completions", "num_generations=4"),
+        ),
+        (
+            dict(per_device_train_batch_size=2, generation_batch_size=6),
+            ("6 completions", "num_generations=4"),
+        ),
+    ],
+)
+def test_generation_batch_not_divisible_by_num_generations(
+    trained: list, training: dict, numbers: tuple
+) -> None:
+    msg = fails_before_training(
+        trained, "not divisible by num_generations", _grpo(**training), tiny_grpo_dataset(8)
+    )
     for text in numbers:
         assert text in msg, msg
 
 
 def test_grpo_ref_model_name_is_rejected(trained: list) -> None:
-    group = RFGridSearch(RFModelConfig(model_name="tiny", ref_model_name="tiny-qwen2", reward_funcs=[length_reward],
-                                       training_args=RFGRPOConfig(num_generations=4, per_device_train_batch_size=4)),
-                         "GRPO")
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            ref_model_name="tiny-qwen2",
+            reward_funcs=[length_reward],
+            training_args=RFGRPOConfig(num_generations=4, per_device_train_batch_size=4),
+        ),
+        "GRPO",
+    )
     fails_before_training(trained, "not supported for GRPO", group, tiny_grpo_dataset(8))
 
 
 def test_grpo_num_chunks_beyond_generation_rounds(trained: list) -> None:
     # 6 prompts, 2 prompts per round (batch 4 x steps_per_generation 2 / 4 generations) -> 3 rounds per epoch
-    fails_before_training(trained, r"num_chunks <= 3", _grpo(steps_per_generation=2), tiny_grpo_dataset(6),
-                          num_chunks=4)
+    fails_before_training(
+        trained, r"num_chunks <= 3", _grpo(steps_per_generation=2), tiny_grpo_dataset(6), num_chunks=4
+    )
 
 
 def no_kwargs(prompts: Any, completions: Any) -> list[float]:
@@ -468,8 +661,9 @@ def needs_solution(completions: Any, solution: Any, **kwargs: Any) -> list[float
 
 @pytest.mark.parametrize("bad, why", [(no_kwargs, "answer"), (needs_solution, "solution")])
 def test_reward_function_that_cannot_bind_trl_call(trained: list, bad: Any, why: str) -> None:
-    msg = fails_before_training(trained, f"reward function '{bad.__name__}'", _grpo([length_reward, bad]),
-                                tiny_grpo_dataset(8))
+    msg = fails_before_training(
+        trained, f"reward function '{bad.__name__}'", _grpo([length_reward, bad]), tiny_grpo_dataset(8)
+    )
     assert why in msg and "completions=" in msg and "**kwargs" in msg
 
 
@@ -477,10 +671,19 @@ def test_reward_functions_of_the_issue_bind() -> None:
     from rapidfire_nb.data.gsm import correctness_reward, format_reward
     from rapidfire_nb.training.kinds.rewards import check_reward_funcs, reward_call_names
 
-    check_reward_funcs([correctness_reward, format_reward, length_reward, digit_reward, lambda **kw: []],
-                       ["prompt", "answer"])
-    assert reward_call_names(["prompt", "answer"]) == ["prompts", "completions", "completion_ids", "trainer_state",
-                                                        "log_extra", "log_metric", "answer"]
+    check_reward_funcs(
+        [correctness_reward, format_reward, length_reward, digit_reward, lambda **kw: []],
+        ["prompt", "answer"],
+    )
+    assert reward_call_names(["prompt", "answer"]) == [
+        "prompts",
+        "completions",
+        "completion_ids",
+        "trainer_state",
+        "log_extra",
+        "log_metric",
+        "answer",
+    ]
     with pytest.raises(ConfigError, match="correctness_reward"):
         check_reward_funcs([correctness_reward], ["prompt"])  # no `answer` column in this data set
 
@@ -499,10 +702,15 @@ def exploding_reward(completions: list[Any], **kwargs: Any) -> list[float]:
 def test_a_raising_reward_function_fails_only_its_run(tmp_path: Any) -> None:
     CALLS["n"] = 0
     train = tiny_grpo_dataset(4, seed=0)
-    group = RFGridSearch(RFModelConfig(
-        model_name="tiny", peft_config=RFLoraConfig(**LORA),
-        reward_funcs=List([[length_reward], [length_reward, exploding_reward]]),
-        training_args=RFGRPOConfig(per_device_train_batch_size=4, **GRPO_COMMON)), "GRPO")
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            peft_config=RFLoraConfig(**LORA),
+            reward_funcs=List([[length_reward], [length_reward, exploding_reward]]),
+            training_args=RFGRPOConfig(per_device_train_batch_size=4, **GRPO_COMMON),
+        ),
+        "GRPO",
+    )
     exp = Experiment("reward-fails", experiment_path=tmp_path)
     exp.quiet = True
     exp.run_fit(group, tiny_create_model, train, num_chunks=2, seed=SEED)

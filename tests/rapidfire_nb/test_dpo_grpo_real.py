@@ -35,9 +35,14 @@ def _plain(leaf: Any, train: Any, output_dir: Any) -> dict[str, Any]:
 
     args, _ = build_training_args(leaf, output_dir=str(output_dir), default_seed=SEED)
     model, tok = create_smollm2(leaf.model_config_dict())
-    kwargs = dict(model=model, args=args, train_dataset=train, processing_class=tok, peft_config=build_lora_config(leaf))
-    trainer = (GRPOTrainer(reward_funcs=list(leaf.reward_funcs), **kwargs) if leaf.trainer_type == "GRPO"
-               else DPOTrainer(**kwargs))
+    kwargs = dict(
+        model=model, args=args, train_dataset=train, processing_class=tok, peft_config=build_lora_config(leaf)
+    )
+    trainer = (
+        GRPOTrainer(reward_funcs=list(leaf.reward_funcs), **kwargs)
+        if leaf.trainer_type == "GRPO"
+        else DPOTrainer(**kwargs)
+    )
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     trainer.train()
@@ -58,10 +63,16 @@ def _run(group: Any, train: Any, root: Any, name: str) -> dict[str, Any]:
     exp = Experiment(name, experiment_path=root)
     exp.quiet = True
     exp.run_fit(group, create_model, train, num_chunks=2, seed=SEED)
-    out = dict(info=exp.get_runs_info().set_index("run_id"), results=exp.get_results(), base_calls=len(calls),
-               plans={rid: run.plan for rid, run in exp.session.executor.runs.items()})
+    out = dict(
+        info=exp.get_runs_info().set_index("run_id"),
+        results=exp.get_results(),
+        base_calls=len(calls),
+        plans={rid: run.plan for rid, run in exp.session.executor.runs.items()},
+    )
     exp.end()
-    out["refs"] = {rid: _plain(leaf, train, root / f"plain-{rid}") for rid, leaf in enumerate(group.expand(SEED), 1)}
+    out["refs"] = {
+        rid: _plain(leaf, train, root / f"plain-{rid}") for rid, leaf in enumerate(group.expand(SEED), 1)
+    }
     return out
 
 
@@ -87,11 +98,23 @@ def test_dpo_on_smollm2_tech_support_pairs_equals_plain_trl(smollm2_dir: Any, tm
     from rapidfire_nb.data import load_tech_support_preferences
 
     train, _ = load_tech_support_preferences(n_train=4, n_eval=0, seed=SEED, rejected="shuffle")
-    group = RFGridSearch(RFModelConfig(
-        model_name=str(smollm2_dir),
-        peft_config=RFLoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"]),
-        training_args=RFDPOConfig(beta=List([0.1, 0.3]), loss_type="sigmoid", learning_rate=1e-3,
-                                  per_device_train_batch_size=2, num_train_epochs=1, max_length=64)), "DPO")
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name=str(smollm2_dir),
+            peft_config=RFLoraConfig(
+                r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"]
+            ),
+            training_args=RFDPOConfig(
+                beta=List([0.1, 0.3]),
+                loss_type="sigmoid",
+                learning_rate=1e-3,
+                per_device_train_batch_size=2,
+                num_train_epochs=1,
+                max_length=64,
+            ),
+        ),
+        "DPO",
+    )
     out = _run(group, train, tmp_path, "dpo-real")
     _check(out, ("loss", "rewards/chosen", "rewards/margins", "logps/rejected"))
 
@@ -102,12 +125,34 @@ def test_grpo_on_smollm2_gsm_symbolic_equals_plain_trl(smollm2_dir: Any, tmp_pat
     from rapidfire_nb.testing import length_reward
 
     train, _ = load_gsm_symbolic(n_train=2, n_eval=0, seed=SEED)
-    group = RFGridSearch(RFModelConfig(
-        model_name=str(smollm2_dir),
-        peft_config=RFLoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"]),
-        reward_funcs=[correctness_reward, format_reward, length_reward],
-        training_args=RFGRPOConfig(learning_rate=List([1e-3, 3e-4]), num_generations=2, per_device_train_batch_size=2,
-                                   max_completion_length=16, beta=0.04, num_train_epochs=1)), "GRPO")
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name=str(smollm2_dir),
+            peft_config=RFLoraConfig(
+                r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"]
+            ),
+            reward_funcs=[correctness_reward, format_reward, length_reward],
+            training_args=RFGRPOConfig(
+                learning_rate=List([1e-3, 3e-4]),
+                num_generations=2,
+                per_device_train_batch_size=2,
+                max_completion_length=16,
+                beta=0.04,
+                num_train_epochs=1,
+            ),
+        ),
+        "GRPO",
+    )
     out = _run(group, train, tmp_path, "grpo-real")
-    _check(out, ("loss", "reward", "kl", "rewards/correctness_reward/mean", "rewards/format_reward/mean",
-                 "rewards/length_reward/mean", "completions/mean_length"))
+    _check(
+        out,
+        (
+            "loss",
+            "reward",
+            "kl",
+            "rewards/correctness_reward/mean",
+            "rewards/format_reward/mean",
+            "rewards/length_reward/mean",
+            "completions/mean_length",
+        ),
+    )

@@ -30,18 +30,40 @@ from tests.helpers import TOL, adapter_state, max_abs_diff, worker_threads
 
 SEED = 42  # its RepeatSampler orders differ in the first round after every point continued from
 LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}
-ARGS = {"num_generations": 4, "max_completion_length": 6, "learning_rate": 1e-2, "beta": 0.04, "logging_steps": 1,
-        "num_train_epochs": 2, "per_device_train_batch_size": 4, "steps_per_generation": 2, "temperature": 0.7}
+ARGS = {
+    "num_generations": 4,
+    "max_completion_length": 6,
+    "learning_rate": 1e-2,
+    "beta": 0.04,
+    "logging_steps": 1,
+    "num_train_epochs": 2,
+    "per_device_train_batch_size": 4,
+    "steps_per_generation": 2,
+    "temperature": 0.7,
+}
 BOUNDARIES = (4, 6, 10, 12)
 # logged once per train() call or wall-clock: not part of the comparison (train_loss averages the steps of
 # one train() call, so a resumed call averages fewer steps, as in transformers)
-NOT_COMPARED = ("train_loss", "train_runtime", "train_samples_per_second", "train_steps_per_second",
-                "total_flos", "step_time")
+NOT_COMPARED = (
+    "train_loss",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "total_flos",
+    "step_time",
+)
 
 
 def _leaf() -> Any:
-    group = RFGridSearch(RFModelConfig(model_name="tiny", peft_config=RFLoraConfig(**LORA),
-                                       reward_funcs=[length_reward], training_args=RFGRPOConfig(**ARGS)), "GRPO")
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            peft_config=RFLoraConfig(**LORA),
+            reward_funcs=[length_reward],
+            training_args=RFGRPOConfig(**ARGS),
+        ),
+        "GRPO",
+    )
     (leaf,) = group.expand(SEED)
     return leaf
 
@@ -53,8 +75,16 @@ class Session:
         from rapidfire_nb.training.executor import TorchExecutor
 
         self.logs: dict[int, dict[int, dict[str, float]]] = {}
-        self.ex = TorchExecutor("GRPO", tiny_create_model, tiny_grpo_dataset(6, seed=0), None, num_chunks=2,
-                                seed=SEED, exp_dir=exp_dir, metric_sink=self._sink)
+        self.ex = TorchExecutor(
+            "GRPO",
+            tiny_create_model,
+            tiny_grpo_dataset(6, seed=0),
+            None,
+            num_chunks=2,
+            seed=SEED,
+            exp_dir=exp_dir,
+            metric_sink=self._sink,
+        )
         self.segments: dict[int, int] = {}
         self.plans: dict[int, Any] = {}
 
@@ -91,11 +121,15 @@ def _renamed(weights: dict[str, Any], src: int, dst: int) -> dict[str, Any]:
 
 
 def _assert_same_steps(got: dict[int, dict[str, float]], ref: dict[int, dict[str, float]], what: str) -> None:
-    assert sorted(got) == sorted(ref), f"{what}: logged at steps {sorted(got)}, uninterrupted at {sorted(ref)}"
+    assert sorted(got) == sorted(ref), (
+        f"{what}: logged at steps {sorted(got)}, uninterrupted at {sorted(ref)}"
+    )
     worst, first = 0.0, None
     for step in sorted(ref):
         names = {n for n in ref[step] if n not in NOT_COMPARED}
-        assert names == {n for n in got[step] if n not in NOT_COMPARED}, f"{what}: other metrics at step {step}"
+        assert names == {n for n in got[step] if n not in NOT_COMPARED}, (
+            f"{what}: other metrics at step {step}"
+        )
         for n in sorted(names):
             a, b = float(got[step][n]), float(ref[step][n])
             if math.isnan(a) and math.isnan(b):
@@ -122,14 +156,18 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         clone_10 = s.add(3, warm_from=1)
         for rid in (1, 2, 3):
             s.train(rid)
-        return {"logs": s.logs, "adapters": {rid: s.adapter(rid) for rid in (1, 2, 3)},
-                "clone_starts": (clone_6.step, clone_10.step)}
+        return {
+            "logs": s.logs,
+            "adapters": {rid: s.adapter(rid) for rid in (1, 2, 3)},
+            "clone_starts": (clone_6.step, clone_10.step),
+        }
     finally:
         s.close()
 
 
-def test_crash_resume_within_and_at_epoch_boundaries_is_exact(uninterrupted: dict[str, Any],
-                                                              tmp_path: Path) -> None:
+def test_crash_resume_within_and_at_epoch_boundaries_is_exact(
+    uninterrupted: dict[str, Any], tmp_path: Path
+) -> None:
     from rapidfire_nb.training.checkpoint import latest_checkpoint
 
     logs: dict[int, dict[str, float]] = {}
@@ -159,11 +197,16 @@ def test_crash_resume_within_and_at_epoch_boundaries_is_exact(uninterrupted: dic
 
 
 @pytest.mark.parametrize("clone, at", [(2, 6), (3, 10)])
-def test_warm_clone_without_changes_reproduces_its_parent(uninterrupted: dict[str, Any], clone: int, at: int) -> None:
+def test_warm_clone_without_changes_reproduces_its_parent(
+    uninterrupted: dict[str, Any], clone: int, at: int
+) -> None:
     assert uninterrupted["clone_starts"][clone - 2] == at
     parent = {step: v for step, v in uninterrupted["logs"][1].items() if step > at}
     _assert_same_steps(uninterrupted["logs"][clone], parent, f"warm clone from step {at}")
-    assert max_abs_diff(_renamed(uninterrupted["adapters"][clone], clone, 1), uninterrupted["adapters"][1]) <= TOL
+    assert (
+        max_abs_diff(_renamed(uninterrupted["adapters"][clone], clone, 1), uninterrupted["adapters"][1])
+        <= TOL
+    )
 
 
 def test_warm_clone_restarted_before_its_first_chunk_starts_from_its_warm_start(tmp_path: Path) -> None:
@@ -188,7 +231,9 @@ def test_warm_clone_restarted_before_its_first_chunk_starts_from_its_warm_start(
     try:
         first.add(1)
         first.train(1, until_step=6)
-        first.add(2, clone_leaf, warm_from=1)  # writes runs/2/warm-start-from-run-1-step-6; then the process dies
+        first.add(
+            2, clone_leaf, warm_from=1
+        )  # writes runs/2/warm-start-from-run-1-step-6; then the process dies
     finally:
         first.close()
     second = Session(tmp_path / "crash")
@@ -203,6 +248,8 @@ def test_warm_clone_restarted_before_its_first_chunk_starts_from_its_warm_start(
         _assert_same_steps(second.logs[2], want_logs, "warm clone restarted from its warm start")
         assert max_abs_diff(second.adapter(2), want_adapter) <= TOL
         lrs = [second.logs[2][s]["learning_rate"] for s in sorted(second.logs[2])]
-        assert lrs == [want_logs[s]["learning_rate"] for s in sorted(want_logs)]  # its own schedule, not the parent's
+        assert lrs == [
+            want_logs[s]["learning_rate"] for s in sorted(want_logs)
+        ]  # its own schedule, not the parent's
     finally:
         second.close()

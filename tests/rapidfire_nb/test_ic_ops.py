@@ -68,7 +68,9 @@ def _group() -> Any:
             RFModelConfig(
                 model_name="tiny",
                 formatting_func=qa_to_chat,
-                peft_config=RFLoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]),
+                peft_config=RFLoraConfig(
+                    r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]
+                ),
                 training_args=RFSFTConfig(**_leaf_args(lr)),
             )
             for lr in (LR, LR, 5e-4)
@@ -126,7 +128,9 @@ def ic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["clone_warm_same"] = exp.clone_modify(1, {}, warm_start=True)
     out["clone_warm_lr"] = exp.clone_modify(1, {"learning_rate": WARM_LR}, warm_start=True)
     out["err_warm_r"] = _catch(lambda: exp.clone_modify(1, {"lora.r": 8}, warm_start=True))
-    out["err_warm_bs"] = _catch(lambda: exp.clone_modify(1, {"per_device_train_batch_size": 4}, warm_start=True))
+    out["err_warm_bs"] = _catch(
+        lambda: exp.clone_modify(1, {"per_device_train_batch_size": 4}, warm_start=True)
+    )
     out["err_unknown_field"] = _catch(lambda: exp.clone_modify(1, {"learning_rat": 1e-4}))
     out["unknown_stop"] = exp.stop(99)
     out["unknown_list"] = exp.delete([98, 97])
@@ -163,8 +167,9 @@ def ic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["ops"] = exp.ops()
     out["totals"] = {rid: run.plan.total_steps for rid, run in exp.session.executor.runs.items()}
     exp.end()
-    out["ref_2"] = train_plain_trl(list(group.expand(SEED))[1], tiny_create_model, train, None, SEED,
-                                   root / "plain-2")
+    out["ref_2"] = train_plain_trl(
+        list(group.expand(SEED))[1], tiny_create_model, train, None, SEED, root / "plain-2"
+    )
     return out
 
 
@@ -404,23 +409,25 @@ def test_ops_lists_every_op_with_state_and_message(ic: dict[str, Any]) -> None:
     assert set(ops.state) <= {"applied", "rejected"}, "an op was left queued"
     assert ops.message.map(lambda m: isinstance(m, str) and bool(m)).all()
     got = sorted((r.kind, int(r.run_id), r.state) for r in ops.itertuples())
-    want = sorted([
-        ("stop", 2, "applied"),
-        ("resume", 1, "rejected"),
-        ("delete", 3, "applied"),
-        ("clone", 1, "applied"),
-        ("clone", 1, "applied"),
-        ("clone", 1, "applied"),
-        ("stop", 99, "rejected"),
-        ("delete", 98, "rejected"),
-        ("delete", 97, "rejected"),
-        ("stop", 1, "rejected"),
-        ("resume", 1, "rejected"),
-        ("stop", 3, "rejected"),
-        ("resume", 3, "rejected"),
-        ("delete", 3, "rejected"),
-        ("clone", 3, "rejected"),
-        ("resume", 2, "applied"),
-        ("clone", 1, "applied"),
-    ])
+    want = sorted(
+        [
+            ("stop", 2, "applied"),
+            ("resume", 1, "rejected"),
+            ("delete", 3, "applied"),
+            ("clone", 1, "applied"),
+            ("clone", 1, "applied"),
+            ("clone", 1, "applied"),
+            ("stop", 99, "rejected"),
+            ("delete", 98, "rejected"),
+            ("delete", 97, "rejected"),
+            ("stop", 1, "rejected"),
+            ("resume", 1, "rejected"),
+            ("stop", 3, "rejected"),
+            ("resume", 3, "rejected"),
+            ("delete", 3, "rejected"),
+            ("clone", 3, "rejected"),
+            ("resume", 2, "applied"),
+            ("clone", 1, "applied"),
+        ]
+    )
     assert got == want, got

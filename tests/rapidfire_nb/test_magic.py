@@ -158,7 +158,9 @@ def test_clone_warm_and_cold(shell: Any, in_root: Any, capsys: pytest.CaptureFix
 
 
 # ============================================================================================ wrong usage
-@pytest.mark.parametrize("line", ["stop", "stop x", "frobnicate", "clone 1 badtoken", "clone", "resume 2 --warm"])
+@pytest.mark.parametrize(
+    "line", ["stop", "stop x", "frobnicate", "clone 1 badtoken", "clone", "resume 2 --warm"]
+)
 def test_wrong_usage_raises_usage_error_with_usage_line(shell: Any, in_root: Any, line: str) -> None:
     from IPython.core.error import UsageError
 
@@ -191,7 +193,11 @@ def test_values_are_literals_never_evaluated(
     assert {s.run_id for s in exp.run_snapshots()} == ids, "a run was created"
     assert len(exp.ops()) == n_ops
     assert parse_changes(["a=5e-5", "b=[1, 2]", "c=True", "d=abc", "e=None"]) == {
-        "a": 5e-5, "b": [1, 2], "c": True, "d": "abc", "e": None,
+        "a": 5e-5,
+        "b": [1, 2],
+        "c": True,
+        "d": "abc",
+        "e": None,
     }
 
 
@@ -217,7 +223,9 @@ def test_dash_e_addresses_an_experiment_by_name(shell: Any, in_root: Any) -> Non
     assert type(ei.value).__name__ == "UsageError" and "no_such_experiment" in str(ei.value)
 
 
-def test_tensorboard_runs_this_environments_binary_without_it_on_path(tmp_path: Any, monkeypatch: Any) -> None:
+def test_tensorboard_runs_this_environments_binary_without_it_on_path(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
     """A kernel from a venv that is not activated: ``%rapidfire tensorboard`` must not need ``tensorboard`` on
     PATH. The env var it sets makes TensorBoard's own launcher start this environment's script."""
     import os

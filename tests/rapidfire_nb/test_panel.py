@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from rapidfire_nb import panel as panel_mod
-from rapidfire_nb.testing.fake_source import FakeSource
 from rapidfire_nb.errors import OpError
 from rapidfire_nb.panel import (
     RunPanel,
@@ -27,6 +26,7 @@ from rapidfire_nb.panel import (
     format_chunk_line,
     plotly_js_path,
 )
+from rapidfire_nb.testing.fake_source import FakeSource
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -489,7 +489,7 @@ def test_display_panel_outside_a_kernel_returns_text_progress() -> None:
 @pytest.mark.parametrize("colab", [False, True])
 def test_display_panel_in_a_kernel_displays_the_widget(monkeypatch: pytest.MonkeyPatch, colab: bool) -> None:
     shown: list[Any] = []
-    monkeypatch.setattr(panel_mod, "_ipython_kernel", lambda: object())
+    monkeypatch.setattr(panel_mod, "in_kernel", lambda: True)
     import IPython.display
 
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))

@@ -85,7 +85,9 @@ def test_store_accepts_the_sqlite_file_path_and_reopens(exp_dir):
 def test_a_version_1_store_is_read_as_it_is_and_upgraded_by_its_writer(exp_dir):
     exp_dir.mkdir(parents=True, exist_ok=True)
     raw = sqlite3.connect(exp_dir / "store.sqlite")
-    for statement in store_mod._SCHEMA_V1:
+    from rapidfire_nb.store.schema import _SCHEMA_V1
+
+    for statement in _SCHEMA_V1:
         raw.execute(statement)
     raw.execute("INSERT INTO runs (run_id, status, created_at, updated_at) VALUES (1, 'ONGOING', 1.0, 1.0)")
     raw.execute("PRAGMA user_version = 1")

@@ -192,7 +192,9 @@ def test_import_does_not_import_torch() -> None:
         "if m in sys.modules]; "
         "assert not heavy, heavy"
     )
-    root = Path(testing.__file__).resolve().parents[2]  # the package folder rapidfire_nb/testing/ -> repo root
+    root = (
+        Path(testing.__file__).resolve().parents[2]
+    )  # the package folder rapidfire_nb/testing/ -> repo root
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60, check=False
     )

@@ -34,8 +34,11 @@ time.sleep(120)
 
 
 def _hold_in_child(path: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER.format(repo=str(REPO), path=str(path))],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.format(repo=str(REPO), path=str(path))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "HELD"
     return proc
@@ -79,8 +82,10 @@ def _never(_cfg: Any) -> Any:
 def _group() -> Any:
     from rapidfire_nb.automl import List, RFGridSearch, RFModelConfig, RFSFTConfig
 
-    return RFGridSearch(List([RFModelConfig("tiny", training_args=RFSFTConfig(learning_rate=lr))
-                              for lr in (1e-3, 1e-4)]), "SFT")
+    return RFGridSearch(
+        List([RFModelConfig("tiny", training_args=RFSFTConfig(learning_rate=lr)) for lr in (1e-3, 1e-4)]),
+        "SFT",
+    )
 
 
 def _rows() -> Any:
@@ -114,7 +119,9 @@ def test_another_process_training_blocks_run_fit_and_overwrite(tmp_path: Path) -
         with pytest.raises(ExperimentError, match=rf"being trained by process {proc.pid}; continue it there"):
             exp.run_fit(_group(), _never, _rows(), num_chunks=2)
         exp.end()
-        with pytest.raises(ExperimentError, match=rf"process {proc.pid}; it cannot be overwritten while it trains"):
+        with pytest.raises(
+            ExperimentError, match=rf"process {proc.pid}; it cannot be overwritten while it trains"
+        ):
             Experiment("busy", experiment_path=tmp_path, overwrite=True)
         assert (exp_dir / "store.sqlite").exists(), "the other process's experiment was not deleted"
     finally:

@@ -28,8 +28,17 @@ from . import hooks
 __all__ = ["COMMON_WARM_FORBIDDEN", "StepGeometry", "TrainerKind", "training_value"]
 
 COMMON_WARM_FORBIDDEN: tuple[str, ...] = (
-    "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "max_length", "max_prompt_length",
-    "lora.r", "lora.target_modules", "model_name", "dataloader_drop_last", "group_by_length", "data_seed",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "seed",
+    "max_length",
+    "max_prompt_length",
+    "lora.r",
+    "lora.target_modules",
+    "model_name",
+    "dataloader_drop_last",
+    "group_by_length",
+    "data_seed",
     "num_train_epochs",
 )
 """Fields no warm clone of any kind may change: they change how data is batched or sampled, or the adapter's
@@ -129,7 +138,8 @@ class TrainerKind(abc.ABC):
         return [k for k in changes if k in self.warm_forbidden or k.startswith(self.warm_forbidden_prefixes)]
 
     # ------------------------------------------------------------------ hooks (defaults: nothing special)
-    def precheck(self, spec: LeafConfig, train_dataset: Any, eval_dataset: Any = None) -> None:
+    def precheck(self, spec: LeafConfig, train_dataset: Any, eval_dataset: Any = None) -> None:  # noqa: B027
+        # a hook with a default (nothing to check), not an abstract method
         """Checks before anything is built (no model loaded, nothing trained).
 
         Args:
@@ -141,7 +151,9 @@ class TrainerKind(abc.ABC):
             ConfigError: The run cannot train as configured.
         """
 
-    def trainer_kwargs(self, spec: LeafConfig, model: Any, args: Any, models: ModelProvider) -> dict[str, Any]:
+    def trainer_kwargs(
+        self, spec: LeafConfig, model: Any, args: Any, models: ModelProvider
+    ) -> dict[str, Any]:
         """Extra keyword arguments for the TRL trainer (``reward_funcs``, ``ref_model``, ...).
 
         Args:
@@ -217,5 +229,11 @@ class TrainerKind(abc.ABC):
         Raises:
             ChunkPlanError: ``num_chunks`` larger than the steps per epoch (the message says the largest).
         """
-        return plan_chunks(geo.rows_per_epoch, num_chunks, geo.rows_per_step, geo.total_steps,
-                           steps_per_epoch=geo.steps_per_epoch, step_multiple=geo.step_multiple)
+        return plan_chunks(
+            geo.rows_per_epoch,
+            num_chunks,
+            geo.rows_per_step,
+            geo.total_steps,
+            steps_per_epoch=geo.steps_per_epoch,
+            step_multiple=geo.step_multiple,
+        )

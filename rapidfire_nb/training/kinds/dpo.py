@@ -29,7 +29,9 @@ class DPOKind(TrainerKind):
     trainer_class_name = "DPOTrainer"
     required_columns = (("prompt", "chosen", "rejected"), ("chosen", "rejected"))
 
-    def trainer_kwargs(self, spec: LeafConfig, model: Any, args: Any, models: ModelProvider) -> dict[str, Any]:
+    def trainer_kwargs(
+        self, spec: LeafConfig, model: Any, args: Any, models: ModelProvider
+    ) -> dict[str, Any]:
         ref = reference_model(spec, model, args, models)
         return {"ref_model": ref} if ref is not None else {}
 

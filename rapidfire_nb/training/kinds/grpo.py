@@ -35,8 +35,12 @@ class GRPOKind(TrainerKind):
     required_columns = (("prompt",),)
     keep_extra_columns: ClassVar[bool] = True  # reward functions receive the extra columns
     warm_forbidden: ClassVar[tuple[str, ...]] = (
-        *COMMON_WARM_FORBIDDEN, "num_generations", "max_completion_length", "steps_per_generation",
-        "generation_batch_size", "num_iterations",
+        *COMMON_WARM_FORBIDDEN,
+        "num_generations",
+        "max_completion_length",
+        "steps_per_generation",
+        "generation_batch_size",
+        "num_iterations",
     )
 
     def precheck(self, spec: LeafConfig, train_dataset: Any, eval_dataset: Any = None) -> None:
@@ -56,15 +60,20 @@ class GRPOKind(TrainerKind):
             raise ConfigError(
                 "ref_model_name/ref_model_kwargs are not supported for GRPO: TRL's GRPOTrainer takes no reference "
                 "model (LoRA runs use the base with adapters disabled; full fine-tuning with beta > 0 reloads the "
-                "policy's own weights); remove them")
+                "policy's own weights); remove them"
+            )
         check_generation_batch(spec)
         remove = bool(training_value(spec, "remove_unused_columns"))
         for what, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            if ds is not None:  # TRL calls the reward functions on eval rows too (with the eval set's columns)
+            if (
+                ds is not None
+            ):  # TRL calls the reward functions on eval rows too (with the eval set's columns)
                 rows = prepare_dataset(ds, spec.formatting_func, self, what)
                 check_reward_funcs(spec.reward_funcs, rows.column_names, remove_unused_columns=remove)
 
-    def trainer_kwargs(self, spec: LeafConfig, model: Any, args: Any, models: ModelProvider) -> dict[str, Any]:
+    def trainer_kwargs(
+        self, spec: LeafConfig, model: Any, args: Any, models: ModelProvider
+    ) -> dict[str, Any]:
         return {"reward_funcs": wrap_reward_funcs(spec.reward_funcs)}
 
     def building(self, model: Any, adapter: str | None) -> AbstractContextManager[None]:
@@ -123,4 +132,5 @@ def check_generation_batch(spec: LeafConfig) -> None:
             f"GRPO: the generation batch of {gbs} completions ({derived}) is not divisible by num_generations={g}: "
             f"every prompt needs all its {g} completions in one generation batch. Make the generation batch a "
             f"multiple of {g} (e.g. steps_per_generation a multiple of {multiple} with per_device_train_batch_size="
-            f"{bs}), or change num_generations")
+            f"{bs}), or change num_generations"
+        )

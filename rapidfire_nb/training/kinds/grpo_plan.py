@@ -100,23 +100,36 @@ def grpo_step_geometry(trainer: Any) -> GRPOStepGeometry:
     spg = int(args.steps_per_generation)
     num_iterations = int(getattr(args, "num_iterations", 1) or 1)
     if gbs % g:
-        raise ConfigError(f"the generation batch ({gbs} completions) is not divisible by num_generations ({g})")
+        raise ConfigError(
+            f"the generation batch ({gbs} completions) is not divisible by num_generations ({g})"
+        )
     prompts = gbs // g
     rounds = n_rows // prompts
     if rounds < 1:
         raise ConfigError(
             f"GRPO: the training set has {n_rows} prompts, fewer than one generation batch needs "
             f"({prompts} prompts = generation_batch_size {gbs} / num_generations {g}); GRPOTrainer would train "
-            "on nothing. Add prompts or lower per_device_train_batch_size / steps_per_generation")
+            "on nothing. Add prompts or lower per_device_train_batch_size / steps_per_generation"
+        )
     micro_per_round = spg * num_iterations  # RepeatSampler's repeat_count: micro-steps per generation round
     micro = rounds * micro_per_round  # len(GRPOTrainer.get_train_dataloader())
     spe = max(micro // ga + int(micro % ga > 0), 1)
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * spe)
-    valid = tuple((i, min(-(-i * micro_per_round // ga), spe)) for i in range(1, rounds + 1)
-                  if (i * micro_per_round) % ga == 0 or i == rounds)
-    geo = GRPOGeometry(num_generations=g, generation_batch_size=gbs, prompts_per_generation=prompts,
-                       micro_steps_per_generation=micro_per_round, gradient_accumulation_steps=ga,
-                       rounds_per_epoch=rounds, micro_steps_per_epoch=micro, boundary_steps=valid)
+    valid = tuple(
+        (i, min(-(-i * micro_per_round // ga), spe))
+        for i in range(1, rounds + 1)
+        if (i * micro_per_round) % ga == 0 or i == rounds
+    )
+    geo = GRPOGeometry(
+        num_generations=g,
+        generation_batch_size=gbs,
+        prompts_per_generation=prompts,
+        micro_steps_per_generation=micro_per_round,
+        gradient_accumulation_steps=ga,
+        rounds_per_epoch=rounds,
+        micro_steps_per_epoch=micro,
+        boundary_steps=valid,
+    )
     step_multiple = micro_per_round // math.gcd(micro_per_round, ga)
     rows_per_step = max(1, (prompts * ga) // micro_per_round)
     return GRPOStepGeometry(rounds * prompts, rows_per_step, spe, total, step_multiple, grpo=geo)
@@ -151,7 +164,8 @@ def plan_grpo_chunks(geo: GRPOStepGeometry, num_chunks: int) -> GRPOChunkPlan:
             f"num_chunks={num_chunks} is larger than the {len(valid)} generation-aligned chunk boundaries per "
             f"epoch of this GRPO run ({g.rounds_per_epoch} generation rounds of {g.prompts_per_generation} prompts x "
             f"{g.num_generations} completions, {g.micro_steps_per_generation} micro-steps each, "
-            f"gradient_accumulation_steps={g.gradient_accumulation_steps}); use num_chunks <= {len(valid)}")
+            f"gradient_accumulation_steps={g.gradient_accumulation_steps}); use num_chunks <= {len(valid)}"
+        )
     within: list[int] = []
     prev = 0
     for k in range(1, num_chunks + 1):
@@ -160,7 +174,8 @@ def plan_grpo_chunks(geo: GRPOStepGeometry, num_chunks: int) -> GRPOChunkPlan:
         if within and step <= within[-1]:
             raise ChunkPlanError(
                 f"num_chunks={num_chunks}: this GRPO run has too few generation-aligned boundaries per epoch to "
-                f"give every chunk its own; use num_chunks <= {max(1, len(within))}")
+                f"give every chunk its own; use num_chunks <= {max(1, len(within))}"
+            )
         within.append(step)
         prev = i
     spe, total = geo.steps_per_epoch, geo.total_steps
@@ -177,6 +192,13 @@ def plan_grpo_chunks(geo: GRPOStepGeometry, num_chunks: int) -> GRPOChunkPlan:
             if step >= total:
                 break
         epoch += 1
-    return GRPOChunkPlan(num_chunks=num_chunks, rows_per_epoch=geo.rows_per_epoch, rows_per_step=geo.rows_per_step,
-                         steps_per_epoch=spe, total_steps=total, boundaries=tuple(boundaries), labels=tuple(labels),
-                         grpo=g)
+    return GRPOChunkPlan(
+        num_chunks=num_chunks,
+        rows_per_epoch=geo.rows_per_epoch,
+        rows_per_step=geo.rows_per_step,
+        steps_per_epoch=spe,
+        total_steps=total,
+        boundaries=tuple(boundaries),
+        labels=tuple(labels),
+        grpo=g,
+    )

@@ -96,8 +96,13 @@ def resume_sampler_epochs(trainer: Any) -> None:
         resume_from_checkpoint = signature.bind(*args, **kwargs).arguments.get("resume_from_checkpoint")
         epochs_trained = int(out[0])
         sampler = made[0] if made else None
-        if (resume_from_checkpoint is not None and epochs_trained > 0 and sampler is not None
-                and not hasattr(sampler, "set_epoch") and getattr(sampler, "generator", None) is not None):
+        if (
+            resume_from_checkpoint is not None
+            and epochs_trained > 0
+            and sampler is not None
+            and not hasattr(sampler, "set_epoch")
+            and getattr(sampler, "generator", None) is not None
+        ):
             for _ in range(epochs_trained):
                 for _ in sampler:  # the whole epoch, as the uninterrupted run drew it
                     pass

@@ -15,11 +15,23 @@ from typing import Any
 
 from rapidfire_nb.errors import ConfigError
 
-__all__ = ["REWARD_CALL_KEYWORDS", "RewardFunctionError", "check_reward_funcs", "reward_call_names",
-           "wrap_reward_funcs"]
+__all__ = [
+    "REWARD_CALL_KEYWORDS",
+    "RewardFunctionError",
+    "check_reward_funcs",
+    "reward_call_names",
+    "wrap_reward_funcs",
+]
 
 #: keyword arguments GRPOTrainer passes to every reward function besides the dataset's extra columns
-REWARD_CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+REWARD_CALL_KEYWORDS = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+)
 #: dataset columns GRPOTrainer does not forward to reward functions
 _NOT_FORWARDED = ("prompt", "completion", "completion_ids")
 
@@ -57,8 +69,9 @@ def _is_module(fn: Any) -> bool:
         return False
 
 
-def check_reward_funcs(reward_funcs: Any, columns: list[str] | tuple[str, ...],
-                       remove_unused_columns: bool = False) -> None:
+def check_reward_funcs(
+    reward_funcs: Any, columns: list[str] | tuple[str, ...], remove_unused_columns: bool = False
+) -> None:
     """Every reward function must accept TRL's keyword call (checked with ``inspect.signature().bind``).
 
     Reward model ids (strings) and ``nn.Module`` reward models are called differently by TRL; not checked.
@@ -73,8 +86,10 @@ def check_reward_funcs(reward_funcs: Any, columns: list[str] | tuple[str, ...],
             function, the call and Python's reason).
     """
     if not reward_funcs:
-        raise ConfigError("GRPO needs reward functions: set RFModelConfig(reward_funcs=[my_reward, ...]) "
-                          "(each reward_func(prompts, completions, **kwargs) -> list[float])")
+        raise ConfigError(
+            "GRPO needs reward functions: set RFModelConfig(reward_funcs=[my_reward, ...]) "
+            "(each reward_func(prompts, completions, **kwargs) -> list[float])"
+        )
     names = reward_call_names(columns, remove_unused_columns)
     for fn in reward_funcs:
         if isinstance(fn, str) or _is_module(fn):
@@ -121,17 +136,20 @@ def wrap_reward_funcs(reward_funcs: Any) -> list[Any]:
             return RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc}")
 
         if is_async_callable(fn):
+
             async def wrapper(*args: Any, _fn: Any = fn, _fail: Any = fail, **kwargs: Any) -> Any:
                 try:
                     return await _fn(*args, **kwargs)
                 except Exception as exc:
                     raise _fail(exc) from exc
         else:
+
             def wrapper(*args: Any, _fn: Any = fn, _fail: Any = fail, **kwargs: Any) -> Any:  # type: ignore[misc]
                 try:
                     return _fn(*args, **kwargs)
                 except Exception as exc:
                     raise _fail(exc) from exc
+
         wrapper.__name__ = name
         wrapper.__qualname__ = getattr(fn, "__qualname__", name)
         wrapper.__doc__ = getattr(fn, "__doc__", None)

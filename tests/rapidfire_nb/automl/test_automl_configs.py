@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 
+from rapidfire_nb import schema as fields
 from rapidfire_nb.automl import (
     List,
     Range,
@@ -17,7 +18,6 @@ from rapidfire_nb.automl import (
 )
 from rapidfire_nb.automl.configs import MODEL_FIELDS
 from rapidfire_nb.errors import ConfigError
-from rapidfire_nb import schema as fields
 
 
 def test_wrapper_records_arguments_without_building_trl():

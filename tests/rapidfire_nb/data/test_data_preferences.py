@@ -126,8 +126,9 @@ def test_errors() -> None:
 
 def test_shuffle_with_question_split_keeps_training_answers_out_of_eval() -> None:
     """Held-out rows get rejections drawn from held-out answers only (no training answer leaks into eval)."""
-    train, eval_ = load_tech_support_preferences(n_train=64, n_eval=32, seed=3, rejected="shuffle",
-                                                 split="question")
+    train, eval_ = load_tech_support_preferences(
+        n_train=64, n_eval=32, seed=3, rejected="shuffle", split="question"
+    )
     train_answers = {r["chosen"][0]["content"] for r in train}
     eval_answers = {r["chosen"][0]["content"] for r in eval_}
     assert not train_answers & eval_answers and len(eval_answers) >= 2

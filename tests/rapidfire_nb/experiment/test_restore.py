@@ -73,8 +73,10 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_restarts(tmp_path: Path) 
     assert bad.is_dir(), "planning writes nothing"
     message = apply_restore(plan)
     assert not bad.exists() and (tmp_path / "damaged-checkpoint-8").is_dir()
-    assert message == ("run 1: checkpoint checkpoint-8 is damaged (a missing, empty or unreadable file; moved to "
-                       "damaged-checkpoint-8); the run starts again from step 0")
+    assert message == (
+        "run 1: checkpoint checkpoint-8 is damaged (a missing, empty or unreadable file; moved to "
+        "damaged-checkpoint-8); the run starts again from step 0"
+    )
 
 
 def test_an_empty_weights_file_counts_as_damaged(tmp_path: Path) -> None:
@@ -130,12 +132,18 @@ def test_the_planner_imports_no_torch() -> None:
 
 # ---------------------------------------------------------------------------------------------- reconciliation
 def test_plan_reconcile_settles_a_dead_writers_state() -> None:
-    runs = [{"run_id": 1, "status": "ONGOING"}, {"run_id": 2, "status": "STOPPED"},
-            {"run_id": 3, "status": "NEW"}, {"run_id": 4, "status": "FAILED"}]
-    ops = [{"op_id": "a", "kind": "stop", "state": "queued"},
-           {"op_id": "b", "kind": "clone", "state": "queued", "payload": {"child_id": 3}},
-           {"op_id": "c", "kind": "clone", "state": "queued", "payload": {"child_id": 4}},
-           {"op_id": "d", "kind": "stop", "state": "applied"}]
+    runs = [
+        {"run_id": 1, "status": "ONGOING"},
+        {"run_id": 2, "status": "STOPPED"},
+        {"run_id": 3, "status": "NEW"},
+        {"run_id": 4, "status": "FAILED"},
+    ]
+    ops = [
+        {"op_id": "a", "kind": "stop", "state": "queued"},
+        {"op_id": "b", "kind": "clone", "state": "queued", "payload": {"child_id": 3}},
+        {"op_id": "c", "kind": "clone", "state": "queued", "payload": {"child_id": 4}},
+        {"op_id": "d", "kind": "stop", "state": "applied"},
+    ]
     inbox = [{"op_id": "e", "kind": "resume", "run_id": 2}]
     plan = plan_reconcile(runs, ops, inbox)
     assert plan.interrupted == (1,)
@@ -143,7 +151,8 @@ def test_plan_reconcile_settles_a_dead_writers_state() -> None:
     assert plan.op_updates == (
         ("a", "rejected", "the kernel stopped before applying it; send it again"),
         ("b", "applied", "run 3 created; it continues after the restart"),
-        ("c", "rejected", "the kernel stopped before applying it; send it again"))
+        ("c", "rejected", "the kernel stopped before applying it; send it again"),
+    )
 
 
 def test_reconcile_writes_the_plan_into_the_store(tmp_path: Path) -> None:

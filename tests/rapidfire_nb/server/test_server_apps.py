@@ -44,7 +44,11 @@ def _env(tmp_path: Path, root: Path) -> dict[str, str]:
 def test_extension_list_shows_it_enabled_and_valid(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "jupyter", "server", "extension", "list"],
-        env=_env(tmp_path, tmp_path / "exp"), capture_output=True, text=True, timeout=120, check=True,
+        env=_env(tmp_path, tmp_path / "exp"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # drop colour codes
     assert re.search(r"rapidfire_nb\.server\s+enabled", text), text
@@ -53,7 +57,9 @@ def test_extension_list_shows_it_enabled_and_valid(tmp_path: Path) -> None:
 
 @pytest.fixture
 def notebook7(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    pytest.importorskip("notebook", minversion="7", reason="Notebook 7 (the `notebook` package) is not installed")
+    pytest.importorskip(
+        "notebook", minversion="7", reason="Notebook 7 (the `notebook` package) is not installed"
+    )
     root = tmp_path / "experiments"
     make_experiment(root, "nb7-exp", alive=False).close()
     with socket.socket() as s:
@@ -63,9 +69,22 @@ def notebook7(tmp_path: Path) -> Iterator[dict[str, Any]]:
     log_path = tmp_path / "notebook.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "notebook", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
-         "--allow-root", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}"],
-        env=_env(tmp_path, root), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "notebook",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            "--port-retries=0",
+            "--allow-root",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={tmp_path}",
+        ],
+        env=_env(tmp_path, root),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}/"
     try:

@@ -119,7 +119,9 @@ def test_continue_from_hides_what_a_dead_process_logged_after_the_checkpoint(tmp
     second.log_scalars(1, 8, {"eval/loss": 0.25})
     second.close()
     acc = _load(tmp_path / "run-1")
-    assert _series(acc, "train/loss") == [(s, 10.0 + s) for s in range(1, 5)] + [(s, 20.0 + s) for s in range(5, 11)]
+    assert _series(acc, "train/loss") == [(s, 10.0 + s) for s in range(1, 5)] + [
+        (s, 20.0 + s) for s in range(5, 11)
+    ]
     assert _series(acc, "eval/loss") == [(4, 1.0), (8, 0.25)]
     first.close()
 

@@ -25,21 +25,46 @@ from rapidfire_nb.training.models import ModelProvider, SharedBase
 ROOT = Path(__file__).resolve().parents[3]
 
 #: the one list experiment.py held before the kinds owned their rules (behaviour must not change)
-OLD_WARM_FORBIDDEN = ("per_device_train_batch_size", "gradient_accumulation_steps", "seed", "num_generations",
-                      "max_length", "max_prompt_length", "max_completion_length", "packing", "lora.r",
-                      "lora.target_modules", "model_name", "steps_per_generation", "dataloader_drop_last",
-                      "group_by_length", "data_seed", "num_train_epochs", "generation_batch_size", "num_iterations")
+OLD_WARM_FORBIDDEN = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "seed",
+    "num_generations",
+    "max_length",
+    "max_prompt_length",
+    "max_completion_length",
+    "packing",
+    "lora.r",
+    "lora.target_modules",
+    "model_name",
+    "steps_per_generation",
+    "dataloader_drop_last",
+    "group_by_length",
+    "data_seed",
+    "num_train_epochs",
+    "generation_batch_size",
+    "num_iterations",
+)
 
 
 def test_importing_the_kinds_loads_no_torch() -> None:
-    code = ("import sys\n"
-            "from rapidfire_nb.training.kinds import WARM_FORBIDDEN, get_kind\n"
-            "get_kind('GRPO').warm_start_violations({'lora.r': 8})\n"
-            "heavy = ('torch', 'transformers', 'trl', 'peft', 'datasets', 'accelerate')\n"
-            "print(','.join(sorted(m for m in heavy if m in sys.modules)) or 'none')\n")
+    code = (
+        "import sys\n"
+        "from rapidfire_nb.training.kinds import WARM_FORBIDDEN, get_kind\n"
+        "get_kind('GRPO').warm_start_violations({'lora.r': 8})\n"
+        "heavy = ('torch', 'transformers', 'trl', 'peft', 'datasets', 'accelerate')\n"
+        "print(','.join(sorted(m for m in heavy if m in sys.modules)) or 'none')\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "none"
 
@@ -52,7 +77,9 @@ def test_registry_covers_the_schema_trainer_types() -> None:
 
 
 def test_unknown_kind_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match=r"trainer_type='ORPO' is not supported; use one of 'SFT', 'DPO', 'GRPO'"):
+    with pytest.raises(
+        ConfigError, match=r"trainer_type='ORPO' is not supported; use one of 'SFT', 'DPO', 'GRPO'"
+    ):
         get_kind("ORPO")
 
 

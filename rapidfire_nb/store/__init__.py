@@ -6,22 +6,30 @@ another kernel) never block the writer and always see committed data.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import socket
 import sqlite3
-import threading
-import time
-import warnings
-from collections.abc import Iterable, Iterator, Mapping
-from enum import Enum
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rapidfire_nb.errors import ExperimentError
-from rapidfire_nb.paths import STORE_FILENAME
+from .connection import Connections
+from .schema import (
+    _RUN_JSON_FIELDS,
+    OP_STATES,
+    RUN_FIELDS,
+    RUN_SOURCES,
+    SCHEMA_VERSION,
+    ReadOnlyStoreError,
+    SchemaVersionError,
+    StoreError,
+    _dumps,
+    _now,
+    _pid_alive,
+    _plain,
+    _require_str,
+)
 
 __all__ = [
     "OP_STATES",
@@ -34,177 +42,8 @@ __all__ = [
     "StoreError",
 ]
 
-SCHEMA_VERSION = 2
-"""Stored in ``PRAGMA user_version``; bump it and add an entry to ``_MIGRATIONS`` to change the schema."""
 
-BUSY_TIMEOUT_MS = 5000
-
-OP_STATES = ("queued", "applied", "rejected")
-RUN_SOURCES = ("fit", "clone")
-
-RUN_FIELDS = (
-    "status",
-    "config",
-    "hparams",
-    "fingerprint",
-    "parent_id",
-    "warm_start",
-    "source",
-    "total_steps",
-    "completed_steps",
-    "chunks_done",
-    "num_segments",
-    "epoch",
-    "samples_seen",
-    "checkpoint_dir",
-    "last_checkpoint",
-    "error",
-    "created_at",
-    "updated_at",
-)
-"""Columns ``upsert_run`` accepts. SQL identifiers are only ever taken from this fixed tuple."""
-
-_RUN_JSON_FIELDS = frozenset({"config", "hparams"})
-
-_SCHEMA_V1 = (
-    """CREATE TABLE meta (
-        key   TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    )""",
-    """CREATE TABLE runs (
-        run_id          INTEGER PRIMARY KEY,
-        status          TEXT NOT NULL DEFAULT 'NEW',
-        config          TEXT NOT NULL DEFAULT '{}',
-        hparams         TEXT NOT NULL DEFAULT '{}',
-        fingerprint     TEXT,
-        parent_id       INTEGER,
-        warm_start      INTEGER NOT NULL DEFAULT 0,
-        source          TEXT NOT NULL DEFAULT 'fit',
-        total_steps     INTEGER NOT NULL DEFAULT 0,
-        completed_steps INTEGER NOT NULL DEFAULT 0,
-        chunks_done     INTEGER NOT NULL DEFAULT 0,
-        epoch           REAL NOT NULL DEFAULT 0,
-        samples_seen    INTEGER NOT NULL DEFAULT 0,
-        checkpoint_dir  TEXT,
-        last_checkpoint TEXT,
-        error           TEXT,
-        created_at      REAL NOT NULL,
-        updated_at      REAL NOT NULL
-    )""",
-    """CREATE TABLE metrics (
-        id           INTEGER PRIMARY KEY AUTOINCREMENT,
-        run_id       INTEGER NOT NULL,
-        step         INTEGER NOT NULL,
-        samples_seen INTEGER,
-        name         TEXT NOT NULL,
-        value        REAL,
-        wall_time    REAL NOT NULL
-    )""",
-    "CREATE INDEX metrics_by_run_name ON metrics (run_id, name, id)",
-    "CREATE INDEX metrics_by_name ON metrics (name, run_id, id)",
-    """CREATE TABLE ops (
-        op_id        TEXT PRIMARY KEY,
-        run_id       INTEGER,
-        kind         TEXT NOT NULL,
-        payload      TEXT NOT NULL DEFAULT 'null',
-        source       TEXT NOT NULL,
-        state        TEXT NOT NULL CHECK (state IN ('queued', 'applied', 'rejected')),
-        message      TEXT NOT NULL DEFAULT '',
-        requested_at REAL NOT NULL,
-        applied_at   REAL
-    )""",
-    "CREATE INDEX ops_by_time ON ops (requested_at)",
-    """CREATE TABLE inbox (
-        id        INTEGER PRIMARY KEY AUTOINCREMENT,
-        op_id     TEXT NOT NULL UNIQUE,
-        run_id    INTEGER,
-        kind      TEXT NOT NULL,
-        payload   TEXT NOT NULL DEFAULT 'null',
-        posted_at REAL NOT NULL,
-        taken_at  REAL
-    )""",
-    "CREATE INDEX inbox_untaken ON inbox (taken_at, id)",
-    """CREATE TABLE heartbeat (
-        id      INTEGER PRIMARY KEY CHECK (id = 1),
-        pid     INTEGER NOT NULL,
-        host    TEXT NOT NULL,
-        beat_at REAL NOT NULL
-    )""",
-)
-
-_SCHEMA_V2 = ("ALTER TABLE runs ADD COLUMN num_segments INTEGER",)
-"""v2: a run's chunks over all its epochs (its chunk plan's ``num_segments``), so readers can show done/total."""
-
-_MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
-"""``_MIGRATIONS[v]`` turns a version ``v - 1`` database into version ``v`` (0 = empty file)."""
-
-_OLDEST_READABLE = 1
-"""A read-only store opens databases from this version on (later versions only add columns; missing ones read as
-absent keys)."""
-
-
-class StoreError(ExperimentError):
-    """The experiment store cannot be used as asked."""
-
-
-class ReadOnlyStoreError(StoreError):
-    """A write was attempted through a ``Store(..., read_only=True)``."""
-
-
-class SchemaVersionError(StoreError):
-    """The database was written by a different (usually newer) version of rapidfire_nb."""
-
-
-def _now() -> float:
-    """Current unix time in seconds (a seam for tests)."""
-    return time.time()
-
-
-def _plain(value: Any) -> Any:
-    """Enum members (RunStatus, ...) are stored as their values."""
-    return value.value if isinstance(value, Enum) else value
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
-
-
-def _require_str(what: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _pid_alive(pid: int) -> bool:
-    """True when a live (not zombie) process with this pid exists on this machine (POSIX; always True on Windows)."""
-    if os.name == "nt":  # os.kill(pid, 0) would send CTRL_C_EVENT there
-        return True
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError:
-        return False
-    try:  # a killed process its parent has not reaped yet (a zombie) still answers kill(pid, 0)
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no procfs (macOS): trust kill(pid, 0)
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
-
-
-def _resolve_db_path(path: str | os.PathLike[str]) -> Path:
-    """Accept the database file itself or the experiment folder holding ``store.sqlite``."""
-    p = Path(path).expanduser()
-    if p.suffix == ".sqlite" or p.is_file():
-        return p
-    return p / STORE_FILENAME
-
-
-class Store:
+class Store(Connections):
     """One experiment's SQLite database (``<experiment_dir>/store.sqlite``, WAL mode).
 
     Thread-safety contract:
@@ -235,134 +74,6 @@ class Store:
         FileNotFoundError: ``read_only`` and there is no database at ``path``.
         SchemaVersionError: the database has a schema version this code does not know.
     """
-
-    def __init__(self, path: str | os.PathLike[str], read_only: bool = False) -> None:
-        self.path = _resolve_db_path(path)
-        self.read_only = read_only
-        self._local = threading.local()
-        self._write_lock = threading.Lock()
-        self._conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
-        self._closed = False
-        try:
-            if read_only:
-                if not self.path.is_file():
-                    raise FileNotFoundError(f"no rapidfire_nb store at {self.path}")
-                self._check_version(self._conn())
-            else:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._init_schema()
-        except BaseException:
-            self.close()
-            raise
-
-    # ------------------------------------------------------------------ connections
-
-    @property
-    def experiment_dir(self) -> Path:
-        """The folder holding the database file."""
-        return self.path.parent
-
-    def _connect(self, *, writable: bool) -> sqlite3.Connection:
-        if writable:
-            # mode=rw: never create the file by accident (read-only stores use this for the inbox).
-            target, uri = (str(self.path), False) if not self.read_only else (self._uri("rw"), True)
-        else:
-            target, uri = self._uri("ro"), True
-        conn = sqlite3.connect(
-            target,
-            uri=uri,
-            timeout=BUSY_TIMEOUT_MS / 1000,
-            isolation_level=None,  # autocommit; transactions are explicit (BEGIN IMMEDIATE)
-            check_same_thread=False,  # only so close() may run on another thread
-        )
-        conn.row_factory = sqlite3.Row
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        return conn
-
-    def _uri(self, mode: str) -> str:
-        return f"{self.path.resolve().as_uri()}?mode={mode}"
-
-    def _conn(self) -> sqlite3.Connection:
-        """This thread's connection (read-only ones for a read-only store)."""
-        if self._closed:
-            raise StoreError(f"store {self.path} is closed")
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect(writable=not self.read_only)
-            with self._conns_lock:
-                if self._closed:
-                    conn.close()
-                    raise StoreError(f"store {self.path} is closed")
-                self._conns.append(conn)
-            self._local.conn = conn
-        return conn
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One serialised write transaction on this thread's connection."""
-        if self.read_only:
-            raise ReadOnlyStoreError(
-                f"store {self.path} was opened read-only; only post_inbox_op() may write through it"
-            )
-        with self._write_lock, self._transaction(self._conn()) as conn:
-            yield conn
-
-    def _query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
-        return self._conn().execute(sql, tuple(params)).fetchall()
-
-    # ------------------------------------------------------------------ schema
-
-    def _init_schema(self) -> None:
-        conn = self._conn()
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            warnings.warn(
-                f"SQLite could not enable WAL mode for {self.path} (journal_mode={mode}); readers may "
-                "block training while it writes. Put experiments on a local disk (experiment_path=...).",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        with self._write() as conn:
-            version = self._check_version(conn)
-            for target in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in _MIGRATIONS[target]:
-                    conn.execute(statement)
-            if version != SCHEMA_VERSION:
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
-
-    def _check_version(self, conn: sqlite3.Connection) -> int:
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        if version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self.path} has store schema version {version}, but this rapidfire_nb only knows "
-                f"versions up to {SCHEMA_VERSION}: it was written by a newer rapidfire_nb. Upgrade "
-                "rapidfire_nb, or use a different experiment name / experiment_path."
-            )
-        if self.read_only and version < _OLDEST_READABLE:
-            raise SchemaVersionError(
-                f"{self.path} has store schema version {version} (current: {SCHEMA_VERSION}); open it "
-                "once for writing (e.g. from the kernel that owns the experiment) to create or upgrade it."
-            )
-        return version
-
-    @property
-    def schema_version(self) -> int:
-        """The database's ``PRAGMA user_version``."""
-        return int(self._query("PRAGMA user_version")[0][0])
 
     # ------------------------------------------------------------------ meta
 
@@ -724,21 +435,6 @@ class Store:
         if hb["host"] != socket.gethostname():
             return True
         return _pid_alive(int(hb["pid"]))
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def close(self) -> None:
-        """Close every connection this store opened (any thread's). Idempotent."""
-        with self._write_lock, self._conns_lock:  # waits for a write in progress to finish
-            self._closed = True
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def __enter__(self) -> Store:
         return self

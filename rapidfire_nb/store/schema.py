@@ -1,0 +1,182 @@
+"""The store's SQL schema, its migrations, errors and value helpers (standard library only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from rapidfire_nb.errors import ExperimentError
+from rapidfire_nb.paths import STORE_FILENAME
+
+SCHEMA_VERSION = 2
+"""Stored in ``PRAGMA user_version``; bump it and add an entry to ``_MIGRATIONS`` to change the schema."""
+
+BUSY_TIMEOUT_MS = 5000
+
+OP_STATES = ("queued", "applied", "rejected")
+RUN_SOURCES = ("fit", "clone")
+
+RUN_FIELDS = (
+    "status",
+    "config",
+    "hparams",
+    "fingerprint",
+    "parent_id",
+    "warm_start",
+    "source",
+    "total_steps",
+    "completed_steps",
+    "chunks_done",
+    "num_segments",
+    "epoch",
+    "samples_seen",
+    "checkpoint_dir",
+    "last_checkpoint",
+    "error",
+    "created_at",
+    "updated_at",
+)
+"""Columns ``upsert_run`` accepts. SQL identifiers are only ever taken from this fixed tuple."""
+
+_RUN_JSON_FIELDS = frozenset({"config", "hparams"})
+
+_SCHEMA_V1 = (
+    """CREATE TABLE meta (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )""",
+    """CREATE TABLE runs (
+        run_id          INTEGER PRIMARY KEY,
+        status          TEXT NOT NULL DEFAULT 'NEW',
+        config          TEXT NOT NULL DEFAULT '{}',
+        hparams         TEXT NOT NULL DEFAULT '{}',
+        fingerprint     TEXT,
+        parent_id       INTEGER,
+        warm_start      INTEGER NOT NULL DEFAULT 0,
+        source          TEXT NOT NULL DEFAULT 'fit',
+        total_steps     INTEGER NOT NULL DEFAULT 0,
+        completed_steps INTEGER NOT NULL DEFAULT 0,
+        chunks_done     INTEGER NOT NULL DEFAULT 0,
+        epoch           REAL NOT NULL DEFAULT 0,
+        samples_seen    INTEGER NOT NULL DEFAULT 0,
+        checkpoint_dir  TEXT,
+        last_checkpoint TEXT,
+        error           TEXT,
+        created_at      REAL NOT NULL,
+        updated_at      REAL NOT NULL
+    )""",
+    """CREATE TABLE metrics (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id       INTEGER NOT NULL,
+        step         INTEGER NOT NULL,
+        samples_seen INTEGER,
+        name         TEXT NOT NULL,
+        value        REAL,
+        wall_time    REAL NOT NULL
+    )""",
+    "CREATE INDEX metrics_by_run_name ON metrics (run_id, name, id)",
+    "CREATE INDEX metrics_by_name ON metrics (name, run_id, id)",
+    """CREATE TABLE ops (
+        op_id        TEXT PRIMARY KEY,
+        run_id       INTEGER,
+        kind         TEXT NOT NULL,
+        payload      TEXT NOT NULL DEFAULT 'null',
+        source       TEXT NOT NULL,
+        state        TEXT NOT NULL CHECK (state IN ('queued', 'applied', 'rejected')),
+        message      TEXT NOT NULL DEFAULT '',
+        requested_at REAL NOT NULL,
+        applied_at   REAL
+    )""",
+    "CREATE INDEX ops_by_time ON ops (requested_at)",
+    """CREATE TABLE inbox (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        op_id     TEXT NOT NULL UNIQUE,
+        run_id    INTEGER,
+        kind      TEXT NOT NULL,
+        payload   TEXT NOT NULL DEFAULT 'null',
+        posted_at REAL NOT NULL,
+        taken_at  REAL
+    )""",
+    "CREATE INDEX inbox_untaken ON inbox (taken_at, id)",
+    """CREATE TABLE heartbeat (
+        id      INTEGER PRIMARY KEY CHECK (id = 1),
+        pid     INTEGER NOT NULL,
+        host    TEXT NOT NULL,
+        beat_at REAL NOT NULL
+    )""",
+)
+
+_SCHEMA_V2 = ("ALTER TABLE runs ADD COLUMN num_segments INTEGER",)
+"""v2: a run's chunks over all its epochs (its chunk plan's ``num_segments``), so readers can show done/total."""
+
+_MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+"""``_MIGRATIONS[v]`` turns a version ``v - 1`` database into version ``v`` (0 = empty file)."""
+
+_OLDEST_READABLE = 1
+"""A read-only store opens databases from this version on (later versions only add columns; missing ones read as
+absent keys)."""
+
+
+class StoreError(ExperimentError):
+    """The experiment store cannot be used as asked."""
+
+
+class ReadOnlyStoreError(StoreError):
+    """A write was attempted through a ``Store(..., read_only=True)``."""
+
+
+class SchemaVersionError(StoreError):
+    """The database was written by a different (usually newer) version of rapidfire_nb."""
+
+
+def _now() -> float:
+    """Current unix time in seconds (a seam for tests)."""
+    return time.time()
+
+
+def _plain(value: Any) -> Any:
+    """Enum members (RunStatus, ...) are stored as their values."""
+    return value.value if isinstance(value, Enum) else value
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _require_str(what: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _pid_alive(pid: int) -> bool:
+    """True when a live (not zombie) process with this pid exists on this machine (POSIX; always True on Windows)."""
+    if os.name == "nt":  # os.kill(pid, 0) would send CTRL_C_EVENT there
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return False
+    try:  # a killed process its parent has not reaped yet (a zombie) still answers kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs (macOS): trust kill(pid, 0)
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def _resolve_db_path(path: str | os.PathLike[str]) -> Path:
+    """Accept the database file itself or the experiment folder holding ``store.sqlite``."""
+    p = Path(path).expanduser()
+    if p.suffix == ".sqlite" or p.is_file():
+        return p
+    return p / STORE_FILENAME
