@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot
+from kernel_scheduler import OpAck, OpKind, RunSnapshot
 
 from .._writer_lock import WriterLock
 from ..errors import ConfigError, ExperimentError, OpError
@@ -22,9 +22,10 @@ from ..paths import experiment_dir, experiments_root, validate_experiment_name
 from ..store import Store
 from . import panel_source, registry, tables
 from .inputs import check_fit_inputs
-from .ownership import other_writer, settle_orphan, wipe
+from .ownership import settle_orphan, wipe
 from .reporter import Reporter
-from .session import FitSession, check_group, open_session, start_message
+from .session import FitSession, require_session
+from .start import check_group, open_session, start_message
 
 __all__ = ["Experiment"]
 
@@ -59,24 +60,8 @@ class Experiment:
         overwrite: bool = False,
         quiet: bool = False,
     ) -> Experiment:
-        try:
-            path = experiment_dir(
-                experiments_root(experiment_path), validate_experiment_name(experiment_name)
-            )
-        except Exception:  # __init__ raises the error with its message
-            return super().__new__(cls)
-        live = registry.live_at(path)
-        if live is None:
-            return super().__new__(cls)
-        if not overwrite:
-            return live
-        if live.training:
-            raise ExperimentError(
-                f"experiment {live.experiment_name!r} is training in this kernel; it cannot be overwritten while it "
-                "trains. Stop or wait for it (experiment.wait()), then end it (experiment.end()), or pick a new name"
-            )
-        live.end()
-        return super().__new__(cls)
+        live = registry.reuse(experiment_name, experiment_path, overwrite)
+        return live if live is not None else super().__new__(cls)
 
     def __init__(
         self,
@@ -260,22 +245,7 @@ class Experiment:
         """
         if self._session is None:
             return True
-        sched = self._session.scheduler
-        try:
-            return sched.wait(timeout=timeout, chunks=chunks)
-        except KeyboardInterrupt:
-            active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
-            self._say(
-                f"interrupted: stopping runs {active} at the end of their current chunk "
-                "(press interrupt again to return now)"
-            )
-            for rid in active:
-                sched.submit(Op(OpKind.STOP, rid, source="api"))
-            try:
-                sched.wait()
-            except KeyboardInterrupt:
-                pass
-            return False
+        return self._session.wait(timeout, chunks, self._reporter)
 
     def end(self) -> None:
         """Wait for the runs still training, save their final weights, and close the experiment."""
@@ -365,22 +335,7 @@ class Experiment:
         return self.submit_op(kind.value, int(run_id))  # type: ignore[arg-type]
 
     def _require_session(self) -> FitSession:
-        if self._session is None:
-            other = other_writer(self._lock, self.store) if not self._ended else None
-            if other is not None:
-                raise ExperimentError(
-                    f"experiment {self.experiment_name!r} is being trained by process {other}; apply IC Ops there "
-                    "(its panel, %rapidfire, or the /rapidfire/ page of its Jupyter server)"
-                )
-            if self.store.runs():
-                raise ExperimentError(
-                    f"experiment {self.experiment_name!r} is not training in this kernel: call run_fit with the same "
-                    "arguments first (it continues the interrupted runs), then use IC Ops"
-                )
-            raise ExperimentError("no training in this experiment yet: call run_fit first")
-        if self._ended:
-            raise ExperimentError("this Experiment was ended; IC Ops are no longer accepted")
-        return self._session
+        return require_session(self._session, self._ended, self.experiment_name, self._lock, self.store)
 
     # ================================================================== results
     def get_runs_info(self, include_deleted: bool = False) -> Any:
@@ -441,19 +396,10 @@ class Experiment:
         """Display the live panel again (full history; any number of views may be open)."""
         self._show_panel()
 
-    def _show_panel(self) -> Any:
-        try:
-            from ..panel import display_panel
-        except Exception:  # panel unavailable (no anywidget): text lines only
-            return None
-        try:
-            panel = display_panel(self)
-        except Exception as exc:
-            self._say(f"panel unavailable ({exc}); progress is printed as text")
-            return None
-        if panel is not None and hasattr(panel, "close"):
+    def _show_panel(self) -> None:
+        panel = panel_source.show_panel(self, self._reporter)
+        if panel is not None:
             self._panels.append(panel)
-        return panel
 
     def _say(self, text: str) -> None:
         self._reporter.say(text)

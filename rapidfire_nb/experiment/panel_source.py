@@ -10,7 +10,7 @@ from typing import Any
 
 from ..view import KernelState, StoreRows, kernel_snapshot
 
-__all__ = ["metrics_since", "panel_snapshot"]
+__all__ = ["metrics_since", "panel_snapshot", "show_panel"]
 
 
 def panel_snapshot(name: str, store: Any, session: Any) -> dict[str, Any]:
@@ -34,3 +34,22 @@ def metrics_since(store: Any, cursor: int) -> tuple[list[dict[str, Any]], int]:
     """Metric points after ``cursor`` (the store's row id) and the new cursor."""
     points, new = store.metrics_since(cursor)
     return [{k: p[k] for k in ("run_id", "step", "samples_seen", "name", "value")} for p in points], new
+
+
+def show_panel(source: Any, reporter: Any) -> Any:
+    """Display the live panel of ``source`` (the widget in a kernel, text progress elsewhere).
+
+    Returns:
+        The panel (to close at ``end()``), or None when no panel can be shown (no anywidget, or it failed: the
+        reason is printed and progress stays in text lines).
+    """
+    try:
+        from ..panel import display_panel
+    except Exception:  # panel unavailable (no anywidget): text lines only
+        return None
+    try:
+        panel = display_panel(source)
+    except Exception as exc:
+        reporter.say(f"panel unavailable ({exc}); progress is printed as text")
+        return None
+    return panel if hasattr(panel, "close") else None

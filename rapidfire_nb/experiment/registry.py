@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..errors import ExperimentError
+from ..paths import experiment_dir, experiments_root, validate_experiment_name
+
 
 class Experiment(Protocol):
     """What the registry needs of an experiment object (the facade's ``Experiment``)."""
@@ -24,8 +27,21 @@ class Experiment(Protocol):
     @property
     def ended(self) -> bool: ...
 
+    @property
+    def training(self) -> bool: ...
 
-__all__ = ["current_experiment", "keep_current", "live_at", "live_experiment", "register", "set_current"]
+    def end(self) -> None: ...
+
+
+__all__ = [
+    "current_experiment",
+    "keep_current",
+    "live_at",
+    "live_experiment",
+    "register",
+    "reuse",
+    "set_current",
+]
 
 _BY_NAME: weakref.WeakValueDictionary[str, Experiment] = weakref.WeakValueDictionary()
 _BY_PATH: weakref.WeakValueDictionary[str, Experiment] = weakref.WeakValueDictionary()
@@ -47,6 +63,30 @@ def live_at(path: Path) -> Any:
     """The live object of the experiment folder ``path`` unless it was ended."""
     live = _BY_PATH.get(str(path))
     return None if live is None or live.ended else live
+
+
+def reuse(experiment_name: Any, experiment_path: Any, overwrite: bool) -> Any:
+    """What ``Experiment(name, ...)`` returns when that folder has a live object: the object itself, or None
+    (make a new one: no live object, a bad name — the constructor then raises —, or ``overwrite=True``, which
+    ends the live one first).
+
+    Raises:
+        ExperimentError: ``overwrite=True`` while the live object trains.
+    """
+    try:
+        path = experiment_dir(experiments_root(experiment_path), validate_experiment_name(experiment_name))
+    except Exception:  # the constructor raises the error with its message
+        return None
+    live = live_at(path)
+    if live is None or not overwrite:
+        return live
+    if live.training:
+        raise ExperimentError(
+            f"experiment {live.experiment_name!r} is training in this kernel; it cannot be overwritten while it "
+            "trains. Stop or wait for it (experiment.wait()), then end it (experiment.end()), or pick a new name"
+        )
+    live.end()
+    return None
 
 
 def register(exp: Experiment) -> None:

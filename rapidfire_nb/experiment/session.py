@@ -1,8 +1,8 @@
 """One ``run_fit`` session: what it wires together, built on the caller's thread, then driven by the scheduler.
 
-:func:`open_session` turns checked inputs and the restore plan into a running :class:`FitSession`: it makes the
+:func:`.start.open_session` builds a :class:`FitSession` from checked inputs and the restore plan (it makes the
 executor (the training layer), registers every run with the scheduler (new, finished, continued from its
-checkpoint, or failed), records the group in the store and starts the tracker. :class:`FitSession` is what the
+checkpoint, or failed), records the group, starts the tracker). :class:`FitSession` is what the
 facade delegates to afterwards: IC Ops, snapshots, the ops inbox, closing.
 
 Threads: the caller's thread builds the session and, until ``scheduler.start()``, is its only user. Afterwards
@@ -19,18 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus, Scheduler
+from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, Scheduler
 from kernel_scheduler.ops import new_op_id
 
 from ..errors import ExperimentError, OpError
-from ..run_folder import run_dir
-from .clones import prepare_clone, rebuild_clone_spec
-from .inputs import FitInputs, check_same_inputs, column_names
+from .clones import prepare_clone
+from .inputs import FitInputs
+from .ownership import other_writer
 from .recorder import Recorder
 from .reporter import Reporter
-from .restore import RestoreAction, RunRestore, apply_restore, plan_restore
 
-__all__ = ["FitSession", "check_group", "open_session", "start_message"]
+__all__ = ["FitSession", "require_session"]
 
 
 @dataclass
@@ -138,6 +137,29 @@ class FitSession:
                 )
         return ops
 
+    def wait(self, timeout: float | None, chunks: int | None, reporter: Reporter) -> bool:
+        """``Experiment.wait``: block until the condition holds (True) or ``timeout`` seconds pass (False).
+
+        On Ctrl-C every active run is stopped at the end of its current chunk and this returns False once they are
+        parked; a second Ctrl-C returns at once.
+        """
+        sched = self.scheduler
+        try:
+            return sched.wait(timeout=timeout, chunks=chunks)
+        except KeyboardInterrupt:
+            active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
+            reporter.say(
+                f"interrupted: stopping runs {active} at the end of their current chunk "
+                "(press interrupt again to return now)"
+            )
+            for rid in active:
+                sched.submit(Op(OpKind.STOP, rid, source="api"))
+            try:
+                sched.wait()
+            except KeyboardInterrupt:
+                pass
+            return False
+
     def load_model(self, run_id: int) -> tuple[Any, Any]:
         """``(model, tokenizer)`` with run ``run_id``'s trained weights (see ``Experiment.load_model``).
 
@@ -167,287 +189,26 @@ class FitSession:
         self.tracker.close()
 
 
-# ---------------------------------------------------------------------------------------------- building
-def check_group(
-    name: str, store: Any, inputs: FitInputs, trained_here: bool
-) -> dict[int, dict[str, Any]] | None:
-    """The stored runs of this config group, by run id (empty for a new experiment); None when this process
-    trained the group already (``trained_here``) and so nothing is left to do.
+def require_session(session: FitSession | None, ended: bool, name: str, lock: Any, store: Any) -> FitSession:
+    """The live session IC Ops go to.
 
     Raises:
-        ExperimentError: the experiment holds another group, or its unfinished runs were started with other
-            inputs (:func:`~.inputs.check_same_inputs`).
+        ExperimentError: the experiment was ended, or nothing trains in this process (the message says where it
+            trains, or to call run_fit first).
     """
-    existing = {r["run_id"]: r for r in store.runs() if r.get("source") in (None, "fit")}
-    if not existing:
-        return existing
-    if store.get_meta("fingerprint") != inputs.fingerprint:
-        raise ExperimentError(
-            f"experiment {name!r} already holds a different config group ({len(existing)} runs). Use a new "
-            "experiment name, or Experiment(name, overwrite=True) to start it afresh"
-        )
-    if trained_here:
-        return None
-    unfinished = [rid for rid, r in existing.items() if not RunStatus(r["status"]).is_finished()]
-    if unfinished:
-        check_same_inputs(
-            name,
-            store.meta(),
-            inputs.num_chunks,
-            inputs.seed,
-            inputs.train_dataset,
-            inputs.eval_dataset,
-            unfinished,
-        )
-    return existing
-
-
-def start_message(name: str, session: FitSession, continued: bool, background: bool) -> str:
-    """What ``run_fit`` says as training starts: the runs and chunks, or that no run is left to train."""
-    snaps = session.scheduler.snapshot()  # the runs as registered; the scheduler thread has not started yet
-    if continued and not any(s.status.in_rotation() for s in snaps):
-        counts: dict[str, int] = {}
-        for snap in snaps:
-            counts[snap.status.value] = counts.get(snap.status.value, 0) + 1
-        return (
-            f"experiment {name!r}: no run left to train ("
-            + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-            + "); see experiment.get_runs_info(); resume or clone_modify trains more"
-        )
-    n_runs = sum(1 for s in snaps if s.status is not RunStatus.DELETED)
-    return (
-        f"experiment {name!r}: {n_runs} run{'s' if n_runs != 1 else ''} × {session.num_chunks} chunks "
-        f"({session.inputs.trainer_type})"
-        + ("; training in the background (experiment.wait() blocks)" if background else "")
-    )
-
-
-def open_session(
-    store: Any,
-    reporter: Reporter,
-    exp_dir: Path,
-    inputs: FitInputs,
-    existing: Mapping[int, Mapping[str, Any]],
-) -> FitSession:
-    """Build the executor, register every run and record the group; the scheduler is not started yet.
-
-    Args:
-        store: the experiment's store (this process holds its writer lock).
-        reporter: where notes and messages go.
-        exp_dir: the experiment folder.
-        inputs: the checked ``run_fit`` arguments.
-        existing: the stored runs of this group (``source`` fit), by run id (empty for a new experiment).
-
-    Raises:
-        ConfigError: bad input found while building a run's trainer (nothing trains; the executor is closed).
-    """
-    from ..training import runtime  # torch is imported here, not at `import rapidfire_nb`
-
-    runtime.silence_globally()
-    late: dict[str, Any] = {}  # the recorder needs the executor and the executor the recorder: bound below
-    tracker = runtime.make_tracker(exp_dir / "tensorboard")
-    recorder = Recorder(
-        store,
-        reporter,
-        tracker,
-        inputs.num_chunks,
-        column_names(inputs.specs),
-        checkpoint_dir=lambda rid: late["executor"].checkpoint_dir(rid),
-        inbox=lambda: late["session"].inbox_ops(),
-    )
-    executor = runtime.make_executor(
-        inputs.trainer_type,
-        inputs.create_model_fn,
-        inputs.train_dataset,
-        inputs.eval_dataset,
-        inputs.num_chunks,
-        inputs.seed,
-        exp_dir,
-        recorder.on_metrics,
-        reporter.say,
-        lambda rid, path: store.upsert_run(rid, checkpoint_dir=str(path)),
-    )
-    late["executor"] = executor
-    session = FitSession(Scheduler(executor, listener=recorder), executor, recorder, tracker, inputs, store)
-    late["session"] = session
-    resumed: list[str] = []
-    try:
-        for run_id, spec in enumerate(inputs.specs, start=1):
-            _register(
-                session,
-                run_id,
-                spec,
-                plan_restore(run_id, existing.get(run_id), run_dir(exp_dir, run_id)),
-                resumed,
-                reporter,
+    if session is None:
+        other = other_writer(lock, store) if not ended else None
+        if other is not None:
+            raise ExperimentError(
+                f"experiment {name!r} is being trained by process {other}; apply IC Ops there (its panel, "
+                "%rapidfire, or the /rapidfire/ page of its Jupyter server)"
             )
-        _register_clones(session, store, exp_dir, resumed, reporter)
-    except BaseException:
-        executor.close()
-        tracker.close()
-        raise
-    if resumed:
-        reporter.say("continuing from the last chunk checkpoints: " + ", ".join(resumed))
-    _record_group(session, store, existing)
-    for rid, step in session.continued.items():
-        tracker.continue_from(rid, step)  # TensorBoard drops what a dead process logged after it
-    for snap in session.scheduler.snapshot():
-        if snap.status is not RunStatus.DELETED:  # a deleted run's folder was renamed; do not bring it back
-            tracker.log_hparams(snap.run_id, snap.spec.hparams())
+        if store.runs():
+            raise ExperimentError(
+                f"experiment {name!r} is not training in this kernel: call run_fit with the same arguments first "
+                "(it continues the interrupted runs), then use IC Ops"
+            )
+        raise ExperimentError("no training in this experiment yet: call run_fit first")
+    if ended:
+        raise ExperimentError("this Experiment was ended; IC Ops are no longer accepted")
     return session
-
-
-def _register_clones(
-    session: FitSession, store: Any, exp_dir: Path, resumed: list[str], reporter: Reporter
-) -> None:
-    """Rebuild the clones a previous kernel made (their recipes are in meta ``clones``) and register them."""
-    recipes = store.get_meta("clones", {}) or {}
-    for row in store.runs():
-        recipe = recipes.get(str(row["run_id"]))
-        if row.get("source") != "clone" or recipe is None:
-            continue
-        parent = session.spec(int(recipe["parent"]))
-        if parent is None:
-            continue
-        try:
-            spec = rebuild_clone_spec(parent, recipe)
-        except Exception as exc:  # e.g. a changed function that no longer exists: this clone only
-            _register_broken_clone(session, row, parent, recipe, exc, resumed, reporter)
-            continue
-        plan = plan_restore(row["run_id"], row, run_dir(exp_dir, row["run_id"]))
-        _register(session, row["run_id"], spec, plan, resumed, reporter)
-
-
-def _register_broken_clone(
-    session: FitSession,
-    row: Mapping[str, Any],
-    parent: Any,
-    recipe: Mapping[str, Any],
-    exc: Exception,
-    resumed: list[str],
-    reporter: Reporter,
-) -> None:
-    error = f"cannot be rebuilt after the restart: {exc}; clone run {recipe['parent']} again"
-    if RunStatus(row["status"]).is_finished():  # shown as it ended; its spec is the parent's
-        _register(
-            session,
-            row["run_id"],
-            parent,
-            RunRestore(row["run_id"], RestoreAction.FINISHED, RunStatus(row["status"]), row),
-            resumed,
-            reporter,
-        )
-        return
-    session.scheduler.add_run(
-        row["run_id"], parent, status=RunStatus.FAILED, error=error, parent_id=row.get("parent_id")
-    )
-    session.store.upsert_run(row["run_id"], status=RunStatus.FAILED.value, error=error)
-    reporter.say(f"run {row['run_id']} {error}")
-
-
-def _register(
-    session: FitSession, run_id: int, spec: Any, plan: RunRestore, resumed: list[str], reporter: Reporter
-) -> None:
-    """Register one run with the scheduler as the plan says (building its trainer unless it is finished)."""
-    prior, sched = plan.prior, session.scheduler
-    if plan.action is RestoreAction.FINISHED:
-        assert prior is not None
-        sched.add_run(
-            run_id,
-            spec,
-            status=plan.status,
-            error=prior.get("error"),
-            parent_id=prior.get("parent_id"),
-            progress=(
-                int(prior.get("completed_steps") or 0),
-                int(prior.get("total_steps") or 0),
-                int(prior.get("chunks_done") or 0),
-                int(prior.get("samples_seen") or 0),
-            ),
-        )
-        session.recorder.known(run_id, int(prior.get("chunks_done") or 0), finished=True)
-        return
-    message = apply_restore(plan)
-    if message:
-        reporter.say(message)
-    if plan.action is RestoreAction.FAILED:
-        assert prior is not None
-        sched.add_run(
-            run_id, spec, status=RunStatus.FAILED, parent_id=prior.get("parent_id"), error=plan.error
-        )
-        session.store.upsert_run(run_id, status=RunStatus.FAILED.value, error=plan.error)
-        return
-    start = session.executor.add_run(run_id, spec, resume_from=plan.checkpoint)
-    sched.add_run(
-        run_id,
-        spec,
-        start=start,
-        status=plan.status,
-        parent_id=prior.get("parent_id") if prior else None,
-        warm_start=bool(prior.get("warm_start")) if prior else False,
-    )
-    if prior is not None:
-        _continue_from(session, plan, start, resumed, reporter)
-
-
-def _continue_from(
-    session: FitSession, plan: RunRestore, start: Any, resumed: list[str], reporter: Reporter
-) -> None:
-    """A stored run registered again: drop what was logged after its start, record where it continues."""
-    run_id, prior = plan.run_id, plan.prior
-    assert prior is not None
-    session.store.delete_metrics_after(run_id, start.step)
-    session.continued[run_id] = start.step
-    session.store.upsert_run(
-        run_id,
-        status=plan.status.value,
-        completed_steps=start.step,
-        chunks_done=start.segments_done,
-        samples_seen=start.samples_seen,
-        total_steps=start.plan.total_steps,
-        num_segments=start.plan.num_segments,
-    )
-    session.recorder.known(run_id, start.segments_done, finished=False)
-    if plan.status is RunStatus.STOPPED:
-        reporter.say(
-            f"run {run_id} stays STOPPED at step {start.step} (experiment.resume({run_id}) continues it)"
-        )
-    elif plan.checkpoint is not None:
-        resumed.append(
-            f"run {run_id} at step {start.step}" + (" (from its warm start)" if plan.from_warm_start else "")
-        )
-    elif int(prior.get("completed_steps") or 0) > 0:
-        resumed.append(f"run {run_id} from step 0 ({plan.restart_reason})")
-
-
-def _record_group(session: FitSession, store: Any, existing: Mapping[int, Mapping[str, Any]]) -> None:
-    """Write the group's meta, editable fields and the rows of runs the store does not know yet."""
-    inputs = session.inputs
-    meta: dict[str, Any] = {
-        "fingerprint": inputs.fingerprint,
-        "trainer_type": inputs.trainer_type,
-        "hparam_columns": session.columns,
-    }
-    if not existing or any(not RunStatus(r["status"]).is_finished() for r in existing.values()):
-        meta.update(inputs.meta())  # a finished experiment keeps the inputs it was trained with
-    store.update_meta(meta)
-    session.recorder.record_editable(session.specs())
-    known = {r["run_id"] for r in store.runs()}
-    for snap in session.scheduler.snapshot():
-        if snap.run_id in known:
-            continue
-        spec = snap.spec
-        store.upsert_run(
-            snap.run_id,
-            status=snap.status.value,
-            config=spec.to_json(),
-            hparams=spec.hparams(),
-            fingerprint=spec.fingerprint(),
-            source="fit",
-            total_steps=snap.total_steps,
-            num_segments=snap.num_segments,
-            completed_steps=0,
-            chunks_done=0,
-            epoch=0.0,
-            samples_seen=0,
-        )
