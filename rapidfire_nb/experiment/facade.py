@@ -224,6 +224,7 @@ class Experiment:
         self._session = session
         registry.set_current(self)
         session.scheduler.on_thread_start = thread_parent_hook()
+        session.recorder.start(thread_parent_hook())
         self._say(start_message(self.experiment_name, session, continued, background))
         session.scheduler.start()
         if background and in_kernel():
@@ -308,6 +309,7 @@ class Experiment:
 
     def ops(self) -> Any:
         """Every op with its outcome, as a pandas DataFrame (op_id, run_id, kind, source, state, message, ...)."""
+        self._flush()
         return tables.ops_table(self.store)
 
     def submit_op(
@@ -346,7 +348,7 @@ class Experiment:
             chunks_done, epoch, loss, eval_loss, checkpoint_dir, error``. DELETED runs are left out unless
             ``include_deleted``.
         """
-        session = self._session
+        session = self._flush()
         return tables.runs_table(
             self.store,
             session.snapshots() if session else {},
@@ -365,9 +367,8 @@ class Experiment:
             pandas DataFrame sorted by ``run_id, step``; empty (columns ``run_id, step, samples_seen``) before the
             first logged step.
         """
-        return tables.results_table(
-            self.store, self._session.snapshots() if self._session else {}, include_deleted
-        )
+        session = self._flush()
+        return tables.results_table(self.store, session.snapshots() if session else {}, include_deleted)
 
     def load_model(self, run_id: int) -> tuple[Any, Any]:
         """``(model, tokenizer)`` with run ``run_id``'s trained weights, in eval mode, ready for ``generate``.
@@ -400,6 +401,12 @@ class Experiment:
         panel = panel_source.show_panel(self, self._reporter)
         if panel is not None:
             self._panels.append(panel)
+
+    def _flush(self) -> FitSession | None:
+        """Let the recorder write what it holds (the tables then show everything reported so far)."""
+        if self._session is not None:
+            self._session.recorder.flush()
+        return self._session
 
     def _say(self, text: str) -> None:
         self._reporter.say(text)

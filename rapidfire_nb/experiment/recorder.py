@@ -3,14 +3,24 @@
 It writes the store (the source of truth), feeds the tracker (TensorBoard), prints one compact line per finished
 chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter`, and polls the ops inbox for the scheduler.
 
-Threads: ``on_run``/``poll_ops``/``on_heartbeat`` come from the scheduler thread; ``on_op`` from the scheduler
-thread, or from the thread that submitted an op (its "queued" answer); ``on_metrics`` from the run's training
-thread; ``record_clone``/``record_editable`` from the thread that submitted a clone. The recorder's own state
-(metric names, live steps, reported chunks, hparam columns) is guarded by its lock; the store guards itself.
+Nothing is written on the thread that reports an event: ``on_metrics`` (a run's training thread, every TRL log
+call), ``on_run`` and ``on_op`` (the scheduler thread; ``on_op`` also from the thread that submitted an op) and
+``record_clone``/``record_editable``/``on_final`` only put an item on a bounded in-memory queue. One recorder
+thread (``rapidfire-recorder``) takes the items in order and writes them in batches: the metric rows of
+consecutive log calls go to the store in one transaction. :meth:`Recorder.flush` waits until everything queued so
+far is written (``wait()``, ``end()`` and the result tables call it); the panel and the server read what is
+written, at most a fraction of a second behind.
+
+Thread ownership: the recorder thread owns every store and tracker write made during training, the chunk lines,
+the metric names and the reported-chunk bookkeeping; ``poll_ops`` (the ops inbox, read by the scheduler thread
+about once a second) is the one store access outside it. Each run's live step (the step it last logged) is written
+by that run's training thread only. The hyperparameter columns are a tuple replaced by the recorder thread.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,14 +36,23 @@ from .reporter import Reporter
 
 __all__ = ["NOT_EDITABLE", "Recorder"]
 
+log = logging.getLogger(__name__)
+
 #: hyperparameter columns that the panel, the magic and the server cannot change (functions: API only).
 NOT_EDITABLE = ("formatting_func", "compute_metrics", "reward_funcs", "model_type")
 
 HEARTBEAT_EVERY_S = 2.0
+"""Seconds between two heartbeats written to the store while the scheduler runs."""
+INBOX_EVERY_S = 1.0
+"""Seconds between two reads of the ops inbox (ops posted through the server)."""
+QUEUE_ITEMS = 100_000
+"""Bound of the recorder's queue (items); a producer blocks only if the disk falls this far behind."""
+BATCH_ITEMS = 2_000
+"""Items written per batch (one store transaction for the metric rows among them)."""
 
 
 class Recorder(SchedulerListener):
-    """Records one ``run_fit`` session's events.
+    """Records one ``run_fit`` session's events, on its own thread.
 
     Args:
         store: the experiment's :class:`~rapidfire_nb.store.Store`.
@@ -43,6 +62,9 @@ class Recorder(SchedulerListener):
         columns: the hyperparameter columns shown (those that differ between the group's runs).
         checkpoint_dir: ``checkpoint_dir(run_id) -> Path | None``, the run's latest written checkpoint.
         inbox: ``inbox() -> ops``, the ops posted through the server since the last call.
+
+    Call :meth:`start` once (with the hook that ties the thread's output to the notebook cell) and
+    :meth:`close` at the end; events reported before :meth:`start` are written once it starts.
     """
 
     def __init__(
@@ -61,31 +83,180 @@ class Recorder(SchedulerListener):
         self.num_chunks = num_chunks
         self._checkpoint_dir = checkpoint_dir
         self._inbox = inbox
-        self._lock = threading.Lock()
-        self._columns = list(columns)
-        self._last_beat = 0.0
-        self._known_metrics: set[str] | None = (
-            None  # metric names in the store's meta (this process writes them)
-        )
+        self._columns: tuple[str, ...] = tuple(columns)
+        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=QUEUE_ITEMS)
+        self._thread = threading.Thread(target=self._main, name="rapidfire-recorder", daemon=True)
+        self._on_thread_start: Callable[[], None] | None = None
+        self._closed = threading.Event()
+        self._last_beat = 0.0  # scheduler thread
+        self._last_inbox = 0.0  # scheduler thread
+        self._known_metrics: set[str] | None = None  # recorder thread: metric names in the store's meta
         self._live_step: dict[
             int, int
-        ] = {}  # latest logged step per run (the run on the device moves in a chunk)
-        self._seen_segments: dict[int, int] = {}  # chunks already reported per run (a restart starts there)
-        self._reported_end: set[int] = set()  # runs whose COMPLETED/FAILED line was printed (or predates us)
+        ] = {}  # latest logged step per run; each key written by its run's thread
+        self._seen_segments: dict[
+            int, int
+        ] = {}  # recorder thread: chunks reported per run (a restart starts there)
+        self._reported_end: set[int] = set()  # recorder thread: runs whose COMPLETED/FAILED line was printed
+        self.write_seconds = 0.0  # recorder thread: time spent writing (benchmark)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, on_thread_start: Callable[[], None] | None = None) -> None:
+        """Start the recorder thread (``on_thread_start`` runs on it first, e.g. ipykernel's thread parent)."""
+        self._on_thread_start = on_thread_start
+        self._thread.start()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every event reported so far is written; True when it is (False on timeout or before start)."""
+        if not self._thread.is_alive():
+            return self._queue.unfinished_tasks == 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or not self._thread.is_alive():
+                    return False
+                self._queue.all_tasks_done.wait(0.1 if left is None else min(0.1, left))
+        return True
+
+    def close(self) -> None:
+        """Write everything queued, then stop the recorder thread (joined)."""
+        if self._thread.is_alive():
+            self.flush()
+            self._closed.set()
+            self._queue.put(("stop",))
+            self._thread.join()
+        elif self._thread.ident is None and self._queue.unfinished_tasks:  # never started: write inline
+            self._closed.set()
+            self._write_batch(self._drain())
 
     # ------------------------------------------------------------------ read by the facade and the panel
     @property
     def columns(self) -> list[str]:
         """The hyperparameter columns: the group's differing ones, then the fields clones changed."""
-        with self._lock:
-            return list(self._columns)
+        return list(self._columns)
 
     def live_step(self, run_id: int) -> int:
         """The latest step run ``run_id`` logged (0 before its first log)."""
         return self._live_step.get(run_id, 0)
 
-    # ------------------------------------------------------------------ scheduler events
+    # ------------------------------------------------------------------ events (any thread: enqueue only)
     def on_run(self, snap: RunSnapshot) -> None:
+        self._put(("run", snap))
+
+    def on_op(self, op: Op, ack: OpAck) -> None:
+        self._put(("op", op, ack))
+
+    def on_metrics(self, run_id: int, step: int, samples_seen: int, logs: Mapping[str, Any]) -> None:
+        """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows), from its training thread."""
+        self._live_step[run_id] = step
+        self._put(("metrics", run_id, step, samples_seen, dict(logs), time.time()))
+
+    def on_final(self, run_id: int, folder: Path) -> None:
+        """Run ``run_id``'s final weights were saved in ``folder``."""
+        self._put(("final", run_id, str(folder)))
+
+    def record_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:
+        """Store a clone accepted by the scheduler and show the fields it changed as columns."""
+        self._put(("clone", child_id, parent_id, request))
+
+    def record_editable(self, specs: Mapping[int, Any]) -> None:
+        """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""
+        fields = {
+            str(rid): {k: json_type_name(v) for k, v in spec.hparams().items() if k not in NOT_EDITABLE}
+            for rid, spec in specs.items()
+        }
+        self._put(("meta", "editable_fields", fields))
+
+    def known(self, run_id: int, segments_done: int, finished: bool) -> None:
+        """A run restored from the store: its chunks so far (and its end) were reported by an earlier process.
+
+        Called on the caller's thread while the session is built, before :meth:`start`.
+        """
+        self._seen_segments[run_id] = segments_done
+        if finished:
+            self._reported_end.add(run_id)
+
+    # ------------------------------------------------------------------ scheduler thread
+    def poll_ops(self) -> Sequence[Op]:
+        now = time.monotonic()
+        if now - self._last_inbox < INBOX_EVERY_S:
+            return ()
+        self._last_inbox = now
+        return self._inbox()
+
+    def on_heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat > HEARTBEAT_EVERY_S:
+            self._last_beat = now
+            self._put(("beat",))
+
+    # ------------------------------------------------------------------ the recorder thread
+    def _put(self, item: tuple[Any, ...]) -> None:
+        if self._closed.is_set() and item[0] != "stop":
+            log.debug("rapidfire recorder: %s after close, dropped", item[0])
+            return
+        self._queue.put(item)
+
+    def _drain(self, first: tuple[Any, ...] | None = None) -> list[tuple[Any, ...]]:
+        items = [first] if first is not None else []
+        while len(items) < BATCH_ITEMS:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def _main(self) -> None:
+        if self._on_thread_start is not None:
+            self._on_thread_start()
+        while True:
+            items = self._drain(self._queue.get())
+            stop = any(item[0] == "stop" for item in items)
+            self._write_batch([item for item in items if item[0] != "stop"])
+            for _ in items:
+                self._queue.task_done()
+            if stop:
+                return
+
+    def _write_batch(self, items: list[tuple[Any, ...]]) -> None:
+        """Write ``items`` in order; consecutive metric items become one store transaction."""
+        t0 = time.perf_counter()
+        metrics: list[tuple[Any, ...]] = []
+        for item in items:
+            if item[0] == "metrics":
+                metrics.append(item)
+                continue
+            if metrics:
+                self._guard(self._write_metrics, metrics)
+                metrics = []
+            self._guard(self._write_one, item)
+        if metrics:
+            self._guard(self._write_metrics, metrics)
+        self.write_seconds += time.perf_counter() - t0
+
+    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # the recorder must outlive a bad write; the store keeps what it has
+            log.exception("rapidfire recorder: a write failed")
+
+    def _write_one(self, item: tuple[Any, ...]) -> None:
+        kind = item[0]
+        if kind == "run":
+            self._write_run(item[1])
+        elif kind == "op":
+            self._write_op(item[1], item[2])
+        elif kind == "clone":
+            self._write_clone(*item[1:])
+        elif kind == "meta":
+            self.store.set_meta(item[1], item[2])
+        elif kind == "final":
+            self.store.upsert_run(item[1], checkpoint_dir=item[2])
+        elif kind == "beat":
+            self.store.beat()
+
+    def _write_run(self, snap: RunSnapshot) -> None:
         ckpt = self._checkpoint_dir(snap.run_id)
         self.store.upsert_run(
             snap.run_id,
@@ -105,33 +276,22 @@ class Recorder(SchedulerListener):
             self.reporter.say(self.chunk_line(snap))
 
     def _should_report(self, snap: RunSnapshot) -> bool:
-        with self._lock:
-            if snap.run_id not in self._seen_segments and snap.status is RunStatus.NEW:
-                self._seen_segments[snap.run_id] = (
-                    snap.segments_done
-                )  # a warm clone starts at its parent's chunk
-            prev = self._seen_segments.get(snap.run_id, 0)
-            ended = (
-                snap.status in (RunStatus.COMPLETED, RunStatus.FAILED)
-                and snap.run_id not in self._reported_end
-            )
-            if snap.segments_done <= prev and not ended:
-                return False
-            self._seen_segments[snap.run_id] = max(prev, snap.segments_done)
-            if ended:
-                self._reported_end.add(snap.run_id)
-            return True
+        if snap.run_id not in self._seen_segments and snap.status is RunStatus.NEW:
+            self._seen_segments[snap.run_id] = snap.segments_done  # a warm clone starts at its parent's chunk
+        prev = self._seen_segments.get(snap.run_id, 0)
+        ended = (
+            snap.status in (RunStatus.COMPLETED, RunStatus.FAILED) and snap.run_id not in self._reported_end
+        )
+        if snap.segments_done <= prev and not ended:
+            return False
+        self._seen_segments[snap.run_id] = max(prev, snap.segments_done)
+        if ended:
+            self._reported_end.add(snap.run_id)
+        return True
 
-    def known(self, run_id: int, segments_done: int, finished: bool) -> None:
-        """A run restored from the store: its chunks so far (and its end) were reported by an earlier process."""
-        with self._lock:
-            self._seen_segments[run_id] = segments_done
-            if finished:
-                self._reported_end.add(run_id)
-
-    def on_op(self, op: Op, ack: OpAck) -> None:
+    def _write_op(self, op: Op, ack: OpAck) -> None:
         payload = {k: v for k, v in op.payload.items() if k != "spec"}
-        if not self.store.add_op(
+        added = self.store.add_op(
             op.op_id,
             op.kind.value,
             op.run_id,
@@ -140,84 +300,59 @@ class Recorder(SchedulerListener):
             state=ack.state,
             message=ack.message,
             requested_at=op.requested_at,
-        ):
-            self.store.update_op(
-                op.op_id, ack.state, ack.message, applied_at=time.time() if ack.state != "queued" else None
-            )
+        )
+        if not added:
+            applied_at = time.time() if ack.state != "queued" else None
+            self.store.update_op(op.op_id, ack.state, ack.message, applied_at=applied_at)
         if ack.state != "queued" and op.source != "api":
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
 
-    def poll_ops(self) -> Sequence[Op]:
-        return self._inbox()
-
-    def on_heartbeat(self) -> None:
-        now = time.monotonic()
-        if now - self._last_beat > HEARTBEAT_EVERY_S:
-            self._last_beat = now
-            self.store.beat()
-
-    # ------------------------------------------------------------------ clones
-    def record_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:
-        """Store a clone accepted by the scheduler and show the fields it changed as columns."""
+    def _write_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:
         record_clone(self.store, child_id, parent_id, request)
-        with self._lock:
-            for k, v in request.changes.items():
-                if k not in self._columns and not callable(v):
-                    self._columns.append(k)
-            columns = list(self._columns)
-        self.store.set_meta("hparam_columns", columns)  # the page and a restarted kernel show them
+        added = [k for k, v in request.changes.items() if k not in self._columns and not callable(v)]
+        if added:
+            self._columns = (*self._columns, *added)
+        self.store.set_meta(
+            "hparam_columns", list(self._columns)
+        )  # the page and a restarted kernel show them
 
-    def record_editable(self, specs: Mapping[int, Any]) -> None:
-        """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""
-        fields = {
-            str(rid): {k: json_type_name(v) for k, v in spec.hparams().items() if k not in NOT_EDITABLE}
-            for rid, spec in specs.items()
-        }
-        self.store.set_meta("editable_fields", fields)
-
-    # ------------------------------------------------------------------ metrics (training thread)
-    def on_metrics(self, run_id: int, step: int, samples_seen: int, logs: Mapping[str, Any]) -> None:
-        """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows): store rows, TensorBoard scalars."""
-        now = time.time()
-        self._live_step[run_id] = step  # each run's entry is written by its own training thread only
-        numbers = {
-            k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        if not numbers:
-            return
-        self.store.add_metrics(
-            [
+    def _write_metrics(self, items: list[tuple[Any, ...]]) -> None:
+        rows = []
+        for _kind, run_id, step, samples_seen, logs, wall_time in items:
+            numbers = {
+                k: float(v)
+                for k, v in logs.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+            rows += [
                 {
                     "run_id": run_id,
                     "step": step,
                     "samples_seen": samples_seen,
                     "name": k,
                     "value": v,
-                    "wall_time": now,
+                    "wall_time": wall_time,
                 }
                 for k, v in numbers.items()
             ]
-        )
-        self._note_metric_names(numbers)
-        self.tracker.log_scalars(
-            run_id,
-            step,
-            {
-                (k.replace("eval_", "eval/", 1) if k.startswith("eval_") else f"train/{k}"): logs[k]
-                for k in numbers
-            },
-        )
+            if numbers:
+                scalars = {
+                    (k.replace("eval_", "eval/", 1) if k.startswith("eval_") else f"train/{k}"): logs[k]
+                    for k in numbers
+                }
+                self.tracker.log_scalars(run_id, step, scalars, wall_time=wall_time)
+        if not rows:
+            return
+        self.store.add_metrics(rows)
+        self._note_metric_names({r["name"] for r in rows})
 
-    def _note_metric_names(self, numbers: Mapping[str, float]) -> None:
-        with self._lock:
-            if self._known_metrics is None:  # read once; afterwards only new names touch the store's meta
-                self._known_metrics = set(self.store.get_meta("metric_names", None) or [])
-            new = set(numbers) - self._known_metrics
-            if not new:
-                return
-            self._known_metrics |= new
-            names = sorted(self._known_metrics)
-        self.store.set_meta("metric_names", names)
+    def _note_metric_names(self, names: set[str]) -> None:
+        if self._known_metrics is None:  # read once; afterwards only new names touch the store's meta
+            self._known_metrics = set(self.store.get_meta("metric_names", None) or [])
+        if names <= self._known_metrics:
+            return
+        self._known_metrics |= names
+        self.store.set_meta("metric_names", sorted(self._known_metrics))
 
     # ------------------------------------------------------------------ messages
     def chunk_line(self, snap: RunSnapshot) -> str:

@@ -145,7 +145,9 @@ class FitSession:
         """
         sched = self.scheduler
         try:
-            return sched.wait(timeout=timeout, chunks=chunks)
+            done = sched.wait(timeout=timeout, chunks=chunks)
+            self.recorder.flush(timeout)
+            return done
         except KeyboardInterrupt:
             active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
             reporter.say(
@@ -156,6 +158,7 @@ class FitSession:
                 sched.submit(Op(OpKind.STOP, rid, source="api"))
             try:
                 sched.wait()
+                self.recorder.flush()
             except KeyboardInterrupt:
                 pass
             return False
@@ -183,9 +186,11 @@ class FitSession:
         return self.executor.load_model(run_id, spec=spec, final_dir=Path(final))  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Stop the scheduler thread, release every run and close the tracker (after ``wait()``)."""
+        """Stop the scheduler thread, release every run, write what is recorded, close the tracker (after
+        ``wait()``)."""
         self.scheduler.close()
         self.executor.close()
+        self.recorder.close()
         self.tracker.close()
 
 

@@ -123,7 +123,7 @@ def open_session(
         exp_dir,
         recorder.on_metrics,
         reporter.say,
-        lambda rid, path: store.upsert_run(rid, checkpoint_dir=str(path)),
+        recorder.on_final,
     )
     late["executor"] = executor
     session = FitSession(Scheduler(executor, listener=recorder), executor, recorder, tracker, inputs, store)
@@ -142,6 +142,7 @@ def open_session(
         _register_clones(session, store, exp_dir, resumed, reporter)
     except BaseException:
         executor.close()
+        recorder.close()
         tracker.close()
         raise
     if resumed:

@@ -1,7 +1,10 @@
 """TorchExecutor: trains runs with TRL, one shared base model per (model, model_kwargs, shared settings).
 
 Implements :class:`kernel_scheduler.Executor`. Every call comes from the scheduler thread (or, before the
-scheduler starts, from ``run_fit``'s thread); exactly one run's worker thread trains at any moment.
+scheduler starts, from ``run_fit``'s thread) and does its torch work on the executor's one device thread
+(:class:`~rapidfire_nb.training.device.DeviceThread`): building models and trainers, every run's training
+(a greenlet each, see :mod:`~rapidfire_nb.training.worker`), saving and loading weights. Exactly one run
+trains at any moment.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from .checkpoint import (
     snapshot_trainer,
 )
 from .data import prepare_dataset
+from .device import DeviceThread
 from .kinds import TrainerKind, get_kind
 from .models import BaseModels, SharedBase, attach_run_model
 from .quiet import quiet_libraries
 from .rng import capture_rng
-from .worker import RunWorker
+from .worker import HandoffClock, RunWorker
 
 __all__ = ["MetricSink", "TorchExecutor"]
 
@@ -102,7 +106,9 @@ class TorchExecutor(Executor):
         self._runs: dict[int, _Run] = {}
         _limit_malloc_arenas()
         self._writer = CheckpointWriter()
-        self.switch_seconds = 0.0  # time spent in handovers + snapshots (benchmark)
+        self.device = DeviceThread()
+        self.handoffs = HandoffClock()  # our own time between two segments (benchmark)
+        self.switch_seconds = 0.0  # time spent in activations + snapshots (benchmark)
         self._noted: set[str] = set()
 
     # ------------------------------------------------------------------ Executor API
@@ -123,8 +129,12 @@ class TorchExecutor(Executor):
         Raises:
             ConfigError: bad input (before any training).
         """
-        with quiet_libraries():
-            return self._add_run(run_id, spec, warm_from, resume_from)
+
+        def build() -> RunStart:
+            with quiet_libraries():
+                return self._add_run(run_id, spec, warm_from, resume_from)
+
+        return self.device.run(build)
 
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
         run = self._runs[run_id]
@@ -157,6 +167,7 @@ class TorchExecutor(Executor):
             run.worker.release(timeout=10)
         self._writer.flush()
         self._writer.close()
+        self.device.close()
 
     # ------------------------------------------------------------------ extras used by Experiment
     def flush(self) -> None:
@@ -175,6 +186,9 @@ class TorchExecutor(Executor):
 
     def save_final(self, run_id: int) -> Path:
         """Save the run's current weights + tokenizer with ``save_pretrained`` into ``runs/<id>/final``."""
+        return self.device.run(lambda: self._save_final(run_id))
+
+    def _save_final(self, run_id: int) -> Path:
         from rapidfire_nb._atomic import atomic_dir
 
         run = self._runs[run_id]
@@ -206,10 +220,13 @@ class TorchExecutor(Executor):
         Raises:
             ConfigError: the run is unknown here and no ``final_dir`` with saved weights was given.
         """
+        return self.device.run(lambda: self._load_model(run_id, spec, final_dir))
+
+    def _load_model(self, run_id: int, spec: LeafConfig | None, final_dir: Path | None) -> tuple[Any, Any]:
         run = self._runs.get(run_id)
         if run is not None:
             if run.final_dir is None:
-                self.save_final(run_id)
+                self._save_final(run_id)
             assert run.final_dir is not None
             spec, final_dir, lora = run.spec, run.final_dir, run.adapter is not None
         else:
@@ -253,12 +270,14 @@ class TorchExecutor(Executor):
             run_id,
             trainer,
             plan,
+            self.device,
             activate=activate,
             on_boundary=lambda step, rng, rid=run_id: self._on_boundary(rid, step, rng),
             on_log=lambda step, logs, rid=run_id: self._on_log(rid, step, logs),
             initial_rng=initial_rng,
             eval_at_boundaries=eval_ds is not None,
             resume_from_checkpoint=resume,
+            clock=self.handoffs,
         )
         self._runs[run_id] = _Run(run_id, spec, self.kind, base, adapter, worker, plan, run_dir)
         return start

@@ -1,31 +1,62 @@
-"""One run's TRL trainer, whose own ``train()`` runs in a worker thread and parks at chunk boundaries.
+"""One run's TRL trainer, whose own ``train()`` runs as a greenlet on the device thread and parks at chunk boundaries.
 
 The LR schedule, data order, gradient accumulation, logging/eval cadence and GRPO generation buffers stay
-TRL's own: nothing is re-created per chunk. At a boundary the worker saves the process-wide RNG state,
-hands a snapshot to the executor (checkpoint), resolves the segment's Future and waits; when the scheduler
-hands the device back it restores its RNG, re-activates its adapter and continues inside the same
-``train()`` call.
+TRL's own: nothing is re-created per chunk. At a boundary the run saves the process-wide RNG state, hands a
+snapshot to the executor (checkpoint) and switches back to the device thread's loop with the segment's result;
+when the scheduler gives it the device again, the loop switches into it, it restores its RNG and grad mode,
+re-activates its adapter and continues inside the same ``train()`` call.
+
+Every run's ``train()`` is a greenlet (a paused call stack) on the one device thread
+(:class:`~rapidfire_nb.training.device.DeviceThread`), so all runs train on one OS thread, as a plain
+``trainer.train()`` does; why that matters for speed is in that module's docstring. A switch happens only inside
+``Trainer._maybe_log_save_evaluate`` after an optimizer step (never inside a forward/backward pass).
 """
 
 from __future__ import annotations
 
-import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import torch
+from greenlet import greenlet
 from transformers import TrainerCallback
 
 from kernel_scheduler import ChunkPlan, SegmentResult
 
+from .device import DeviceThread
 from .rng import capture_rng, restore_rng
 
-__all__ = ["RunWorker"]
+__all__ = ["HandoffClock", "RunWorker"]
 
 
 class _Abort(BaseException):
     """Unwinds a parked ``train()`` when its run is released (BaseException: TRL catches Exception)."""
+
+
+class HandoffClock:
+    """Our own time between two segments on one device: from one run parking to the next one training.
+
+    ``seconds`` sums, over ``count`` hand-offs, the wall time from a run's park (its result handed back) to the
+    next run's first instruction after its own set-up (RNG restore, adapter activation): the scheduler's work,
+    two thread wake-ups and the set-up. The benchmark prints it; nothing depends on it.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.count = 0
+        self._parked_at: float | None = None
+
+    def parked(self) -> None:
+        self._parked_at = time.perf_counter()
+
+    def resumed(self) -> None:
+        if self._parked_at is not None:
+            self.seconds += time.perf_counter() - self._parked_at
+            self.count += 1
+            self._parked_at = None
 
 
 class _ChunkCallback(TrainerCallback):
@@ -49,13 +80,15 @@ class RunWorker:
         run_id: the run's id.
         trainer: a constructed TRL trainer (built while the run's adapter was active).
         plan: the run's chunk plan (its ``total_steps`` is the trainer's ``max_steps``).
-        activate: called (in the worker thread) before the run trains again, e.g. ``set_adapter``.
-        on_boundary: ``on_boundary(step, rng_state)`` called at each chunk boundary, before the Future
-            resolves (the executor snapshots the checkpoint there).
+        device: the device thread every segment runs on.
+        activate: called (on the device thread) before the run trains again, e.g. ``set_adapter``.
+        on_boundary: ``on_boundary(step, rng_state)`` called at each chunk boundary, before the segment's
+            Future resolves (the executor snapshots the checkpoint there).
         on_log: ``on_log(step, logs)`` for every TRL log call.
         initial_rng: the RNG state right after the trainer was built (restored before the first step).
         eval_at_boundaries: also evaluate at each chunk end (needs an eval dataset).
         resume_from_checkpoint: passed to ``train()`` (crash recovery and warm starts).
+        clock: where hand-off time is counted (shared by the runs of one device).
     """
 
     def __init__(
@@ -63,29 +96,31 @@ class RunWorker:
         run_id: int,
         trainer: Any,
         plan: ChunkPlan,
+        device: DeviceThread,
         activate: Callable[[], None],
         on_boundary: Callable[[int, dict[str, Any]], None],
         on_log: Callable[[int, dict[str, float]], None],
         initial_rng: dict[str, Any],
         eval_at_boundaries: bool,
         resume_from_checkpoint: str | None = None,
+        clock: HandoffClock | None = None,
     ) -> None:
         self.run_id = run_id
         self.trainer = trainer
         self.plan = plan
+        self._device = device
         self._activate = activate
         self._on_boundary = on_boundary
         self.on_log = on_log
         self._rng = initial_rng
+        self._grad_enabled = True
         self.eval_at_boundaries = eval_at_boundaries
         self._resume = resume_from_checkpoint
+        self._clock = clock or HandoffClock()
         self.stop_step: int | None = None
         self.last_eval_step = -1
         self._parked_step = -1
-        self._go = threading.Event()
-        self._abort = False
-        self._future: Future[SegmentResult] | None = None
-        self._thread: threading.Thread | None = None
+        self._glet: greenlet | None = None
         self.done = False
         trainer.add_callback(_ChunkCallback(self))
         original = trainer._maybe_log_save_evaluate
@@ -96,53 +131,64 @@ class RunWorker:
 
         trainer._maybe_log_save_evaluate = _after_log_save_evaluate
 
-    # -------------------------------------------------------------- scheduler side
+    # -------------------------------------------------------------- scheduler side (any thread)
     def run_until(self, stop_step: int) -> Future[SegmentResult]:
-        """Let the run train until global step ``stop_step``; the Future resolves at that boundary."""
+        """Let the run train until global step ``stop_step``; the Future resolves at that boundary.
+
+        Raises:
+            RuntimeError: the run has finished.
+        """
         if self.done:
             raise RuntimeError(f"run {self.run_id} has finished")
-        fut: Future[SegmentResult] = Future()
-        self._future = fut
-        self.stop_step = stop_step
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._main, name=f"rapidfire-run-{self.run_id}", daemon=True
-            )
-            self._thread.start()
-        else:
-            self._go.set()
-        return fut
+        return self._device.call(lambda: self._segment(stop_step))
 
     def release(self, timeout: float = 30.0) -> None:
-        """Unwind a parked ``train()`` so its memory can be freed."""
-        if self._thread is None or self.done:
+        """Unwind a parked ``train()`` (on the device thread) so its memory can be freed."""
+        if self._glet is None or self.done:
             return
-        self._abort = True
-        self._go.set()
-        self._thread.join(timeout)
+        self._device.call(self._abort).result(timeout)
 
     @property
     def step(self) -> int:
         return int(self.trainer.state.global_step)
 
-    # -------------------------------------------------------------- worker thread
+    # -------------------------------------------------------------- device thread
+    def _segment(self, stop_step: int) -> SegmentResult:
+        """Train from where the run is parked until ``stop_step`` (or its end); its result."""
+        self.stop_step = stop_step
+        if self._glet is None:
+            self._glet = greenlet(self._main)
+        result = self._glet.switch()
+        assert isinstance(result, SegmentResult), result
+        return result
+
+    def _abort(self) -> None:
+        if self._glet is not None and not self._glet.dead:
+            self._glet.throw(_Abort())
+        self.done = True
+
     def _enter(self) -> None:
         restore_rng(self._rng)
+        torch.set_grad_enabled(self._grad_enabled)
         self._activate()
+        self._clock.resumed()
 
-    def _main(self) -> None:
+    def _main(self) -> SegmentResult | None:
         try:
             self._enter()
             self.trainer.train(resume_from_checkpoint=self._resume)
             self.done = True
-            self._resolve(SegmentResult(self.step, self.plan.samples_seen(self.step), finished=True))
+            return SegmentResult(self.step, self.plan.samples_seen(self.step), finished=True)
         except _Abort:
             self.done = True
+            return None
         except BaseException as exc:  # a failing run never takes the others down
             self.done = True
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             self._error_trace = traceback.format_exc()
-            self._resolve(SegmentResult(self.step, self.plan.samples_seen(self.step), error=text))
+            return SegmentResult(self.step, self.plan.samples_seen(self.step), error=text)
+        finally:
+            self._clock.parked()
 
     def _maybe_park(self) -> None:
         step = self.step
@@ -155,18 +201,13 @@ class RunWorker:
             self.trainer.evaluate()
             restore_rng(rng)
         if step >= self.plan.total_steps:
-            return  # the last step: let train() finish, the Future resolves after it
+            return  # the last step: let train() finish, the segment ends after it
         self._parked_step = step
         self._rng = capture_rng()
+        self._grad_enabled = torch.is_grad_enabled()
         self._on_boundary(step, self._rng)
-        self._resolve(SegmentResult(step, self.plan.samples_seen(step)))
-        self._go.wait()
-        self._go.clear()
-        if self._abort:
-            raise _Abort()
+        result = SegmentResult(step, self.plan.samples_seen(step))
+        self._clock.parked()
+        assert self._glet is not None and self._glet.parent is not None
+        self._glet.parent.switch(result)  # back to the device loop; returns when the run trains again
         self._enter()
-
-    def _resolve(self, result: SegmentResult) -> None:
-        fut, self._future = self._future, None
-        if fut is not None and not fut.done():
-            fut.set_result(result)
