@@ -242,5 +242,5 @@ def record_batches(mp: pytest.MonkeyPatch) -> Iterator[BatchRecord]:
 
 
 def worker_threads() -> set[str]:
-    """Names of the live per-run training threads of rapidfire_nb."""
-    return {t.name for t in threading.enumerate() if t.name.startswith("rapidfire-run-")}
+    """Names of the live training threads of rapidfire_nb (one device thread per executor)."""
+    return {t.name for t in threading.enumerate() if t.name.startswith(("rapidfire-device", "rapidfire-run-"))}

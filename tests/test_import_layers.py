@@ -42,6 +42,7 @@ RANKS: dict[str, int] = {
     "rapidfire_nb._writer_lock": 1,
     "rapidfire_nb.run_folder": 1,
     "rapidfire_nb.frontend": 0,
+    "rapidfire_nb._priority": 0,
     "rapidfire_nb.tracking": 1,
     "rapidfire_nb.spec": 2,
     "rapidfire_nb.store": 2,

@@ -27,6 +27,7 @@ class FitInputs:
         fingerprint: JSON text identifying the config group (every spec's fingerprint, in order).
         create_model_fn, train_dataset, eval_dataset: as given.
         num_chunks: chunks per epoch; seed: the experiment seed.
+        checkpoint_every: write boundary checkpoints every this many chunks.
     """
 
     specs: tuple[Any, ...]
@@ -37,6 +38,7 @@ class FitInputs:
     eval_dataset: Any
     num_chunks: int
     seed: int
+    checkpoint_every: int = 1
 
     def meta(self) -> dict[str, Any]:
         """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against)."""
@@ -49,7 +51,13 @@ class FitInputs:
 
 
 def check_fit_inputs(
-    param_config: Any, create_model_fn: Any, train_dataset: Any, eval_dataset: Any, num_chunks: Any, seed: Any
+    param_config: Any,
+    create_model_fn: Any,
+    train_dataset: Any,
+    eval_dataset: Any,
+    num_chunks: Any,
+    seed: Any,
+    checkpoint_every: Any = 1,
 ) -> FitInputs:
     """Check ``run_fit``'s arguments and expand the config group (nothing is built or loaded).
 
@@ -58,6 +66,10 @@ def check_fit_inputs(
     """
     if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
         raise ConfigError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
+    if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
+        raise ConfigError(
+            f"checkpoint_every must be an integer >= 1 (chunks between two checkpoints), got {checkpoint_every!r}"
+        )
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ConfigError(f"seed must be an integer, got {seed!r}")
     if train_dataset is None or len(train_dataset) == 0:
@@ -81,6 +93,7 @@ def check_fit_inputs(
         eval_dataset=eval_dataset,
         num_chunks=num_chunks,
         seed=seed,
+        checkpoint_every=checkpoint_every,
     )
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListener
 
+from .._priority import lower_thread_priority
 from ..view import chunk_line
 from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
@@ -208,6 +209,7 @@ class Recorder(SchedulerListener):
         return items
 
     def _main(self) -> None:
+        lower_thread_priority()  # the store and TensorBoard wait; training does not
         if self._on_thread_start is not None:
             self._on_thread_start()
         while True:

@@ -124,6 +124,7 @@ def open_session(
         recorder.on_metrics,
         reporter.say,
         recorder.on_final,
+        checkpoint_every=inputs.checkpoint_every,
     )
     late["executor"] = executor
     session = FitSession(Scheduler(executor, listener=recorder), executor, recorder, tracker, inputs, store)

@@ -10,6 +10,7 @@ trains at any moment.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import shutil
@@ -29,8 +30,8 @@ from .checkpoint import (
     WARM_START_PREFIX,
     BoundarySnapshot,
     CheckpointWriter,
+    Snapshotter,
     restore_counters,
-    snapshot_trainer,
 )
 from .data import prepare_dataset
 from .device import DeviceThread
@@ -43,6 +44,8 @@ from .worker import HandoffClock, RunWorker
 __all__ = ["MetricSink", "TorchExecutor"]
 
 log = logging.getLogger(__name__)
+
+_DEVICE_IDS = itertools.count(1)  # names of device threads (one per executor)
 
 MetricSink = Callable[[int, int, int, dict[str, float]], None]
 """``sink(run_id, step, samples_seen, logs)`` — called from the training thread for every TRL log."""
@@ -58,6 +61,7 @@ class _Run:
     worker: RunWorker
     plan: ChunkPlan
     run_dir: Path
+    snapshotter: Snapshotter | None = None
     last: BoundarySnapshot | None = None
     final_dir: Path | None = None
     released: bool = False
@@ -77,6 +81,10 @@ class TorchExecutor(Executor):
         metric_sink: receives every TRL log line.
         notes: receives user-facing notes (e.g. CPU adaptations), one string each.
         on_final: ``on_final(run_id, folder)`` after a run's final weights were saved.
+        checkpoint_every: write a run's boundary checkpoint to disk every this many chunks (1: at every chunk
+            boundary). The in-memory snapshot a warm clone starts from is taken at every boundary regardless; a
+            larger value only means a crashed kernel continues a run from up to ``checkpoint_every - 1`` chunks
+            further back (exactly, as ever).
     """
 
     def __init__(
@@ -91,6 +99,7 @@ class TorchExecutor(Executor):
         metric_sink: MetricSink,
         notes: Callable[[str], None] | None = None,
         on_final: Callable[[int, Path], None] | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.kind = get_kind(trainer_type)
         self.create_model_fn = create_model_fn
@@ -102,11 +111,12 @@ class TorchExecutor(Executor):
         self.metric_sink = metric_sink
         self.notes = notes or (lambda s: None)
         self.on_final = on_final or (lambda run_id, path: None)
+        self.checkpoint_every = checkpoint_every
         self.models = BaseModels(create_model_fn, self._note)  # create_model_fn calls, shared bases
         self._runs: dict[int, _Run] = {}
         _limit_malloc_arenas()
         self._writer = CheckpointWriter()
-        self.device = DeviceThread()
+        self.device = DeviceThread(f"rapidfire-device-{next(_DEVICE_IDS)}")
         self.handoffs = HandoffClock()  # our own time between two segments (benchmark)
         self.switch_seconds = 0.0  # time spent in activations + snapshots (benchmark)
         self._noted: set[str] = set()
@@ -279,7 +289,17 @@ class TorchExecutor(Executor):
             resume_from_checkpoint=resume,
             clock=self.handoffs,
         )
-        self._runs[run_id] = _Run(run_id, spec, self.kind, base, adapter, worker, plan, run_dir)
+        self._runs[run_id] = _Run(
+            run_id,
+            spec,
+            self.kind,
+            base,
+            adapter,
+            worker,
+            plan,
+            run_dir,
+            Snapshotter(run_id, trainer, adapter),
+        )
         return start
 
     def _inputs(self, spec: LeafConfig, run_dir: Path) -> tuple[Any, Any, Any, Any]:
@@ -425,8 +445,10 @@ class TorchExecutor(Executor):
     def _on_boundary(self, run_id: int, step: int, rng: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         run = self._runs[run_id]
-        run.last = snapshot_trainer(run_id, run.worker.trainer, run.adapter, rng)
-        self._writer.submit(run.last, run.run_dir)
+        assert run.snapshotter is not None
+        run.last = run.snapshotter.take(rng)
+        if run.plan.segments_done_at(step) % self.checkpoint_every == 0:
+            self._writer.submit(run.last, run.run_dir)
         self.switch_seconds += time.perf_counter() - t0
 
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:

@@ -23,6 +23,7 @@ def make_executor(
     metric_sink: Any,
     notes: Callable[[str], None],
     on_final: Callable[[int, Path], None],
+    checkpoint_every: int = 1,
 ) -> TorchExecutor:
     return TorchExecutor(
         trainer_type,
@@ -35,6 +36,7 @@ def make_executor(
         metric_sink,
         notes,
         on_final,
+        checkpoint_every=checkpoint_every,
     )
 
 

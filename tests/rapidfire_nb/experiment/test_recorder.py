@@ -1,0 +1,97 @@
+"""The recorder: events are queued by whoever reports them and written, in order, by its own thread."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus
+from rapidfire_nb.experiment.recorder import Recorder
+from rapidfire_nb.experiment.reporter import Reporter
+from rapidfire_nb.store import Store
+from rapidfire_nb.tracking.tensorboard import NullTracker
+
+
+class _SpyStore(Store):
+    """A real store that also records which thread made each write."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.writers: list[tuple[str, str]] = []
+        self.metric_batches: list[int] = []
+
+    def add_metrics(self, rows: Any) -> int:
+        rows = list(rows)
+        self.writers.append(("add_metrics", threading.current_thread().name))
+        self.metric_batches.append(len(rows))
+        return super().add_metrics(rows)
+
+    def upsert_run(self, run_id: int, **fields: Any) -> None:
+        self.writers.append(("upsert_run", threading.current_thread().name))
+        super().upsert_run(run_id, **fields)
+
+
+def _snap(run_id: int, status: RunStatus, step: int, segments: int) -> RunSnapshot:
+    return RunSnapshot(run_id=run_id, status=status, step=step, total_steps=8, segments_done=segments,
+                       num_segments=4, position=(1, segments + 1), samples_seen=step * 4, on_device=False,
+                       parent_id=None, warm_start=False, error=None, spec=None, steps_per_epoch=8)
+
+
+def _recorder(tmp_path: Path) -> tuple[Recorder, _SpyStore, list[str]]:
+    store = _SpyStore(tmp_path / "exp")
+    said: list[str] = []
+    rec = Recorder(store, Reporter(printer=said.append), NullTracker(), 4, ["learning_rate"],
+                   checkpoint_dir=lambda rid: None, inbox=lambda: [])
+    return rec, store, said
+
+
+def test_writes_happen_on_the_recorder_thread_in_order(tmp_path: Path) -> None:
+    rec, store, said = _recorder(tmp_path)
+    rec.start()
+    for step in (1, 2):
+        rec.on_metrics(1, step, step * 4, {"loss": 3.0 - step, "learning_rate": 1e-3})
+    assert rec.live_step(1) == 2  # known at once, before anything is written
+    rec.on_run(_snap(1, RunStatus.ONGOING, 2, 1))
+    assert rec.flush(5)
+    assert {thread for _, thread in store.writers} == {"rapidfire-recorder"}
+    assert [p["value"] for p in store.metrics_since(0)[0] if p["name"] == "loss"] == [2.0, 1.0]
+    assert store.get_run(1)["completed_steps"] == 2
+    assert said == ["[rapidfire] run 1 · chunk 1/4 of epoch 1 done · step 2/8 · loss 1"]  # after its metrics
+    assert store.get_meta("metric_names") == ["learning_rate", "loss"]
+    rec.close()
+
+
+def test_consecutive_log_calls_are_one_store_transaction(tmp_path: Path) -> None:
+    rec, store, _ = _recorder(tmp_path)
+    for step in range(1, 51):  # queued before the thread starts: then written as one batch
+        rec.on_metrics(1, step, step, {"loss": 1.0, "grad_norm": 0.5})
+    rec.start()
+    assert rec.flush(5)
+    assert store.metric_batches == [100]
+    rec.close()
+
+
+def test_ops_clones_and_the_end_are_written_and_close_flushes(tmp_path: Path) -> None:
+    rec, store, said = _recorder(tmp_path)
+    rec.start()
+    op = Op(OpKind.STOP, 1, op_id="a", source="panel")
+    rec.on_op(op, OpAck("a", 1, "stop", "queued", "stop requested"))
+    rec.on_op(op, OpAck("a", 1, "stop", "applied", "run 1 stopped at step 2"))
+    rec.on_final(1, tmp_path / "final")
+    rec.close()  # writes everything queued, then stops its thread
+    assert [(o["op_id"], o["state"]) for o in store.ops()] == [("a", "applied")]
+    assert store.get_run(1)["checkpoint_dir"] == str(tmp_path / "final")
+    assert said == ["[rapidfire] op stop run 1: applied — run 1 stopped at step 2"]
+    rec.on_metrics(1, 9, 9, {"loss": 1.0})  # after close: dropped, never a stuck producer
+    assert store.metrics_since(0)[0] == []
+
+
+def test_the_inbox_is_read_at_most_once_a_second(tmp_path: Path) -> None:
+    reads: list[int] = []
+    store = Store(tmp_path / "exp")
+    rec = Recorder(store, Reporter(quiet=True), NullTracker(), 4, [], checkpoint_dir=lambda rid: None,
+                   inbox=lambda: reads.append(1) or [])
+    for _ in range(20):
+        rec.poll_ops()
+    assert len(reads) == 1
