@@ -243,4 +243,6 @@ def record_batches(mp: pytest.MonkeyPatch) -> Iterator[BatchRecord]:
 
 def worker_threads() -> set[str]:
     """Names of the live training threads of rapidfire_nb (one device thread per executor)."""
-    return {t.name for t in threading.enumerate() if t.name.startswith(("rapidfire-device", "rapidfire-run-"))}
+    return {
+        t.name for t in threading.enumerate() if t.name.startswith(("rapidfire-device", "rapidfire-run-"))
+    }

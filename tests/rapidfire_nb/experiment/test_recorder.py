@@ -33,16 +33,36 @@ class _SpyStore(Store):
 
 
 def _snap(run_id: int, status: RunStatus, step: int, segments: int) -> RunSnapshot:
-    return RunSnapshot(run_id=run_id, status=status, step=step, total_steps=8, segments_done=segments,
-                       num_segments=4, position=(1, segments + 1), samples_seen=step * 4, on_device=False,
-                       parent_id=None, warm_start=False, error=None, spec=None, steps_per_epoch=8)
+    return RunSnapshot(
+        run_id=run_id,
+        status=status,
+        step=step,
+        total_steps=8,
+        segments_done=segments,
+        num_segments=4,
+        position=(1, segments + 1),
+        samples_seen=step * 4,
+        on_device=False,
+        parent_id=None,
+        warm_start=False,
+        error=None,
+        spec=None,
+        steps_per_epoch=8,
+    )
 
 
 def _recorder(tmp_path: Path) -> tuple[Recorder, _SpyStore, list[str]]:
     store = _SpyStore(tmp_path / "exp")
     said: list[str] = []
-    rec = Recorder(store, Reporter(printer=said.append), NullTracker(), 4, ["learning_rate"],
-                   checkpoint_dir=lambda rid: None, inbox=lambda: [])
+    rec = Recorder(
+        store,
+        Reporter(printer=said.append),
+        NullTracker(),
+        4,
+        ["learning_rate"],
+        checkpoint_dir=lambda rid: None,
+        inbox=lambda: [],
+    )
     return rec, store, said
 
 
@@ -90,8 +110,15 @@ def test_ops_clones_and_the_end_are_written_and_close_flushes(tmp_path: Path) ->
 def test_the_inbox_is_read_at_most_once_a_second(tmp_path: Path) -> None:
     reads: list[int] = []
     store = Store(tmp_path / "exp")
-    rec = Recorder(store, Reporter(quiet=True), NullTracker(), 4, [], checkpoint_dir=lambda rid: None,
-                   inbox=lambda: reads.append(1) or [])
+    rec = Recorder(
+        store,
+        Reporter(quiet=True),
+        NullTracker(),
+        4,
+        [],
+        checkpoint_dir=lambda rid: None,
+        inbox=lambda: reads.append(1) or [],
+    )
     for _ in range(20):
         rec.poll_ops()
     assert len(reads) == 1

@@ -12,7 +12,9 @@ from rapidfire_nb.training.device import DeviceThread
 def test_calls_run_on_the_device_thread_in_order() -> None:
     device = DeviceThread("rapidfire-device-test")
     seen: list[tuple[int, str]] = []
-    futures = [device.call(lambda i=i: seen.append((i, threading.current_thread().name)) or i) for i in range(5)]
+    futures = [
+        device.call(lambda i=i: seen.append((i, threading.current_thread().name)) or i) for i in range(5)
+    ]
     assert [f.result(5) for f in futures] == [0, 1, 2, 3, 4]
     assert seen == [(i, "rapidfire-device-test") for i in range(5)]
     device.close()
