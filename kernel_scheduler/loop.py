@@ -20,7 +20,7 @@ from typing import Any
 
 from .chunks import ChunkPlan
 from .executor import Executor, RunStart, SegmentResult
-from .ops import Op, OpAck, OpKind, OpState, decide
+from .ops import Decision, Op, OpAck, OpKind, OpState, decide
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
 from .status import RunStatus, check_transition
 
@@ -158,6 +158,7 @@ class Scheduler:
         # and the process-wide RNG): status notifications and clones queue here until the boundary.
         self._at_boundary: list[Callable[[], None]] = []
         self._loop_error: str | None = None
+        self._halted: str | None = None  # why training stopped for good (halt()); None while it goes on
         self.on_thread_start: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ setup
@@ -243,6 +244,8 @@ class Scheduler:
             run = self._runs.get(op.run_id)
             status = run.status if run else None
             decision = decide(op.kind, status, False, op.run_id)
+            if self._halted is not None:
+                decision = Decision("reject", self._halted)
             if decision.verdict == "reject":
                 ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.REJECTED.value, decision.reason)
                 self._acks[op.op_id] = ack
@@ -359,7 +362,37 @@ class Scheduler:
             return False
         return self._choose() is None
 
+    def halt(self, reason: str) -> None:
+        """Stop training for good: no run gets another chunk. Any thread.
+
+        The segment in flight ends at its chunk boundary as usual; then every ONGOING run becomes INTERRUPTED
+        (resumable from its checkpoint) and NEW runs stay NEW. Ops submitted afterwards are rejected with
+        ``reason`` (e.g. "writing the store failed: disk full; ..."), and :meth:`wait` returns.
+        """
+        with self._lock:
+            if self._halted is not None:
+                return
+            self._halted = reason
+            self._busy = True
+        self._wake.set()
+
+    @property
+    def halted(self) -> str | None:
+        """Why :meth:`halt` stopped training, or None."""
+        return self._halted
+
+    def _interrupt_all(self) -> None:
+        """After :meth:`halt`, with no segment in flight: ONGOING runs become INTERRUPTED."""
+        with self._lock:
+            ongoing = [r for r in self._runs.values() if r.status is RunStatus.ONGOING]
+            for run in ongoing:
+                self._set_status(run, RunStatus.INTERRUPTED)
+        for run in ongoing:
+            self._emit(run)
+
     def _choose(self) -> int | None:
+        if self._halted is not None:
+            return None
         views = [
             RunView(r.run_id, r.status, r.position(), ready=r.plan is not None and not r.pending)
             for r in self._runs.values()
@@ -384,6 +417,8 @@ class Scheduler:
         self._drain_commands()
         self._flush_boundary()
         if self._current is None:
+            if self._halted is not None:
+                self._interrupt_all()
             self._resolve_waiting_clones()
             with self._lock:
                 run_id = self._choose()

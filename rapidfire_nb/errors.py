@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import errno
+import sqlite3
 from collections.abc import Iterable
 
-__all__ = ["ConfigError", "ExperimentError", "OpError", "closest_name"]
+__all__ = ["ConfigError", "ExperimentError", "OpError", "StorageError", "closest_name", "storage_error"]
 
 
 class ConfigError(ValueError):
@@ -27,3 +29,41 @@ def closest_name(name: str, candidates: Iterable[str]) -> str | None:
     """Return the candidate closest to ``name`` (difflib ratio >= 0.6), or ``None``."""
     matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return matches[0] if matches else None
+
+
+class StorageError(ExperimentError):
+    """rapidfire_nb's own write to disk failed (the store, a checkpoint, final weights, TensorBoard): not the run's
+    fault. Training stops with every run resumable from its latest complete checkpoint.
+
+    Attributes:
+        where: the file or folder being written.
+        reason: what the system said (e.g. ``No space left on device (errno 28)``).
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"writing {where} failed: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+#: errno values that mean "the disk, not the data": full, quota, read-only, I/O error
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
+_SQLITE_STORAGE_WORDS = ("disk is full", "disk i/o error", "readonly database", "unable to open database")
+
+
+def storage_error(exc: BaseException, where: str) -> StorageError | None:
+    """``exc`` as a :class:`StorageError` about ``where`` when it says the disk failed (full, quota, read-only,
+    I/O error), else None. SQLite reports these as ``sqlite3.OperationalError`` text; torch's writer as a
+    ``RuntimeError`` wrapping the ``OSError``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, StorageError):
+            return seen
+        if isinstance(seen, OSError) and seen.errno in _STORAGE_ERRNOS:
+            return StorageError(where, f"{seen.strerror or seen} (errno {seen.errno})")
+        if isinstance(seen, sqlite3.Error) and any(w in str(seen).lower() for w in _SQLITE_STORAGE_WORDS):
+            return StorageError(where, f"SQLite: {seen}")
+        if isinstance(seen, RuntimeError) and "write" in str(seen).lower() and "file" in str(seen).lower():
+            return StorageError(where, str(seen))  # torch.save: "PytorchStreamWriter failed writing file ..."
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -16,7 +16,7 @@ from typing import Any
 from kernel_scheduler import OpAck, OpKind, RunSnapshot
 
 from .._writer_lock import WriterLock
-from ..errors import ConfigError, ExperimentError, OpError
+from ..errors import ConfigError, ExperimentError, OpError, storage_error
 from ..frontend import in_kernel, thread_parent_hook
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
 from ..store import Store
@@ -194,10 +194,13 @@ class Experiment:
                 "(experiment.end(), or shut that kernel down) and run this again"
             )
         try:
+            if self._session is not None and self._session.halted is not None:
+                self._session.close()  # a write to disk failed: the runs continue through the restore path
+                self._session = None
             if not held_before and self._session is None:
                 settle_orphan(
                     self._lock, self.store
-                )  # the writer may have died since this opened it read-only
+                )  # its writer may have died since this opened it read-only
             inputs = check_fit_inputs(
                 param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed, checkpoint_every
             )
@@ -215,9 +218,12 @@ class Experiment:
                 bool(existing),
                 background,
             )
-        except BaseException:
+        except BaseException as exc:
             if not held_before and self._session is None:
                 self._lock.release()  # refused before training: another process may train it
+            failure = storage_error(exc, str(self.store.path)) if isinstance(exc, Exception) else None
+            if failure is not None and failure is not exc:
+                raise failure from exc
             raise
         if not background:
             self.wait()
@@ -265,7 +271,13 @@ class Experiment:
             except Exception:
                 pass
         self._panels.clear()
-        self.store.update_meta({"ended_at": time.time()})
+        try:
+            self.store.update_meta({"ended_at": time.time()})
+        except Exception as exc:
+            failure = storage_error(exc, str(self.store.path))
+            if failure is None:
+                raise
+            self._say(f"{failure}; the experiment is ended here, its runs resume from their checkpoints")
         self._ended = True
         self._lock.release()
         if self._session is not None:

@@ -30,6 +30,7 @@ from typing import Any
 from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListener
 
 from .._priority import lower_thread_priority
+from ..errors import StorageError, storage_error
 from ..view import chunk_line
 from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
@@ -100,6 +101,11 @@ class Recorder(SchedulerListener):
         ] = {}  # recorder thread: chunks reported per run (a restart starts there)
         self._reported_end: set[int] = set()  # recorder thread: runs whose COMPLETED/FAILED line was printed
         self.write_seconds = 0.0  # recorder thread: time spent writing (benchmark)
+        self.failed: StorageError | None = None  # recorder thread: the disk failure that stopped the writes
+        self.on_storage_error: Callable[[StorageError], None] | None = (
+            None  # called once, on the recorder thread
+        )
+        self._errors_seen: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, on_thread_start: Callable[[], None] | None = None) -> None:
@@ -156,6 +162,11 @@ class Recorder(SchedulerListener):
     def on_final(self, run_id: int, folder: Path) -> None:
         """Run ``run_id``'s final weights were saved in ``folder``."""
         self._put(("final", run_id, str(folder)))
+
+    def in_order(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the recorder thread once everything reported before it is written (a boundary
+        checkpoint is handed to its writer this way: never ahead of the store); not at all once a write failed."""
+        self._put(("call", fn))
 
     def record_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:
         """Store a clone accepted by the scheduler and show the fields it changed as columns."""
@@ -238,10 +249,21 @@ class Recorder(SchedulerListener):
         self.write_seconds += time.perf_counter() - t0
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
+        if self.failed is not None:
+            return  # the disk failed: nothing more is written (a resume drops what came after its checkpoint)
         try:
             fn(*args)
-        except Exception:  # the recorder must outlive a bad write; the store keeps what it has
-            log.exception("rapidfire recorder: a write failed")
+        except Exception as exc:  # the recorder must outlive a bad write; the store keeps what it has
+            failure = storage_error(exc, getattr(exc, "filename", None) or str(self.store.path))
+            if failure is not None:
+                self.failed = failure
+                if self.on_storage_error is not None:
+                    self.on_storage_error(failure)
+                return
+            key = f"{type(exc).__name__}: {exc}"
+            if key not in self._errors_seen:  # each distinct error once, not once per step
+                self._errors_seen.add(key)
+                log.exception("rapidfire recorder: a write failed")
 
     def _write_one(self, item: tuple[Any, ...]) -> None:
         kind = item[0]
@@ -257,6 +279,8 @@ class Recorder(SchedulerListener):
             self.store.upsert_run(item[1], checkpoint_dir=item[2])
         elif kind == "beat":
             self.store.beat()
+        elif kind == "call":
+            item[1]()
 
     def _write_run(self, snap: RunSnapshot) -> None:
         ckpt = self._checkpoint_dir(snap.run_id)

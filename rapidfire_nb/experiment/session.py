@@ -13,6 +13,7 @@ own fields are set once, at construction.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, Scheduler
 from kernel_scheduler.ops import new_op_id
 
-from ..errors import ExperimentError, OpError
+from ..errors import ExperimentError, OpError, StorageError, storage_error
 from .clones import prepare_clone
 from .inputs import FitInputs
 from .ownership import other_writer
@@ -54,6 +55,31 @@ class FitSession:
     store: Any
     started_at: float = field(default_factory=time.time)
     continued: dict[int, int] = field(default_factory=dict)
+    _halt_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def halted(self) -> str | None:
+        """Why training stopped for good (a write to disk failed), or None."""
+        return self.scheduler.halted
+
+    def storage_failed(self, failure: StorageError) -> None:
+        """A write to disk failed (the store, a checkpoint, final weights): stop training, lose nothing. Any thread.
+
+        The segment in flight ends at its boundary; every ONGOING run becomes INTERRUPTED (resumable exactly from
+        its latest complete chunk checkpoint: the atomic writes keep it whole); one message says what failed and
+        how to continue (free space, then ``run_fit`` again with the same arguments).
+        """
+        with self._halt_lock:
+            if self.scheduler.halted is not None:
+                return
+            active = [s.run_id for s in self.scheduler.snapshot() if s.status.in_rotation()]
+            message = (
+                f"{failure}. Training stops here and nothing is lost: runs {active} are INTERRUPTED and each "
+                "continues exactly from its latest complete chunk checkpoint. Free space on that disk, then call "
+                "run_fit(...) again with the same arguments"
+            )
+            self.scheduler.halt(message)
+        self.recorder.reporter.say(message)
 
     @property
     def num_chunks(self) -> int:
@@ -109,8 +135,16 @@ class FitSession:
 
     def inbox_ops(self) -> list[Op]:
         """The ops posted through the server since the last call (clones are submitted here at once)."""
-        ops = []
-        for row in self.store.take_inbox_ops():
+        ops: list[Op] = []
+        try:
+            rows = self.store.take_inbox_ops()
+        except Exception as exc:
+            failure = storage_error(exc, str(self.store.path))
+            if failure is None:
+                raise
+            self.storage_failed(failure)
+            return ops
+        for row in rows:
             payload = row.get("payload") or {}
             kind = row.get("kind")
             try:
@@ -188,10 +222,21 @@ class FitSession:
     def close(self) -> None:
         """Stop the scheduler thread, release every run, write what is recorded, close the tracker (after
         ``wait()``)."""
-        self.scheduler.close()
-        self.executor.close()
-        self.recorder.close()
-        self.tracker.close()
+        steps = (
+            self.scheduler.close,
+            self.recorder.flush,
+            self.executor.close,
+            self.recorder.close,
+            self.tracker.close,
+        )
+        for close in steps:  # the recorder hands the last checkpoints to the executor's writer: flushed first
+            try:
+                close()
+            except Exception as exc:  # e.g. a full disk while TensorBoard flushes: said, never raised here
+                failure = storage_error(exc, str(self.store.experiment_dir))
+                if failure is None:
+                    raise
+                self.recorder.reporter.say(str(failure))
 
 
 def require_session(session: FitSession | None, ended: bool, name: str, lock: Any, store: Any) -> FitSession:

@@ -125,10 +125,13 @@ def open_session(
         reporter.say,
         recorder.on_final,
         checkpoint_every=inputs.checkpoint_every,
+        on_storage_error=lambda failure: late["session"].storage_failed(failure),
+        in_record_order=recorder.in_order,
     )
     late["executor"] = executor
     session = FitSession(Scheduler(executor, listener=recorder), executor, recorder, tracker, inputs, store)
     late["session"] = session
+    recorder.on_storage_error = session.storage_failed
     resumed: list[str] = []
     try:
         for run_id, spec in enumerate(inputs.specs, start=1):

@@ -20,6 +20,7 @@ import logging
 import queue
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,8 @@ class CheckpointWriter:
     After a successful write of ``checkpoint-<step>``, older checkpoints of that run are removed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: Callable[[BaseException, Path], None] | None = None) -> None:
+        self.on_error = on_error  # ``on_error(exc, folder)`` on the writer thread when a write fails
         self._queue: queue.Queue[tuple[BoundarySnapshot, Path] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name="rapidfire-checkpoints", daemon=True)
         self._thread.start()
@@ -205,7 +207,8 @@ class CheckpointWriter:
 
     def submit(self, snap: BoundarySnapshot, run_dir: Path) -> Path:
         target = run_dir / f"checkpoint-{snap.step}"
-        self._queue.put((snap, run_dir))
+        if self._thread.is_alive():
+            self._queue.put((snap, run_dir))
         return target
 
     def flush(self) -> None:
@@ -231,8 +234,11 @@ class CheckpointWriter:
                     for old in run_dir.glob("checkpoint-*"):
                         if old != target and not old.name.startswith("."):
                             shutil.rmtree(old, ignore_errors=True)
-                except Exception as exc:  # pragma: no cover - disk errors
+                except Exception as exc:  # a disk error: the previous checkpoint stays (atomic writes)
                     self.last_error = f"checkpoint of run {snap.run_id} at step {snap.step} failed: {exc}"
-                    log.exception(self.last_error)
+                    if self.on_error is not None:
+                        self.on_error(exc, target)
+                    else:
+                        log.error(self.last_error)
             finally:
                 self._queue.task_done()

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult
-from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.errors import ConfigError, StorageError, storage_error
 from rapidfire_nb.spec import LeafConfig, build_lora_config, build_training_args
 
 from .checkpoint import (
@@ -85,6 +85,12 @@ class TorchExecutor(Executor):
             boundary). The in-memory snapshot a warm clone starts from is taken at every boundary regardless; a
             larger value only means a crashed kernel continues a run from up to ``checkpoint_every - 1`` chunks
             further back (exactly, as ever).
+        on_storage_error: called once per failed write of a checkpoint or of final weights (a full disk, an I/O
+            error): not the run's fault, so the run does not fail; the session stops training instead.
+        in_record_order: ``in_record_order(fn)`` runs ``fn`` once everything reported before it (the metrics of
+            the steps up to a boundary) is recorded; boundary checkpoints are handed to the writer through it, so
+            a checkpoint on disk is never ahead of the metrics in the store (a resume then loses no step).
+            Default: at once.
     """
 
     def __init__(
@@ -100,6 +106,8 @@ class TorchExecutor(Executor):
         notes: Callable[[str], None] | None = None,
         on_final: Callable[[int, Path], None] | None = None,
         checkpoint_every: int = 1,
+        on_storage_error: Callable[[StorageError], None] | None = None,
+        in_record_order: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self.kind = get_kind(trainer_type)
         self.create_model_fn = create_model_fn
@@ -115,7 +123,9 @@ class TorchExecutor(Executor):
         self.models = BaseModels(create_model_fn, self._note)  # create_model_fn calls, shared bases
         self._runs: dict[int, _Run] = {}
         _limit_malloc_arenas()
-        self._writer = CheckpointWriter()
+        self.on_storage_error = on_storage_error
+        self._in_record_order = in_record_order or (lambda fn: fn())
+        self._writer = CheckpointWriter(on_error=self._write_failed)
         self.device = DeviceThread(f"rapidfire-device-{next(_DEVICE_IDS)}")
         self.handoffs = HandoffClock()  # our own time between two segments (benchmark)
         self.switch_seconds = 0.0  # time spent in activations + snapshots (benchmark)
@@ -168,7 +178,12 @@ class TorchExecutor(Executor):
         if run is None:
             return
         if status in ("COMPLETED", "STOPPED"):
-            self.save_final(run_id)
+            try:
+                self.save_final(run_id)
+            except Exception as exc:
+                if storage_error(exc, str(run.run_dir / "final")) is None:
+                    raise
+                self._write_failed(exc, run.run_dir / "final")
         if status == "DELETED":
             run.worker.release()
 
@@ -254,6 +269,14 @@ class TorchExecutor(Executor):
         return model, tok
 
     # ------------------------------------------------------------------ internals
+    def _write_failed(self, exc: BaseException, folder: Path) -> None:
+        """A checkpoint or final-weights write failed (writer or device thread): report it as a StorageError."""
+        failure = storage_error(exc, str(folder)) or StorageError(str(folder), f"{type(exc).__name__}: {exc}")
+        if self.on_storage_error is not None:
+            self.on_storage_error(failure)
+        else:
+            log.error("rapidfire_nb: %s", failure)
+
     def _note(self, text: str) -> None:
         if text not in self._noted:
             self._noted.add(text)
@@ -448,7 +471,8 @@ class TorchExecutor(Executor):
         assert run.snapshotter is not None
         run.last = run.snapshotter.take(rng)
         if run.plan.segments_done_at(step) % self.checkpoint_every == 0:
-            self._writer.submit(run.last, run.run_dir)
+            snap, folder = run.last, run.run_dir
+            self._in_record_order(lambda: self._writer.submit(snap, folder))
         self.switch_seconds += time.perf_counter() - t0
 
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:

@@ -24,6 +24,8 @@ def make_executor(
     notes: Callable[[str], None],
     on_final: Callable[[int, Path], None],
     checkpoint_every: int = 1,
+    on_storage_error: Callable[[Any], None] | None = None,
+    in_record_order: Callable[[Callable[[], None]], None] | None = None,
 ) -> TorchExecutor:
     return TorchExecutor(
         trainer_type,
@@ -37,6 +39,8 @@ def make_executor(
         notes,
         on_final,
         checkpoint_every=checkpoint_every,
+        on_storage_error=on_storage_error,
+        in_record_order=in_record_order,
     )
 
 

@@ -899,3 +899,18 @@ def test_a_listener_that_raises_does_not_stop_training(make: Make) -> None:
         assert [s.status for s in sched.snapshot()] == [S.COMPLETED, S.COMPLETED]
     finally:
         sched.close(timeout=TIMEOUT)
+
+
+# ====================================================================== halt (a storage failure)
+def test_halt_lets_the_segment_in_flight_end_then_interrupts_the_rotation(make: Make) -> None:
+    h = make([TWO, TWO, TWO], mode="manual")
+    assert h.fake.wait_inflight() == (1, 2)
+    h.sched.halt("writing the store failed: disk full")
+    assert h.sched.halted == "writing the store failed: disk full"
+    h.fake.resolve()  # run 1 reaches its boundary at step 2
+    assert h.sched.wait(timeout=TIMEOUT), "nothing is left to train once halted"
+    assert h.fake.calls == [(1, 2)], "no run got another chunk"
+    assert (h.status(1), h.status(2), h.status(3)) == (S.INTERRUPTED, S.NEW, S.NEW)
+    assert h.sched.run_snapshot(1).step == 2  # type: ignore[union-attr]
+    ack = h.sched.submit(Op(OpKind.RESUME, 1))
+    assert (ack.state, ack.message) == ("rejected", "writing the store failed: disk full")
