@@ -37,6 +37,7 @@ __all__ = [
     "RunsHandler",
     "SnapshotHandler",
     "StaticHandler",
+    "script_json",
 ]
 
 AUTH_RESOURCE = "rapidfire"
@@ -178,6 +179,21 @@ class OpsHandler(_ApiBase):
         self.reply(await self.call(self.manager.post_op, name, body), status=202)
 
 
+_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def script_json(value: Any) -> str:
+    """``value`` as JSON text safe inside a ``<script>`` element: ``<``, ``>``, ``&`` and U+2028/2029 as ``\\uXXXX``.
+
+    A script element's content is not HTML-decoded (``&amp;`` would reach ``JSON.parse`` as is), and a literal
+    ``</script>`` or ``<!--`` in a string would end or change the element; the escapes keep the JSON value equal.
+    """
+    text = json.dumps(value)
+    for char, escape in _SCRIPT_ESCAPES.items():
+        text = text.replace(char, escape)
+    return text
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -207,7 +223,7 @@ class PageHandler(ExtensionHandlerMixin, JupyterHandler):
             _PAGE.format(
                 static=html.escape(page_config["staticUrl"]),
                 v=html.escape(str(version)),
-                config=html.escape(json.dumps(page_config), quote=False),
+                config=script_json(page_config),
             )
         )
 
