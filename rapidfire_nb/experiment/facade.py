@@ -19,13 +19,13 @@ from .._writer_lock import WriterLock
 from ..errors import ConfigError, ExperimentError, OpError
 from ..frontend import in_kernel, thread_parent_hook
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
-from ..store import Store
 from . import panel_source, registry, tables
 from .inputs import check_fit_inputs
 from .ownership import settle_orphan, wipe
 from .reporter import Reporter
 from .session import FitSession, require_session
 from .start import check_group, open_session, start_message
+from .store_files import open_experiment_store, read_only_reason
 
 __all__ = ["Experiment"]
 
@@ -49,7 +49,11 @@ class Experiment:
 
     Raises:
         ConfigError: bad name or mode.
-        ExperimentError: ``overwrite=True`` while the experiment is training (here or in another process).
+        ExperimentError: ``overwrite=True`` while the experiment is training (here or in another process); the
+            folder cannot be created; its store is missing or empty (0 bytes) while it holds run folders.
+        DamagedStoreError: its ``store.sqlite`` cannot be read (the message names the file and the ways on).
+
+    A folder this process cannot write opens read-only: results can be read, ``run_fit`` and IC Ops say why not.
     """
 
     def __new__(
@@ -79,18 +83,21 @@ class Experiment:
         self.root = experiments_root(experiment_path)
         self.path = experiment_dir(self.root, self.experiment_name)
         if overwrite and self.path.exists():
+            refused = read_only_reason(self.path, self.experiment_name)
+            if refused is not None:
+                raise ExperimentError(f"{refused}; overwrite=True cannot delete it")
             wipe(self.path, self.experiment_name)
-        self.path.mkdir(parents=True, exist_ok=True)
         self._reporter = Reporter(quiet=quiet)
         self._lock = WriterLock(self.path)
-        self.store = Store(self.path)
-        if self.store.get_meta("name") is None:
-            self.store.update_meta({"name": self.experiment_name, "created_at": time.time()})
+        self.store, self._read_only = open_experiment_store(self.path, self.experiment_name)
         self._session: FitSession | None = None
         self._panels: list[Any] = []
         self._ended = False
         registry.register(self)
         self._initialised = True
+        if self._read_only is not None:
+            self._say(self._read_only)
+            return
         other = settle_orphan(self._lock, self.store)
         if other is not None:
             self._say(
@@ -175,6 +182,8 @@ class Experiment:
         """
         if self._ended:
             raise ExperimentError("this Experiment was ended; create Experiment(name) again to continue")
+        if self._read_only is not None:
+            raise ExperimentError(self._read_only)
         if self.training:
             raise ExperimentError(
                 f"experiment {self.experiment_name!r} is training; use its IC Ops (experiment.stop(run_id), "
@@ -260,7 +269,8 @@ class Experiment:
             except Exception:
                 pass
         self._panels.clear()
-        self.store.update_meta({"ended_at": time.time()})
+        if self._read_only is None:
+            self.store.update_meta({"ended_at": time.time()})
         self._ended = True
         self._lock.release()
         if self._session is not None:
@@ -335,6 +345,8 @@ class Experiment:
         return self.submit_op(kind.value, int(run_id))  # type: ignore[arg-type]
 
     def _require_session(self) -> FitSession:
+        if self._read_only is not None and not self._ended:
+            raise ExperimentError(self._read_only)
         return require_session(self._session, self._ended, self.experiment_name, self._lock, self.store)
 
     # ================================================================== results

@@ -21,6 +21,7 @@ from .schema import (
     RUN_FIELDS,
     RUN_SOURCES,
     SCHEMA_VERSION,
+    DamagedStoreError,
     ReadOnlyStoreError,
     SchemaVersionError,
     StoreError,
@@ -36,6 +37,7 @@ __all__ = [
     "RUN_FIELDS",
     "RUN_SOURCES",
     "SCHEMA_VERSION",
+    "DamagedStoreError",
     "ReadOnlyStoreError",
     "SchemaVersionError",
     "Store",
@@ -73,6 +75,11 @@ class Store(Connections):
     Raises:
         FileNotFoundError: ``read_only`` and there is no database at ``path``.
         SchemaVersionError: the database has a schema version this code does not know.
+        DamagedStoreError: the file is not a readable SQLite database (the message names it and says what to do).
+        StoreError: SQLite cannot open the file (permissions, locked, I/O); the message names it.
+
+    A read-only store in a folder this process cannot write (and with no write-ahead log left) is opened as
+    immutable: SQLite could not create the shared-memory file a WAL reader needs there.
     """
 
     # ------------------------------------------------------------------ meta

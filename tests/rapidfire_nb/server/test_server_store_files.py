@@ -55,3 +55,18 @@ def test_the_side_files_checked_include_the_writer_lock() -> None:
     from rapidfire_nb.paths import STORE_FILENAME, STORE_SIDE_FILES
 
     assert {LOCK_FILENAME, STORE_FILENAME} <= set(STORE_SIDE_FILES)
+
+
+def test_a_damaged_store_is_listed_with_what_is_wrong_and_the_others_still_are(
+    mgr: ExperimentsManager, rf_root: Path
+) -> None:
+    (rf_root / "broken").mkdir()
+    (rf_root / "broken" / "store.sqlite").write_bytes(b"\x00garbage" * 300)
+    by_name = {x["name"]: x for x in mgr.list_experiments()["experiments"]}
+    assert sorted(by_name) == ["broken", "dead", "live"] and "error" not in by_name["live"]
+    error = by_name["broken"]["error"]
+    assert str(rf_root / "broken" / "store.sqlite") in error and "damaged" in error, error
+    assert "file is not a database" in error and "backup" in error
+    with pytest.raises(ApiError) as exc:
+        mgr.snapshot("broken")
+    assert exc.value.status == 500 and exc.value.message == error
