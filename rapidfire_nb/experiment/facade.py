@@ -234,6 +234,7 @@ class Experiment:
         registry.set_current(self)
         session.scheduler.on_thread_start = thread_parent_hook()
         self._say(start_message(self.experiment_name, session, continued, background))
+        self.store.reopen()  # an experiment ended before is trained again: the server accepts ops again
         session.scheduler.start()
         if background and in_kernel():
             self._show_panel()
@@ -257,20 +258,23 @@ class Experiment:
         return self._session.wait(timeout, chunks, self._reporter)
 
     def end(self) -> None:
-        """Wait for the runs still training, save their final weights, and close the experiment."""
+        """Wait for the runs still training, save their final weights, and close the experiment.
+
+        The store records that it ended (meta ``ended_at``): from then on the server refuses ops for it (409, saying
+        how to continue: re-run ``Experiment(...)`` and ``run_fit``), and the ops it had posted that this kernel
+        had not taken yet are answered rejected. A later ``run_fit`` of the experiment opens it again.
+        """
         if self._ended:
             return
         if self._session is not None:
             self.wait()
-            self._session.close()
+            self._session.end()  # meta ended_at: the server refuses ops from now on (409, saying how to continue)
         for panel in self._panels:
             try:
                 panel.close()
             except Exception:
                 pass
         self._panels.clear()
-        if self._read_only is None:
-            self.store.update_meta({"ended_at": time.time()})
         self._ended = True
         self._lock.release()
         if self._session is not None:

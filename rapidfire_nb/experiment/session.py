@@ -29,7 +29,12 @@ from .ownership import other_writer
 from .recorder import Recorder
 from .reporter import Reporter
 
-__all__ = ["FitSession", "require_session"]
+__all__ = ["ENDED_MESSAGE", "FitSession", "require_session"]
+
+ENDED_MESSAGE = (
+    "the experiment was ended (experiment.end()) before its kernel took this op; to continue, re-run the "
+    "notebook's Experiment(...) and run_fit(...) cells, then send it again"
+)
 
 
 @dataclass
@@ -181,6 +186,26 @@ class FitSession:
                 "runs that completed or were stopped have them"
             )
         return self.executor.load_model(run_id, spec=spec, final_dir=Path(final))  # type: ignore[no-any-return]
+
+    def end(self) -> None:
+        """``Experiment.end`` after ``wait()``: mark the experiment ended, answer the inbox ops nobody will take, close.
+
+        ``store.mark_ended`` sets meta ``ended_at`` and takes the untaken inbox ops in one transaction, so an op the
+        server posts is either answered here (rejected, saying how to continue) or refused by the server (409). An op
+        the scheduler took from the inbox just before is applied by one more wait.
+        """
+        for row in self.store.mark_ended():
+            self.store.add_op(
+                row["op_id"],
+                str(row.get("kind")),
+                row.get("run_id"),
+                row.get("payload"),
+                source="inbox",
+                state="rejected",
+                message=ENDED_MESSAGE,
+            )
+        self.scheduler.wait()
+        self.close()
 
     def close(self) -> None:
         """Stop the scheduler thread, release every run and close the tracker (after ``wait()``)."""

@@ -22,6 +22,7 @@ from .schema import (
     RUN_SOURCES,
     SCHEMA_VERSION,
     DamagedStoreError,
+    ExperimentEndedError,
     ReadOnlyStoreError,
     SchemaVersionError,
     StoreError,
@@ -38,6 +39,7 @@ __all__ = [
     "RUN_SOURCES",
     "SCHEMA_VERSION",
     "DamagedStoreError",
+    "ExperimentEndedError",
     "ReadOnlyStoreError",
     "SchemaVersionError",
     "Store",
@@ -372,10 +374,14 @@ class Store(Connections):
     def post_inbox_op(self, op_id: str, kind: str, run_id: int | None = None, payload: Any = None) -> bool:
         """Leave an op for the writer (the kernel) to pick up. Allowed on read-only stores.
 
-        Idempotent on ``op_id``.
+        Idempotent on ``op_id``. Checked in the same transaction as the insert: an op is never left in the inbox
+        of an experiment that has ended (see :meth:`mark_ended`).
 
         Returns:
             True if posted, False if an op with this id was already posted.
+
+        Raises:
+            ExperimentEndedError: the experiment's kernel ended it (meta ``ended_at``); nothing would take the op.
         """
         params = (
             _require_str("op_id", op_id),
@@ -384,32 +390,67 @@ class Store(Connections):
             _dumps(payload),
             _now(),
         )
-        sql = "INSERT OR IGNORE INTO inbox (op_id, run_id, kind, payload, posted_at) VALUES (?, ?, ?, ?, ?)"
         if not self.read_only:
             with self._write() as conn:
-                return conn.execute(sql, params).rowcount == 1
+                return self._post(conn, params)
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         conn = self._connect(writable=True)  # short-lived, the only read-write one of a read-only store
         try:
             with self._write_lock, self._transaction(conn):
-                return conn.execute(sql, params).rowcount == 1
+                return self._post(conn, params)
         finally:
             conn.close()
+
+    def _post(self, conn: sqlite3.Connection, params: tuple[Any, ...]) -> bool:
+        ended = conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()
+        if ended is not None and json.loads(ended["value"]) is not None:
+            raise ExperimentEndedError(
+                f"the experiment in {self.experiment_dir} has ended; its inbox is closed"
+            )
+        sql = "INSERT OR IGNORE INTO inbox (op_id, run_id, kind, payload, posted_at) VALUES (?, ?, ?, ?, ?)"
+        return bool(conn.execute(sql, params).rowcount == 1)
+
+    def mark_ended(self, at: float | None = None) -> list[dict[str, Any]]:
+        """The writer ends the experiment: set meta ``ended_at`` (unix s, default now) and take every untaken inbox
+        op, in one transaction, so that each op posted is either returned here (to be answered) or refused by
+        :meth:`post_inbox_op`. :meth:`reopen` clears it when a kernel trains the experiment again.
+
+        Returns:
+            The inbox ops nobody will apply (as :meth:`take_inbox_ops` returns them), oldest first.
+        """
+        ended_at = _now() if at is None else float(at)
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('ended_at', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (_dumps(ended_at),),
+            )
+            return self._take_inbox(conn)
+
+    def reopen(self) -> None:
+        """A kernel trains the experiment again: clear meta ``ended_at`` (the inbox accepts ops again)."""
+        self.set_meta("ended_at", None)
+
+    def ended_at(self) -> float | None:
+        """Unix seconds at which the experiment's kernel ended it, or None (never ended, or trained again since)."""
+        value = self.get_meta("ended_at")
+        return None if value is None else float(value)
 
     def take_inbox_ops(self) -> list[dict[str, Any]]:
         """Atomically mark every untaken inbox op as taken and return them, oldest first."""
         with self._write() as conn:
-            rows = conn.execute(
-                "SELECT id, op_id, run_id, kind, payload, posted_at FROM inbox "
-                "WHERE taken_at IS NULL ORDER BY id"
-            ).fetchall()
-            if not rows:
-                return []
-            taken_at = _now()
-            conn.executemany(
-                "UPDATE inbox SET taken_at = ? WHERE id = ?", [(taken_at, r["id"]) for r in rows]
-            )
+            return self._take_inbox(conn)
+
+    @staticmethod
+    def _take_inbox(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+        rows = conn.execute(
+            "SELECT id, op_id, run_id, kind, payload, posted_at FROM inbox WHERE taken_at IS NULL ORDER BY id"
+        ).fetchall()
+        if not rows:
+            return []
+        taken_at = _now()
+        conn.executemany("UPDATE inbox SET taken_at = ? WHERE id = ?", [(taken_at, r["id"]) for r in rows])
         return [{**dict(r), "payload": json.loads(r["payload"]), "taken_at": taken_at} for r in rows]
 
     # ------------------------------------------------------------------ heartbeat

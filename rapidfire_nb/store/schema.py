@@ -133,6 +133,10 @@ class SchemaVersionError(StoreError):
     """The database was written by a different (usually newer) version of rapidfire_nb."""
 
 
+class ExperimentEndedError(StoreError):
+    """An op was posted to the inbox of an experiment its kernel has ended (meta ``ended_at`` is set)."""
+
+
 class DamagedStoreError(StoreError):
     """The store file is not a readable SQLite database (damaged, truncated, or another kind of file)."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rapidfire_nb.server.manager import ApiError, ExperimentsManager
-from rapidfire_nb.store import Store
+from rapidfire_nb.store import ExperimentEndedError, Store
 from tests.rapidfire_nb.server._stores import make_experiment
 
 
@@ -70,3 +70,36 @@ def test_a_damaged_store_is_listed_with_what_is_wrong_and_the_others_still_are(
     with pytest.raises(ApiError) as exc:
         mgr.snapshot("broken")
     assert exc.value.status == 500 and exc.value.message == error
+
+
+def test_an_ended_experiment_refuses_ops_while_its_kernel_lives(
+    mgr: ExperimentsManager, writers: dict[str, Store]
+) -> None:
+    live = writers["live"]
+    live.post_inbox_op("before-end", "stop", 1)
+    untaken = live.mark_ended()  # what Experiment.end() does; the kernel process (and its heartbeat) lives on
+    assert [op["op_id"] for op in untaken] == ["before-end"]  # handed to the kernel to answer, never lost
+    assert live.writer_alive()
+    snap = mgr.snapshot("live")
+    assert (snap["ended"], snap["writer_alive"], snap["device_status"]) == (True, False, "experiment ended")
+    assert all(r["legal_ops"] == [] for r in snap["runs"])
+    assert snap["progress"].startswith("experiment ended — 1/3 runs completed; re-run Experiment(...)")
+    summary = {x["name"]: x for x in mgr.list_experiments()["experiments"]}["live"]
+    assert summary["ended"] is True and summary["writer_alive"] is False
+    for body in (
+        {"kind": "clone", "run_id": 1, "changes": {"learning_rate": 1e-4}},
+        {"kind": "stop", "run_id": 1},
+    ):
+        with pytest.raises(ApiError) as exc:
+            mgr.post_op("live", body)
+        message = exc.value.message
+        assert exc.value.status == 409 and "experiment 'live' has ended" in message, message
+        assert "re-run the notebook's Experiment(...) and run_fit(...) cells" in message
+    with Store(live.path, read_only=True) as reader, pytest.raises(ExperimentEndedError, match="has ended"):
+        reader.post_inbox_op("raced", "stop", 1)  # the store refuses too (a post racing end())
+    assert live.take_inbox_ops() == []
+    live.reopen()  # a kernel trains it again
+    live.beat()
+    assert mgr.post_op("live", {"op_id": "again", "kind": "stop", "run_id": 1})["state"] == "queued"
+    assert mgr.snapshot("live")["device_status"] == "training (kernel alive)"
+    assert [op["op_id"] for op in live.take_inbox_ops()] == ["again"]
