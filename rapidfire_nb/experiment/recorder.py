@@ -19,6 +19,7 @@ from typing import Any
 
 from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListener
 
+from ..redact import is_secret_key, redact
 from ..view import chunk_line
 from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
@@ -130,7 +131,7 @@ class Recorder(SchedulerListener):
                 self._reported_end.add(run_id)
 
     def on_op(self, op: Op, ack: OpAck) -> None:
-        payload = {k: v for k, v in op.payload.items() if k != "spec"}
+        payload = redact({k: v for k, v in op.payload.items() if k != "spec"})
         if not self.store.add_op(
             op.op_id,
             op.kind.value,
@@ -170,7 +171,12 @@ class Recorder(SchedulerListener):
     def record_editable(self, specs: Mapping[int, Any]) -> None:
         """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""
         fields = {
-            str(rid): {k: json_type_name(v) for k, v in spec.hparams().items() if k not in NOT_EDITABLE}
+            str(rid): {
+                k: json_type_name(v)
+                for k, v in spec.hparams().items()
+                if k not in NOT_EDITABLE
+                and not is_secret_key(k)  # a secret is not stored: it cannot be cloned
+            }
             for rid, spec in specs.items()
         }
         self.store.set_meta("editable_fields", fields)

@@ -23,6 +23,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from ..redact import redact
 from ..wire import clean_json
 from .manager import MAX_JSON_DEPTH, ApiError, ExperimentsManager, json_text_depth
 
@@ -85,7 +86,9 @@ class _ApiBase(ExtensionHandlerMixin, APIHandler):
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(clean_json(body), allow_nan=False))
+        self.finish(
+            json.dumps(clean_json(redact(body)), allow_nan=False)
+        )  # a store from before redaction too
 
 
 def _reason(status: int) -> str | None:

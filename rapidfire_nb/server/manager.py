@@ -32,6 +32,7 @@ from rapidfire_nb.paths import (
     list_experiments,
     validate_experiment_name,
 )
+from rapidfire_nb.redact import is_secret_key
 from rapidfire_nb.store import ExperimentEndedError, SchemaVersionError, Store, StoreError
 from rapidfire_nb.view import StoreRows, editable_fields, reported_status, store_snapshot
 from rapidfire_nb.wire import encode_points
@@ -499,6 +500,12 @@ class ExperimentsManager:
         for key, value in changes.items():
             if not isinstance(key, str) or not _FIELD_RE.fullmatch(key):
                 raise ApiError(400, f"bad field name {_describe(key)}")
+            if is_secret_key(key):  # never sent to the kernel or stored in the inbox
+                raise ApiError(
+                    400,
+                    f"{key} is a secret: it is kept in the kernel's memory only and cannot be changed from here "
+                    "(or in a clone); set it in the notebook's config group",
+                )
             if key not in fields:
                 known = ", ".join(sorted(fields)) or "none"
                 raise ApiError(400, f"{key} is not an editable field of run {run_id} (editable: {known})")

@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..redact import redact
 from .connection import Connections
 from .schema import (
     _RUN_JSON_FIELDS,
@@ -66,9 +67,10 @@ class Store(Connections):
       another process (the server extension) into the kernel; that call opens a separate short-lived
       read-write connection. The writer collects posted ops with :meth:`take_inbox_ops`.
 
-    Structured values (config, hparams, meta values, op payloads) are stored as JSON text and decoded
-    on read. Times are unix seconds (float). A metric value of NaN is stored as NULL and read back
-    as NaN.
+    Structured values (config, hparams, meta values, op and inbox payloads) are stored as JSON text and decoded
+    on read, with the value under every secret-like key (``hub_token``, ``token``, ``api_key``, ...:
+    :func:`rapidfire_nb.redact.is_secret_key`) stored as ``"<redacted>"``. Times are unix seconds (float). A
+    metric value of NaN is stored as NULL and read back as NaN.
 
     Args:
         path: the experiment folder (``store.sqlite`` inside it is used) or the ``.sqlite`` file.
@@ -92,7 +94,7 @@ class Store(Connections):
 
     def update_meta(self, values: Mapping[str, Any]) -> None:
         """Store several meta values in one transaction."""
-        rows = [(_require_str("meta key", k), _dumps(_plain(v))) for k, v in values.items()]
+        rows = [(_require_str("meta key", k), _dumps(redact(_plain(v)))) for k, v in values.items()]
         with self._write() as conn:
             conn.executemany(
                 "INSERT INTO meta (key, value) VALUES (?, ?) "
@@ -134,7 +136,7 @@ class Store(Connections):
                 continue
             value = _plain(fields[name])
             if name in _RUN_JSON_FIELDS:
-                value = _dumps(value)
+                value = _dumps(redact(value))
             elif name == "warm_start":
                 value = int(bool(value))
             values[name] = value
@@ -312,7 +314,7 @@ class Store(Connections):
             _require_str("op_id", op_id),
             None if run_id is None else int(run_id),
             _require_str("op kind", _plain(kind)),
-            _dumps(payload),
+            _dumps(redact(payload)),
             _require_str("op source", _plain(source)),
             state,
             message or "",
@@ -387,7 +389,7 @@ class Store(Connections):
             _require_str("op_id", op_id),
             None if run_id is None else int(run_id),
             _require_str("op kind", _plain(kind)),
-            _dumps(payload),
+            _dumps(redact(payload)),
             _now(),
         )
         if not self.read_only:

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from rapidfire_nb._atomic import atomic_dir
+from rapidfire_nb.redact import REDACTED, is_secret_key
 from rapidfire_nb.run_folder import WARM_START_PREFIX, latest_checkpoint
 
 from .rng import rng_for_checkpoint
@@ -118,9 +119,19 @@ def snapshot_trainer(
         scheduler=_clone(trainer.lr_scheduler.state_dict()),
         rng=_clone(rng),
         trainer_state_json=json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n",
-        training_args=copy.deepcopy(trainer.args),
+        training_args=_without_secrets(copy.deepcopy(trainer.args)),
         counters={n: _plain_number(getattr(trainer, n)) for n in TRAINER_COUNTERS if hasattr(trainer, n)},
     )
+
+
+def _without_secrets(args: Any) -> Any:
+    """A copy of the trainer's arguments for ``training_args.bin`` (informational: transformers does not read it
+    on resume) with ``hub_token`` and any other secret-like field as ``<redacted>``; the trainer keeps the real one."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name, None)
+        if is_secret_key(field.name) and isinstance(value, str) and value:
+            setattr(args, field.name, REDACTED)
+    return args
 
 
 def _plain_number(value: Any) -> Any:
