@@ -105,3 +105,13 @@ def test_secrets_train_but_are_never_stored_or_shown(tmp_path: Path) -> None:
     again.end()
     assert any("no run left to train (1 COMPLETED, 1 STOPPED)" in line for line in lines[-4:]), lines[-4:]
     assert _files_holding(tmp_path, (HUB, MODEL, "hf_ROTATEDsecret")) == []
+
+
+def test_a_mistyped_secret_is_not_quoted_in_the_error() -> None:
+    import trl
+
+    from rapidfire_nb import schema
+
+    problem = schema.check_value(trl.SFTConfig, "hub_token", 12345678)
+    assert problem is not None and "hub_token expects" in problem and "12345678" not in problem, problem
+    assert "12345678" in (schema.check_value(trl.SFTConfig, "logging_steps", "12345678") or "")
