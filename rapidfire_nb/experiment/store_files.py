@@ -32,8 +32,8 @@ def open_experiment_store(path: Path, name: str) -> tuple[Store, str | None]:
         (the store is then opened read-only).
 
     Raises:
-        ExperimentError: the folder cannot be created; the store is missing or empty but the folder holds runs;
-            the folder is read-only and holds no store.
+        ExperimentError: the folder cannot be created; ``store.sqlite`` is not a file; the store is missing or
+            empty but the folder holds runs; the folder is read-only and holds no store.
         DamagedStoreError: ``store.sqlite`` is not a readable SQLite database.
     """
     try:
@@ -44,6 +44,12 @@ def open_experiment_store(path: Path, name: str) -> tuple[Store, str | None]:
             "can write, e.g. Experiment(name, experiment_path=...) or $RF_HOME"
         ) from exc
     db = path / STORE_FILENAME
+    if db.exists() and not db.is_file():
+        kind = "a folder" if db.is_dir() else "not a regular file"
+        raise ExperimentError(
+            f"{db} is not a file ({kind}); an experiment's store is the SQLite file store.sqlite. Move it aside, or "
+            "use another experiment name"
+        )
     _refuse_lost_record(db, name)
     reason = read_only_reason(path, name)
     if reason is None:

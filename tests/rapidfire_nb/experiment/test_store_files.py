@@ -151,3 +151,14 @@ def test_a_read_only_experiment_opens_for_reading_and_refuses_training(tmp_path:
     finally:
         for folder, _, _ in os.walk(root):
             os.chmod(folder, 0o755)
+
+
+def test_a_store_that_is_a_folder_or_an_experiment_that_is_a_file_says_so(tmp_path: Path) -> None:
+    (tmp_path / "dir-store" / "store.sqlite").mkdir(parents=True)
+    with pytest.raises(ExperimentError, match=r"store\.sqlite is not a file \(a folder\)"):
+        Experiment("dir-store", experiment_path=tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ExperimentError, match="cannot create the experiment folder .*a-file: File exists"):
+        Experiment("a-file", experiment_path=tmp_path)
+    with pytest.raises(ExperimentError, match="cannot create the experiment folder .*Not a directory"):
+        Experiment("exp", experiment_path=tmp_path / "a-file")
