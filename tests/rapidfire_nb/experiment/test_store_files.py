@@ -94,6 +94,8 @@ exp = Experiment("exp", experiment_path=sys.argv[1])
 out["losses"] = exp.get_results()["loss"].tolist()
 out["status"] = exp.get_runs_info()["status"].tolist()
 out["snapshot_runs"] = len(exp.panel_snapshot()["runs"])
+from rapidfire_nb.server.manager import ExperimentsManager  # a server run by this user reads it too
+out["server_runs"] = len(ExperimentsManager(sys.argv[1]).snapshot("exp")["runs"])
 for name, call in [("run_fit", lambda: exp.run_fit(None, None, None)), ("stop", lambda: exp.stop(1)),
                    ("overwrite", lambda: Experiment("exp", experiment_path=sys.argv[1], overwrite=True))]:
     try:
@@ -143,6 +145,7 @@ def test_a_read_only_experiment_opens_for_reading_and_refuses_training(tmp_path:
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         assert out["losses"] == [1.0, 0.5] and out["status"] == ["COMPLETED"] and out["snapshot_runs"] == 1
+        assert out["server_runs"] == 1
         for call in ("run_fit", "stop", "overwrite"):
             assert out[call].startswith("ExperimentError: experiment 'exp' is read-only here"), out[call]
             assert "results can be read" in out[call] and "experiment_path" in out[call]
