@@ -181,7 +181,10 @@ class Experiment:
             ExperimentError: the experiment is training already, or holds a different config group.
         """
         if self._ended:
-            raise ExperimentError("this Experiment was ended; create Experiment(name) again to continue")
+            raise ExperimentError(
+                f"experiment {self.experiment_name!r} was ended (experiment.end()); to continue it, run "
+                f"Experiment({self.experiment_name!r}) again, then run_fit(...)"
+            )
         if self._read_only is not None:
             raise ExperimentError(self._read_only)
         if self.training:

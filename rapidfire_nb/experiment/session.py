@@ -221,8 +221,13 @@ def require_session(session: FitSession | None, ended: bool, name: str, lock: An
         ExperimentError: the experiment was ended, or nothing trains in this process (the message says where it
             trains, or to call run_fit first).
     """
+    if ended:
+        raise ExperimentError(
+            f"experiment {name!r} was ended (experiment.end()); this object accepts no IC Ops. To continue it, run "
+            f"Experiment({name!r}) and run_fit(...) again (finished runs are not trained again), then the op"
+        )
     if session is None:
-        other = other_writer(lock, store) if not ended else None
+        other = other_writer(lock, store)
         if other is not None:
             raise ExperimentError(
                 f"experiment {name!r} is being trained by process {other}; apply IC Ops there (its panel, "
@@ -234,6 +239,4 @@ def require_session(session: FitSession | None, ended: bool, name: str, lock: An
                 "(it continues the interrupted runs), then use IC Ops"
             )
         raise ExperimentError("no training in this experiment yet: call run_fit first")
-    if ended:
-        raise ExperimentError("this Experiment was ended; IC Ops are no longer accepted")
     return session

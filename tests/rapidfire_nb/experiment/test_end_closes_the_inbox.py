@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rapidfire_nb import Experiment
+from rapidfire_nb.errors import ExperimentError
 from rapidfire_nb.server.manager import ApiError, ExperimentsManager
 from rapidfire_nb.store import Store
 
@@ -112,3 +115,8 @@ def test_ops_posted_around_end_are_answered_or_refused_and_run_fit_reopens(tmp_p
     finally:
         again.end()
     assert mgr.snapshot("ending")["ended"] is True
+    for call in (lambda: again.stop(1), lambda: again.run_fit(*args, num_chunks=2)):
+        with pytest.raises(
+            ExperimentError, match=r"was ended \(experiment.end\(\)\).* Experiment\('ending'\)"
+        ):
+            call()
