@@ -215,7 +215,9 @@ def _tensorboard(exp: Any) -> Any:
     from tensorboard import notebook
 
     _use_this_environments_tensorboard()
-    notebook.start(f"--logdir {logdir} --host 127.0.0.1")
+    # notebook.start takes one string and splits it with shlex (comments on): quote the path, which may hold
+    # spaces (macOS's "Application Support") or shell characters
+    notebook.start(shlex.join(["--logdir", str(logdir), "--host", "127.0.0.1"]))
     return None
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_EXPERIMENT_NAME_LENGTH",
     "RF_HOME_ENV",
     "STORE_FILENAME",
+    "STORE_SIDE_FILES",
     "experiment_dir",
     "experiments_root",
     "list_experiments",
@@ -80,11 +81,17 @@ def validate_experiment_name(name: object) -> str:
     return name
 
 
+STORE_SIDE_FILES = (STORE_FILENAME, f"{STORE_FILENAME}-wal", f"{STORE_FILENAME}-shm", "writer.lock")
+"""The files in an experiment folder that are opened for writing by name (the store, SQLite's WAL and shared-memory
+files, the writer lock): none may be a link leading out of the experiments root."""
+
+
 def experiment_dir(root: str | os.PathLike[str], name: str) -> Path:
     """Return ``<root>/<name>`` after validating ``name``; the folder is not created.
 
     Raises:
-        ConfigError: ``name`` is invalid, or the result (symlinks followed) is not inside ``root``.
+        ConfigError: ``name`` is invalid, or the folder or one of its :data:`STORE_SIDE_FILES` (symlinks followed)
+            is not inside ``root``.
     """
     validate_experiment_name(name)
     base = Path(root).expanduser().resolve()
@@ -92,6 +99,13 @@ def experiment_dir(root: str | os.PathLike[str], name: str) -> Path:
     # A valid name has no separators, but an existing symlink could still point elsewhere.
     if not path.resolve().is_relative_to(base):
         raise ConfigError(f"experiment folder {path} resolves outside the experiments root {base}.")
+    for file_name in STORE_SIDE_FILES:
+        file = path / file_name
+        if file.is_symlink() and not file.resolve().is_relative_to(base):
+            raise ConfigError(
+                f"{file} is a link to {file.resolve()}, outside the experiments root {base}; it is not opened. "
+                "Replace the link by the file itself (or move that experiment into the root)."
+            )
     return path
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.redact import REDACTED, is_secret_key
 
 __all__ = [
     "MODEL_KWARGS_RENAMES",
@@ -255,7 +256,8 @@ def check_value(cls: type, name: str, value: Any) -> str | None:
     """
     tp = _type_hints(cls).get(name)
     if tp is not None and not _matches(value, tp):
-        return f"{cls.__name__}.{name} expects {_type_text(tp)}, got {value!r} ({type(value).__name__})"
+        shown = REDACTED if is_secret_key(name) else repr(value)  # a mistyped hub_token is still a secret
+        return f"{cls.__name__}.{name} expects {_type_text(tp)}, got {shown} ({type(value).__name__})"
     rule = _VALUE_RULES.get((_library(cls), name))
     if rule is not None and isinstance(value, numbers.Real) and not _is_bool(value):
         check, message = rule

@@ -55,7 +55,7 @@ OP_FIELDS = ("op_id", "run_id", "kind", "state", "message", "requested_at", "app
 FIELD_TYPES = ("bool", "int", "float", "str", "list", "null", "other")
 
 #: Who trains the experiment, as :func:`progress_text` words it.
-HERE, NOT_HERE, ALIVE, GONE = "here", "not_here", "alive", "gone"
+HERE, NOT_HERE, ALIVE, GONE, ENDED = "here", "not_here", "alive", "gone", "ended"
 
 _LATEST = ("loss", "eval_loss")
 _PROGRESS_KEYS = ("completed_steps", "total_steps", "chunks_done", "num_segments", "epoch", "samples_seen")
@@ -205,17 +205,20 @@ def _editable_values(described: Any, run_id: int, hparams: Mapping[str, Any]) ->
     return {k: v for k, v in hparams.items() if k in fields}
 
 
-def device_status(statuses: Iterable[RunStatus | str], writer_alive: bool) -> str:
+def device_status(statuses: Iterable[RunStatus | str], writer_alive: bool, ended: bool = False) -> str:
     """The server page's device chip: what the store can tell about the device (not the run on it).
 
     Args:
         statuses: the runs' (reported) statuses.
         writer_alive: whether a kernel holds the experiment.
+        ended: whether its kernel ended it (``experiment.end()``; meta ``ended_at``).
 
     Returns:
-        ``"no kernel running"``, ``"training (kernel alive)"`` (a live writer with NEW/ONGOING runs trains one
-        of them) or ``"device idle (kernel alive)"``.
+        ``"experiment ended"``, ``"no kernel running"``, ``"training (kernel alive)"`` (a live writer with
+        NEW/ONGOING runs trains one of them) or ``"device idle (kernel alive)"``.
     """
+    if ended:
+        return "experiment ended"
     if not writer_alive:
         return "no kernel running"
     if any((st := parse_status(s)) is not None and st.in_rotation() for s in statuses):
@@ -269,7 +272,8 @@ def progress_text(
         runs: per run its status and the ``(epoch, chunk)`` it trains next (None when not planned).
         num_chunks: chunks per epoch.
         trainer: who trains: ``"here"`` (the scheduler of this kernel), ``"not_here"`` (this kernel has no
-            scheduler; statuses as stored), ``"alive"`` (the server: a live writer), ``"gone"`` (no writer).
+            scheduler; statuses as stored), ``"alive"`` (the server: a live writer), ``"gone"`` (no writer),
+            ``"ended"`` (its kernel ended it).
 
     Returns:
         ``"chunk c/K of epoch e"`` for the furthest-behind run in rotation while training, else a count of
@@ -284,6 +288,8 @@ def progress_text(
     shown = [st for st, _ in items if st is not RunStatus.DELETED]
     done = sum(1 for st in shown if st is RunStatus.COMPLETED)
     text = f"{done}/{len(shown)} runs completed"
+    if trainer == ENDED:
+        return f"experiment ended — {text}; re-run Experiment(...) and run_fit(...) to continue it"
     if trainer == GONE:
         return f"no kernel is running this experiment — {text}"
     if trainer == NOT_HERE:
@@ -485,8 +491,9 @@ def store_snapshot(
 
     Differences from :func:`kernel_snapshot`: ``on_device`` is None and no run is on the device (the store
     does not record it); ONGOING runs of a dead writer are INTERRUPTED (:func:`reported_status`); without a
-    live writer ``legal_ops`` are empty (nothing would apply them). Extra keys: ``writer_alive``,
-    ``last_beat`` (unix s), ``source: "store"`` and ``device_status`` (:func:`device_status`).
+    live writer, or once the experiment has ended (meta ``ended_at``), ``legal_ops`` are empty (nothing would
+    apply them). Extra keys: ``writer_alive``, ``ended``, ``last_beat`` (unix s), ``source: "store"`` and
+    ``device_status`` (:func:`device_status`).
 
     Args:
         name: the experiment's name.
@@ -497,19 +504,18 @@ def store_snapshot(
     """
     columns = [c for c in (rows.meta.get("hparam_columns") or []) if isinstance(c, str)]
     num_chunks = rows.meta.get("num_chunks") or 0
+    ended = rows.meta.get("ended_at") is not None
+    accepting = writer_alive and not ended
     runs = [
-        _run_entry(
-            r, rows, columns, reported_status(str(r.get("status")), writer_alive), accepting=writer_alive
-        )
+        _run_entry(r, rows, columns, reported_status(str(r.get("status")), writer_alive), accepting=accepting)
         for r in rows.runs
     ]
     statuses = [parse_status(r["status"]) for r in runs]
     positions = [
         chunk_position(int(r.get("chunks_done") or 0), num_chunks) if num_chunks else None for r in runs
     ]
-    progress = progress_text(
-        zip(statuses, positions, strict=True), num_chunks, ALIVE if writer_alive else GONE
-    )
+    trainer = ENDED if ended else ALIVE if writer_alive else GONE
+    progress = progress_text(zip(statuses, positions, strict=True), num_chunks, trainer)
     out = _common(name, rows, rows.meta.get("created_at"), num_chunks, columns, now)
     return {
         **out,
@@ -517,7 +523,8 @@ def store_snapshot(
         "on_device": None,
         "runs": runs,
         "writer_alive": writer_alive,
+        "ended": ended,
         "last_beat": last_beat,
         "source": "store",
-        "device_status": device_status((r["status"] for r in runs), writer_alive),
+        "device_status": device_status((r["status"] for r in runs), writer_alive, ended),
     }

@@ -19,13 +19,13 @@ from .._writer_lock import WriterLock
 from ..errors import ConfigError, ExperimentError, OpError, storage_error
 from ..frontend import in_kernel, thread_parent_hook
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
-from ..store import Store
 from . import panel_source, registry, tables
 from .inputs import check_fit_inputs
 from .ownership import settle_orphan, wipe
 from .reporter import Reporter
 from .session import FitSession, require_session
 from .start import check_group, open_session, start_message
+from .store_files import open_experiment_store, read_only_reason
 
 __all__ = ["Experiment"]
 
@@ -49,7 +49,11 @@ class Experiment:
 
     Raises:
         ConfigError: bad name or mode.
-        ExperimentError: ``overwrite=True`` while the experiment is training (here or in another process).
+        ExperimentError: ``overwrite=True`` while the experiment is training (here or in another process); the
+            folder cannot be created; its store is missing or empty (0 bytes) while it holds run folders.
+        DamagedStoreError: its ``store.sqlite`` cannot be read (the message names the file and the ways on).
+
+    A folder this process cannot write opens read-only: results can be read, ``run_fit`` and IC Ops say why not.
     """
 
     def __new__(
@@ -79,18 +83,21 @@ class Experiment:
         self.root = experiments_root(experiment_path)
         self.path = experiment_dir(self.root, self.experiment_name)
         if overwrite and self.path.exists():
+            refused = read_only_reason(self.path, self.experiment_name)
+            if refused is not None:
+                raise ExperimentError(f"{refused}; overwrite=True cannot delete it")
             wipe(self.path, self.experiment_name)
-        self.path.mkdir(parents=True, exist_ok=True)
         self._reporter = Reporter(quiet=quiet)
         self._lock = WriterLock(self.path)
-        self.store = Store(self.path)
-        if self.store.get_meta("name") is None:
-            self.store.update_meta({"name": self.experiment_name, "created_at": time.time()})
+        self.store, self._read_only = open_experiment_store(self.path, self.experiment_name)
         self._session: FitSession | None = None
         self._panels: list[Any] = []
         self._ended = False
         registry.register(self)
         self._initialised = True
+        if self._read_only is not None:
+            self._say(self._read_only)
+            return
         other = settle_orphan(self._lock, self.store)
         if other is not None:
             self._say(
@@ -178,7 +185,12 @@ class Experiment:
             ExperimentError: the experiment is training already, or holds a different config group.
         """
         if self._ended:
-            raise ExperimentError("this Experiment was ended; create Experiment(name) again to continue")
+            raise ExperimentError(
+                f"experiment {self.experiment_name!r} was ended (experiment.end()); to continue it, run "
+                f"Experiment({self.experiment_name!r}) again, then run_fit(...)"
+            )
+        if self._read_only is not None:
+            raise ExperimentError(self._read_only)
         if self.training:
             raise ExperimentError(
                 f"experiment {self.experiment_name!r} is training; use its IC Ops (experiment.stop(run_id), "
@@ -236,6 +248,7 @@ class Experiment:
         session.scheduler.on_thread_start = thread_parent_hook()
         session.recorder.start(thread_parent_hook())
         self._say(start_message(self.experiment_name, session, continued, background))
+        self.store.reopen()  # an experiment ended before is trained again: the server accepts ops again
         session.scheduler.start()
         if background and in_kernel():
             self._show_panel()
@@ -259,25 +272,23 @@ class Experiment:
         return self._session.wait(timeout, chunks, self._reporter)
 
     def end(self) -> None:
-        """Wait for the runs still training, save their final weights, and close the experiment."""
+        """Wait for the runs still training, save their final weights, and close the experiment.
+
+        The store records that it ended (meta ``ended_at``): from then on the server refuses ops for it (409, saying
+        how to continue: re-run ``Experiment(...)`` and ``run_fit``), and the ops it had posted that this kernel
+        had not taken yet are answered rejected. A later ``run_fit`` of the experiment opens it again.
+        """
         if self._ended:
             return
         if self._session is not None:
             self.wait()
-            self._session.close()
+            self._session.end()  # meta ended_at: the server refuses ops from now on (409, saying how to continue)
         for panel in self._panels:
             try:
                 panel.close()
             except Exception:
                 pass
         self._panels.clear()
-        try:
-            self.store.update_meta({"ended_at": time.time()})
-        except Exception as exc:
-            failure = storage_error(exc, str(self.store.path))
-            if failure is None:
-                raise
-            self._say(f"{failure}; the experiment is ended here, its runs resume from their checkpoints")
         self._ended = True
         self._lock.release()
         if self._session is not None:
@@ -353,6 +364,8 @@ class Experiment:
         return self.submit_op(kind.value, int(run_id))  # type: ignore[arg-type]
 
     def _require_session(self) -> FitSession:
+        if self._read_only is not None and not self._ended:
+            raise ExperimentError(self._read_only)
         return require_session(self._session, self._ended, self.experiment_name, self._lock, self.store)
 
     # ================================================================== results

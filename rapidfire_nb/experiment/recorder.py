@@ -31,6 +31,7 @@ from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListene
 
 from .._priority import lower_thread_priority
 from ..errors import StorageError, storage_error
+from ..redact import is_secret_key, redact
 from ..view import chunk_line
 from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
@@ -175,7 +176,12 @@ class Recorder(SchedulerListener):
     def record_editable(self, specs: Mapping[int, Any]) -> None:
         """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""
         fields = {
-            str(rid): {k: json_type_name(v) for k, v in spec.hparams().items() if k not in NOT_EDITABLE}
+            str(rid): {
+                k: json_type_name(v)
+                for k, v in spec.hparams().items()
+                if k not in NOT_EDITABLE
+                and not is_secret_key(k)  # a secret is not stored: it cannot be cloned
+            }
             for rid, spec in specs.items()
         }
         self._put(("meta", "editable_fields", fields))
@@ -316,7 +322,7 @@ class Recorder(SchedulerListener):
         return True
 
     def _write_op(self, op: Op, ack: OpAck) -> None:
-        payload = {k: v for k, v in op.payload.items() if k != "spec"}
+        payload = redact({k: v for k, v in op.payload.items() if k != "spec"})
         added = self.store.add_op(
             op.op_id,
             op.kind.value,

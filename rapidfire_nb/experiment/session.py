@@ -30,7 +30,12 @@ from .ownership import other_writer
 from .recorder import Recorder
 from .reporter import Reporter
 
-__all__ = ["FitSession", "require_session"]
+__all__ = ["ENDED_MESSAGE", "FitSession", "require_session"]
+
+ENDED_MESSAGE = (
+    "the experiment was ended (experiment.end()) before its kernel took this op; to continue, re-run the "
+    "notebook's Experiment(...) and run_fit(...) cells, then send it again"
+)
 
 
 @dataclass
@@ -219,6 +224,34 @@ class FitSession:
             )
         return self.executor.load_model(run_id, spec=spec, final_dir=Path(final))  # type: ignore[no-any-return]
 
+    def end(self) -> None:
+        """``Experiment.end`` after ``wait()``: mark the experiment ended, answer the inbox ops nobody will take, close.
+
+        ``store.mark_ended`` sets meta ``ended_at`` and takes the untaken inbox ops in one transaction, so an op the
+        server posts is either answered here (rejected, saying how to continue) or refused by the server (409). An op
+        the scheduler took from the inbox just before is applied by one more wait.
+        """
+        try:
+            for row in self.store.mark_ended():
+                self.store.add_op(
+                    row["op_id"],
+                    str(row.get("kind")),
+                    row.get("run_id"),
+                    row.get("payload"),
+                    source="inbox",
+                    state="rejected",
+                    message=ENDED_MESSAGE,
+                )
+        except Exception as exc:  # a full disk: said, never a raw sqlite error from end()
+            failure = storage_error(exc, str(self.store.path))
+            if failure is None:
+                raise
+            self.recorder.reporter.say(
+                f"{failure}; the experiment ends here, its runs resume from their checkpoints"
+            )
+        self.scheduler.wait()
+        self.close()
+
     def close(self) -> None:
         """Stop the scheduler thread, release every run, write what is recorded, close the tracker (after
         ``wait()``)."""
@@ -246,8 +279,13 @@ def require_session(session: FitSession | None, ended: bool, name: str, lock: An
         ExperimentError: the experiment was ended, or nothing trains in this process (the message says where it
             trains, or to call run_fit first).
     """
+    if ended:
+        raise ExperimentError(
+            f"experiment {name!r} was ended (experiment.end()); this object accepts no IC Ops. To continue it, run "
+            f"Experiment({name!r}) and run_fit(...) again (finished runs are not trained again), then the op"
+        )
     if session is None:
-        other = other_writer(lock, store) if not ended else None
+        other = other_writer(lock, store)
         if other is not None:
             raise ExperimentError(
                 f"experiment {name!r} is being trained by process {other}; apply IC Ops there (its panel, "
@@ -259,6 +297,4 @@ def require_session(session: FitSession | None, ended: bool, name: str, lock: An
                 "(it continues the interrupted runs), then use IC Ops"
             )
         raise ExperimentError("no training in this experiment yet: call run_fit first")
-    if ended:
-        raise ExperimentError("this Experiment was ended; IC Ops are no longer accepted")
     return session

@@ -23,6 +23,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from ..redact import redact
 from ..wire import clean_json
 from .manager import MAX_JSON_DEPTH, ApiError, ExperimentsManager, json_text_depth
 
@@ -37,6 +38,7 @@ __all__ = [
     "RunsHandler",
     "SnapshotHandler",
     "StaticHandler",
+    "script_json",
 ]
 
 AUTH_RESOURCE = "rapidfire"
@@ -84,7 +86,9 @@ class _ApiBase(ExtensionHandlerMixin, APIHandler):
         self.set_status(status)
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(clean_json(body), allow_nan=False))
+        self.finish(
+            json.dumps(clean_json(redact(body)), allow_nan=False)
+        )  # a store from before redaction too
 
 
 def _reason(status: int) -> str | None:
@@ -178,6 +182,21 @@ class OpsHandler(_ApiBase):
         self.reply(await self.call(self.manager.post_op, name, body), status=202)
 
 
+_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def script_json(value: Any) -> str:
+    """``value`` as JSON text safe inside a ``<script>`` element: ``<``, ``>``, ``&`` and U+2028/2029 as ``\\uXXXX``.
+
+    A script element's content is not HTML-decoded (``&amp;`` would reach ``JSON.parse`` as is), and a literal
+    ``</script>`` or ``<!--`` in a string would end or change the element; the escapes keep the JSON value equal.
+    """
+    text = json.dumps(value)
+    for char, escape in _SCRIPT_ESCAPES.items():
+        text = text.replace(char, escape)
+    return text
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -207,7 +226,7 @@ class PageHandler(ExtensionHandlerMixin, JupyterHandler):
             _PAGE.format(
                 static=html.escape(page_config["staticUrl"]),
                 v=html.escape(str(version)),
-                config=html.escape(json.dumps(page_config), quote=False),
+                config=script_json(page_config),
             )
         )
 

@@ -32,7 +32,8 @@ from rapidfire_nb.paths import (
     list_experiments,
     validate_experiment_name,
 )
-from rapidfire_nb.store import SchemaVersionError, Store, StoreError
+from rapidfire_nb.redact import is_secret_key
+from rapidfire_nb.store import ExperimentEndedError, SchemaVersionError, Store, StoreError
 from rapidfire_nb.view import StoreRows, editable_fields, reported_status, store_snapshot
 from rapidfire_nb.wire import encode_points
 
@@ -283,7 +284,16 @@ class ExperimentsManager:
             store.close()
 
     def _alive(self, store: Store) -> bool:
-        return store.writer_alive(stale_after=self.stale_after)
+        """A kernel holds the experiment: a fresh heartbeat, and it has not ended it (``experiment.end()``)."""
+        return store.writer_alive(stale_after=self.stale_after) and store.ended_at() is None
+
+    @staticmethod
+    def _ended_message(name: str, ended_at: float) -> str:
+        return (
+            f"experiment {name!r} has ended (experiment.end() ran in its kernel {time.time() - ended_at:.0f} s ago); "
+            "nothing applies ops to it now. To continue it, re-run the notebook's Experiment(...) and run_fit(...) "
+            "cells (finished runs are not trained again), then send the op again."
+        )
 
     # ------------------------------------------------------------------ GET experiments
 
@@ -321,6 +331,7 @@ class ExperimentsManager:
             "num_runs": sum(n for st, n in counts.items() if st != RunStatus.DELETED.value),
             "status_counts": counts,
             "writer_alive": alive,
+            "ended": meta.get("ended_at") is not None,
             "last_beat": hb["beat_at"] if hb else None,
         }
 
@@ -434,7 +445,8 @@ class ExperimentsManager:
             with this id was posted before; nothing new was queued).
 
         Raises:
-            ApiError: 400 bad payload, 404 unknown experiment, 409 no live kernel for this experiment.
+            ApiError: 400 bad payload, 404 unknown experiment, 409 the experiment has ended or no live kernel holds it
+                (the message says how to continue).
         """
         op_id, kind, run_id, changes, warm = _parse_op(body)
         with self._open(name) as store:
@@ -443,6 +455,9 @@ class ExperimentsManager:
                 raise ApiError(400, f"experiment {name!r} has no run {run_id}")
             if kind == "clone":
                 self._check_changes(store, run, changes)
+            ended_at = store.ended_at()
+            if ended_at is not None:
+                raise ApiError(409, self._ended_message(name, ended_at))
             if not self._alive(store):
                 hb = store.heartbeat()
                 when = (
@@ -458,7 +473,10 @@ class ExperimentsManager:
                 )
             payload = {"changes": changes, "warm_start": warm} if kind == "clone" else None
             # the one write: post_inbox_op opens its own short-lived read-write connection
-            posted = store.post_inbox_op(op_id, kind, run_id, payload)
+            try:
+                posted = store.post_inbox_op(op_id, kind, run_id, payload)
+            except ExperimentEndedError:  # end() ran since the check above
+                raise ApiError(409, self._ended_message(name, store.ended_at() or time.time())) from None
         return {
             "op_id": op_id,
             "kind": kind,
@@ -482,6 +500,12 @@ class ExperimentsManager:
         for key, value in changes.items():
             if not isinstance(key, str) or not _FIELD_RE.fullmatch(key):
                 raise ApiError(400, f"bad field name {_describe(key)}")
+            if is_secret_key(key):  # never sent to the kernel or stored in the inbox
+                raise ApiError(
+                    400,
+                    f"{key} is a secret: it is kept in the kernel's memory only and cannot be changed from here "
+                    "(or in a clone); set it in the notebook's config group",
+                )
             if key not in fields:
                 known = ", ".join(sorted(fields)) or "none"
                 raise ApiError(400, f"{key} is not an editable field of run {run_id} (editable: {known})")

@@ -1,7 +1,12 @@
 """LeafConfig: the run spec, one fully resolved run configuration (no knobs left), as the expansion produces it.
 
 Below ``automl`` (which expands config groups into leaves) and ``training`` (which trains them); imports only
-``errors``, ``schema`` and the rest of ``rapidfire_nb.spec``.
+``errors``, ``redact``, ``schema`` and the rest of ``rapidfire_nb.spec``.
+
+Secrets (``hub_token``, ``model_kwargs.token``, any secret-like key: :mod:`rapidfire_nb.redact`) are kept in the
+fields, in memory, and given to TRL and ``create_model_fn`` as they are; every view meant to be stored or shown
+(:meth:`LeafConfig.to_json`, :meth:`~LeafConfig.hparams`, ``repr``) holds ``"<redacted>"`` instead, and
+:meth:`~LeafConfig.fingerprint` leaves them out.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError, closest_name
+from rapidfire_nb.redact import REDACTED, first_secret_key, omit_secrets, redact
 
 from .build import build_lora_config, build_training_args
 from .values import check_model_field, deep_copy, find_knob, jsonable
@@ -55,7 +61,8 @@ class LeafConfig:
     """One run's resolved configuration, as produced by ``RFGridSearch.expand``/``RFRandomSearch.expand``.
 
     Frozen; the dicts inside must not be mutated (use ``with_changes``). Equality compares fields;
-    ``fingerprint()`` compares configurations across processes.
+    ``fingerprint()`` compares configurations across processes. Secret-like values are real here and redacted in
+    ``to_json()``, ``hparams()`` and ``repr``.
 
     Attributes:
         trainer_type: ``"SFT"``, ``"DPO"`` or ``"GRPO"``.
@@ -128,25 +135,35 @@ class LeafConfig:
     def __hash__(self) -> int:
         return hash(self.fingerprint())
 
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}={redact(getattr(self, f.name))!r}" for f in dataclasses.fields(self))
+        return f"LeafConfig({fields})"
+
     # ------------------------------------------------------------------ views
+    def _plain(self) -> dict[str, Any]:
+        return {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
     def to_json(self) -> dict[str, Any]:
-        """Every field as JSON data (functions as ``"module.qualname"``).
+        """Every field as JSON data (functions as ``"module.qualname"``; secret-like values as ``"<redacted>"``).
 
         Returns:
             A dict with one key per field.
         """
-        return {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return redact(self._plain())  # type: ignore[no-any-return]
 
     def fingerprint(self) -> str:
-        """A stable text identifying this configuration: canonical JSON of ``to_json()``.
+        """A stable text identifying this configuration: canonical JSON of ``to_json()`` without the secrets.
 
         Two expansions of the same config group give equal fingerprints, in any process, as long as the
-        functions keep their module and qualified name (a function's body is not part of it).
+        functions keep their module and qualified name (a function's body is not part of it). Secret-like keys
+        (``hub_token``, ``model_kwargs.token``, ...) are left out, key and value: the fingerprint is stored, a
+        hash of a password would be open to guessing, and a rotated token trains the same config (a restart
+        with a new token continues the experiment).
 
         Returns:
             Compact JSON with sorted keys.
         """
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return json.dumps(omit_secrets(self._plain()), sort_keys=True, separators=(",", ":"))
 
     def hparams(self) -> dict[str, Any]:
         """Flat hyperparameters, in the one naming scheme used by the panel, the store and ``with_changes``.
@@ -157,7 +174,8 @@ class LeafConfig:
         ``ref_model_kwargs.<key>``, ``reward_funcs`` and ``generation_config.<key>``.
 
         Returns:
-            ``{key: JSON value}``; functions appear as ``"module.qualname"``.
+            ``{key: JSON value}``; functions appear as ``"module.qualname"``, secret-like values as
+            ``"<redacted>"``.
         """
         out: dict[str, Any] = {"model_name": self.model_name}
         out.update({k: jsonable(v) for k, v in self.training.items()})
@@ -180,7 +198,7 @@ class LeafConfig:
             out.update({f"generation_config.{k}": jsonable(v) for k, v in self.generation_config.items()})
         elif self.generation_config is not None:
             out["generation_config"] = jsonable(self.generation_config)
-        return out
+        return redact(out)  # type: ignore[no-any-return]
 
     def model_config_dict(self) -> dict[str, Any]:
         """What ``create_model_fn(model_config)`` receives, as in ``rapidfireai``.
@@ -243,8 +261,8 @@ class LeafConfig:
             A new ``LeafConfig``; ``self`` is unchanged.
 
         Raises:
-            ConfigError: Unknown key (with the closest valid one), a function-valued key without
-                ``allow_functions``, a ``List``/``Range`` value, ``lora.*`` on a run without LoRA, or a value
+            ConfigError: Unknown key (with the closest valid one), a secret-like key (``hub_token``,
+                ``model_kwargs.token``, ...), a function-valued key without ``allow_functions``, a ``List``/``Range`` value, ``lora.*`` on a run without LoRA, or a value
                 TRL/PEFT rejects (the message names the field and quotes the library).
         """
         if not isinstance(changes, Mapping):
@@ -260,6 +278,13 @@ class LeafConfig:
         for key, value in changes.items():
             if not isinstance(key, str):
                 raise ConfigError(f"change keys must be strings, got {key!r}")
+            secret = first_secret_key(value, key)
+            if secret:
+                raise ConfigError(
+                    f"{secret} is a secret: it is kept in memory only (stored and shown as {REDACTED}), so a clone "
+                    "cannot change it (a restarted kernel could not rebuild that clone). Set it in the config "
+                    "group instead"
+                )
             found = find_knob(value, key)
             if found:
                 raise ConfigError(f"{found}: with_changes takes concrete values, not List/Range knobs")

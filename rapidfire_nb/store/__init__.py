@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..redact import redact
 from .connection import Connections
 from .schema import (
     _RUN_JSON_FIELDS,
@@ -21,6 +22,8 @@ from .schema import (
     RUN_FIELDS,
     RUN_SOURCES,
     SCHEMA_VERSION,
+    DamagedStoreError,
+    ExperimentEndedError,
     ReadOnlyStoreError,
     SchemaVersionError,
     StoreError,
@@ -36,6 +39,8 @@ __all__ = [
     "RUN_FIELDS",
     "RUN_SOURCES",
     "SCHEMA_VERSION",
+    "DamagedStoreError",
+    "ExperimentEndedError",
     "ReadOnlyStoreError",
     "SchemaVersionError",
     "Store",
@@ -62,9 +67,10 @@ class Store(Connections):
       another process (the server extension) into the kernel; that call opens a separate short-lived
       read-write connection. The writer collects posted ops with :meth:`take_inbox_ops`.
 
-    Structured values (config, hparams, meta values, op payloads) are stored as JSON text and decoded
-    on read. Times are unix seconds (float). A metric value of NaN is stored as NULL and read back
-    as NaN.
+    Structured values (config, hparams, meta values, op and inbox payloads) are stored as JSON text and decoded
+    on read, with the value under every secret-like key (``hub_token``, ``token``, ``api_key``, ...:
+    :func:`rapidfire_nb.redact.is_secret_key`) stored as ``"<redacted>"``. Times are unix seconds (float). A
+    metric value of NaN is stored as NULL and read back as NaN.
 
     Args:
         path: the experiment folder (``store.sqlite`` inside it is used) or the ``.sqlite`` file.
@@ -73,6 +79,11 @@ class Store(Connections):
     Raises:
         FileNotFoundError: ``read_only`` and there is no database at ``path``.
         SchemaVersionError: the database has a schema version this code does not know.
+        DamagedStoreError: the file is not a readable SQLite database (the message names it and says what to do).
+        StoreError: SQLite cannot open the file (permissions, locked, I/O); the message names it.
+
+    A read-only store in a folder this process cannot write (and with no write-ahead log left) is opened as
+    immutable: SQLite could not create the shared-memory file a WAL reader needs there.
     """
 
     # ------------------------------------------------------------------ meta
@@ -83,7 +94,7 @@ class Store(Connections):
 
     def update_meta(self, values: Mapping[str, Any]) -> None:
         """Store several meta values in one transaction."""
-        rows = [(_require_str("meta key", k), _dumps(_plain(v))) for k, v in values.items()]
+        rows = [(_require_str("meta key", k), _dumps(redact(_plain(v)))) for k, v in values.items()]
         with self._write() as conn:
             conn.executemany(
                 "INSERT INTO meta (key, value) VALUES (?, ?) "
@@ -125,7 +136,7 @@ class Store(Connections):
                 continue
             value = _plain(fields[name])
             if name in _RUN_JSON_FIELDS:
-                value = _dumps(value)
+                value = _dumps(redact(value))
             elif name == "warm_start":
                 value = int(bool(value))
             values[name] = value
@@ -303,7 +314,7 @@ class Store(Connections):
             _require_str("op_id", op_id),
             None if run_id is None else int(run_id),
             _require_str("op kind", _plain(kind)),
-            _dumps(payload),
+            _dumps(redact(payload)),
             _require_str("op source", _plain(source)),
             state,
             message or "",
@@ -365,44 +376,83 @@ class Store(Connections):
     def post_inbox_op(self, op_id: str, kind: str, run_id: int | None = None, payload: Any = None) -> bool:
         """Leave an op for the writer (the kernel) to pick up. Allowed on read-only stores.
 
-        Idempotent on ``op_id``.
+        Idempotent on ``op_id``. Checked in the same transaction as the insert: an op is never left in the inbox
+        of an experiment that has ended (see :meth:`mark_ended`).
 
         Returns:
             True if posted, False if an op with this id was already posted.
+
+        Raises:
+            ExperimentEndedError: the experiment's kernel ended it (meta ``ended_at``); nothing would take the op.
         """
         params = (
             _require_str("op_id", op_id),
             None if run_id is None else int(run_id),
             _require_str("op kind", _plain(kind)),
-            _dumps(payload),
+            _dumps(redact(payload)),
             _now(),
         )
-        sql = "INSERT OR IGNORE INTO inbox (op_id, run_id, kind, payload, posted_at) VALUES (?, ?, ?, ?, ?)"
         if not self.read_only:
             with self._write() as conn:
-                return conn.execute(sql, params).rowcount == 1
+                return self._post(conn, params)
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         conn = self._connect(writable=True)  # short-lived, the only read-write one of a read-only store
         try:
             with self._write_lock, self._transaction(conn):
-                return conn.execute(sql, params).rowcount == 1
+                return self._post(conn, params)
         finally:
             conn.close()
+
+    def _post(self, conn: sqlite3.Connection, params: tuple[Any, ...]) -> bool:
+        ended = conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()
+        if ended is not None and json.loads(ended["value"]) is not None:
+            raise ExperimentEndedError(
+                f"the experiment in {self.experiment_dir} has ended; its inbox is closed"
+            )
+        sql = "INSERT OR IGNORE INTO inbox (op_id, run_id, kind, payload, posted_at) VALUES (?, ?, ?, ?, ?)"
+        return bool(conn.execute(sql, params).rowcount == 1)
+
+    def mark_ended(self, at: float | None = None) -> list[dict[str, Any]]:
+        """The writer ends the experiment: set meta ``ended_at`` (unix s, default now) and take every untaken inbox
+        op, in one transaction, so that each op posted is either returned here (to be answered) or refused by
+        :meth:`post_inbox_op`. :meth:`reopen` clears it when a kernel trains the experiment again.
+
+        Returns:
+            The inbox ops nobody will apply (as :meth:`take_inbox_ops` returns them), oldest first.
+        """
+        ended_at = _now() if at is None else float(at)
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('ended_at', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (_dumps(ended_at),),
+            )
+            return self._take_inbox(conn)
+
+    def reopen(self) -> None:
+        """A kernel trains the experiment again: clear meta ``ended_at`` (the inbox accepts ops again)."""
+        self.set_meta("ended_at", None)
+
+    def ended_at(self) -> float | None:
+        """Unix seconds at which the experiment's kernel ended it, or None (never ended, or trained again since)."""
+        value = self.get_meta("ended_at")
+        return None if value is None else float(value)
 
     def take_inbox_ops(self) -> list[dict[str, Any]]:
         """Atomically mark every untaken inbox op as taken and return them, oldest first."""
         with self._write() as conn:
-            rows = conn.execute(
-                "SELECT id, op_id, run_id, kind, payload, posted_at FROM inbox "
-                "WHERE taken_at IS NULL ORDER BY id"
-            ).fetchall()
-            if not rows:
-                return []
-            taken_at = _now()
-            conn.executemany(
-                "UPDATE inbox SET taken_at = ? WHERE id = ?", [(taken_at, r["id"]) for r in rows]
-            )
+            return self._take_inbox(conn)
+
+    @staticmethod
+    def _take_inbox(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+        rows = conn.execute(
+            "SELECT id, op_id, run_id, kind, payload, posted_at FROM inbox WHERE taken_at IS NULL ORDER BY id"
+        ).fetchall()
+        if not rows:
+            return []
+        taken_at = _now()
+        conn.executemany("UPDATE inbox SET taken_at = ? WHERE id = ?", [(taken_at, r["id"]) for r in rows])
         return [{**dict(r), "payload": json.loads(r["payload"]), "taken_at": taken_at} for r in rows]
 
     # ------------------------------------------------------------------ heartbeat

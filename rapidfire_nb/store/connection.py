@@ -16,10 +16,12 @@ from .schema import (
     _OLDEST_READABLE,
     BUSY_TIMEOUT_MS,
     SCHEMA_VERSION,
+    DamagedStoreError,
     ReadOnlyStoreError,
     SchemaVersionError,
     StoreError,
     _resolve_db_path,
+    damaged_store_message,
 )
 
 
@@ -42,6 +44,12 @@ class Connections:
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._init_schema()
+        except sqlite3.OperationalError as exc:  # cannot open, locked, I/O: the file itself may be fine
+            self.close()
+            raise StoreError(f"cannot open the store {self.path}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
+            self.close()
+            raise DamagedStoreError(damaged_store_message(self.path, exc)) from exc
         except BaseException:
             self.close()
             raise
@@ -72,7 +80,16 @@ class Connections:
         return conn
 
     def _uri(self, mode: str) -> str:
-        return f"{self.path.resolve().as_uri()}?mode={mode}"
+        uri = f"{self.path.resolve().as_uri()}?mode={mode}"
+        if mode == "ro" and self._immutable():
+            uri += "&immutable=1"
+        return uri
+
+    def _immutable(self) -> bool:
+        """True when nobody here can write the folder and no write-ahead log is left in it: SQLite could not
+        create the ``-shm`` file a WAL reader needs, so the file is read as immutable (nothing can change it)."""
+        folder = self.path.parent
+        return not os.access(folder, os.W_OK) and not self.path.with_name(self.path.name + "-wal").exists()
 
     def _conn(self) -> sqlite3.Connection:
         """This thread's connection (read-only ones for a read-only store)."""

@@ -133,6 +133,24 @@ class SchemaVersionError(StoreError):
     """The database was written by a different (usually newer) version of rapidfire_nb."""
 
 
+class ExperimentEndedError(StoreError):
+    """An op was posted to the inbox of an experiment its kernel has ended (meta ``ended_at`` is set)."""
+
+
+class DamagedStoreError(StoreError):
+    """The store file is not a readable SQLite database (damaged, truncated, or another kind of file)."""
+
+
+def damaged_store_message(path: Path, error: Exception) -> str:
+    """What a damaged ``store.sqlite`` at ``path`` gets: the file, SQLite's words, and the ways on."""
+    return (
+        f"{path} cannot be read as a rapidfire_nb store: {error} (the file is damaged, truncated, or not an "
+        "SQLite database). It was left as it is. Restore it from a backup to continue the experiment; or start "
+        "it afresh with Experiment(name, overwrite=True) (deletes the experiment's folder: runs, checkpoints "
+        "and logs); or use another experiment name."
+    )
+
+
 def _now() -> float:
     """Current unix time in seconds (a seam for tests)."""
     return time.time()

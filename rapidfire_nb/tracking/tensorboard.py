@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rapidfire_nb.redact import redact
+
 __all__ = ["HPARAMS_TAG", "NullTracker", "TensorBoardTracker"]
 
 HPARAMS_TAG = "hparams"
@@ -125,9 +127,10 @@ class TensorBoardTracker:
                 writer.add_event(event)
 
     def log_hparams(self, run_id: int, hparams: Mapping[str, Any], step: int = 0) -> None:
-        """Write the run's hyperparameters as a markdown table (TensorBoard's Text tab, tag ``hparams``)."""
+        """Write the run's hyperparameters as a markdown table (TensorBoard's Text tab, tag ``hparams``); secret-like
+        values (``hub_token``, ...) as ``<redacted>``."""
         tb = self._tb
-        text = _hparams_markdown(hparams)
+        text = _hparams_markdown(redact(hparams))
         tensor = tb.TensorProto(dtype=tb.DT_STRING, string_val=[text.encode("utf-8")])
         tensor.tensor_shape.dim.add(size=1)
         value = tb.Summary.Value(

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from rapidfire_nb._atomic import atomic_dir
 from rapidfire_nb._priority import lower_thread_priority
+from rapidfire_nb.redact import REDACTED, is_secret_key
 from rapidfire_nb.run_folder import WARM_START_PREFIX, latest_checkpoint
 
 from .rng import rng_for_checkpoint
@@ -133,7 +134,7 @@ class Snapshotter:
                 copy.deepcopy(model.peft_config[self.adapter_name]) if self.adapter_name is not None else None
             )
             model_config = copy.deepcopy(model.config) if self.adapter_name is None else None
-            self._fixed = (adapter_config, model_config, copy.deepcopy(trainer.args))
+            self._fixed = (adapter_config, model_config, _without_secrets(copy.deepcopy(trainer.args)))
         adapter_config, model_config, training_args = self._fixed
         return BoundarySnapshot(
             run_id=self.run_id,
@@ -155,6 +156,16 @@ def snapshot_trainer(
 ) -> BoundarySnapshot:
     """One snapshot of a trainer's resumable state (see :class:`Snapshotter`, which reuses what does not change)."""
     return Snapshotter(run_id, trainer, adapter_name).take(_clone(rng))
+
+
+def _without_secrets(args: Any) -> Any:
+    """A copy of the trainer's arguments for ``training_args.bin`` (informational: transformers does not read it
+    on resume) with ``hub_token`` and any other secret-like field as ``<redacted>``; the trainer keeps the real one."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name, None)
+        if is_secret_key(field.name) and isinstance(value, str) and value:
+            setattr(args, field.name, REDACTED)
+    return args
 
 
 def _plain_number(value: Any) -> Any:

@@ -276,7 +276,8 @@ function drawList() {
       h("span", { class: `rf-page-badge rf-page-st-${s}`, title: s, text: `${counts[s]} ${s.toLowerCase()}` }));
     const live = x.error ? h("span", { class: "rf-page-error", text: x.error })
       : x.writer_alive ? h("span", { class: "rf-page-live", text: "● kernel running" })
-        : h("span", { class: "rf-page-idle", text: "no kernel" });
+        : h("span", { class: "rf-page-idle", text: x.ended ? "ended" : "no kernel",
+          title: x.ended ? "experiment.end() ran; re-run Experiment(...) and run_fit(...) to continue it" : "" });
     const link = h("a", { href: `#exp=${enc(x.name)}`, text: x.name });
     return h("tr", { "data-rf-experiment": x.name, "data-rf-selected": x.name === sel ? "true" : "false",
       "data-rf-live": x.writer_alive ? "true" : "false", class: x.name === sel ? "rf-page-sel" : "",
