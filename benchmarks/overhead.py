@@ -288,25 +288,33 @@ def parent_main(a: argparse.Namespace) -> None:
     if prof_dir is not None:
         prof_dir.mkdir(parents=True, exist_ok=True)
     print(f"OpenMP for the users' setting: {user_omp(a)}; child logs in {log_dir}", flush=True)
-    report: list[str] = []
-    targets: list[tuple[str, str, float, float | None]] = []
     raw: dict[str, Any] = {"argv": sys.argv[1:], "cases": {}}
     for c in cases:
-        got = run_case(c, a, log_dir, prof_dir)
-        raw["cases"][c["label"]] = got
-        report += overhead_report.report_case(c, got["repeats"], got["orders"], got["rf_1_config"], targets)
-        report.append("")
-    head = _header(a, load0, os.getloadavg())
-    summary = overhead_report.summary(targets)
-    tail = [f"benchmark wall time: {time.time() - started:.0f} s; child logs in {log_dir}"]
+        raw["cases"][c["label"]] = run_case(c, a, log_dir, prof_dir)
+    raw["head"] = _header(a, load0, os.getloadavg())
+    raw["tail"] = [f"benchmark wall time: {time.time() - started:.0f} s; child logs in {log_dir}"]
     if a.profile:
-        tail.append(f"profiles: {prof_dir}/rf-<case>.txt (cProfile, all threads)")
-    text = "\n".join(head + summary + [""] + report + tail)
-    print("\n" + text)
+        raw["tail"].append(f"profiles: {prof_dir}/rf-<case>.txt (cProfile, all threads)")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    write_report(raw, out)
+
+
+def write_report(raw: dict[str, Any], out: Path) -> None:
+    """Print the report of ``raw`` (what :func:`parent_main` measured) and write it to ``out`` (+ ``.md``)."""
+    report: list[str] = []
+    targets: list[tuple[str, str, float, float | None]] = []
+    for got in raw["cases"].values():
+        report += overhead_report.report_case(
+            got["case"], got["repeats"], got["orders"], got["rf_1_config"], targets
+        )
+        report.append("")
+    head, tail = raw["head"], raw["tail"]
+    summary = overhead_report.summary(targets)
+    text = "\n".join(head + summary + [""] + report + tail)
+    print("\n" + text)
+    out.write_text(text + "\n")
     paste = _paste_block(head, summary, report + tail[:1])
     out.with_suffix(".md").write_text(paste + "\n")
     print(f"\n{paste}\n\nwritten to {out} (.json: raw numbers; .md: the blocks above)")
@@ -349,6 +357,11 @@ def _parser() -> argparse.ArgumentParser:
         "this shell's). The passive sides always set PASSIVE",
     )
     ap.add_argument("--out", default=str(RESULTS / "latest.txt"))
+    ap.add_argument(
+        "--report-from",
+        metavar="JSON",
+        help="only re-print the report of an earlier run's .json (no training)",
+    )
     # child-only
     ap.add_argument("--child", choices=("rf", "base"), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -362,6 +375,8 @@ def main() -> None:
     a = _parser().parse_args()
     if a.child:
         overhead_child.child_main(a)
+    elif a.report_from:
+        write_report(json.loads(Path(a.report_from).read_text()), Path(a.out))
     else:
         parent_main(a)
 
