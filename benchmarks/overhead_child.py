@@ -3,7 +3,7 @@
 ``overhead.py`` starts ``python overhead.py --child rf|base ...`` once per measurement; this module builds the
 workload (data, ``create_model_fn``, the 4 configs), trains it, and writes the child's times, losses and cost
 timers as JSON. Each side runs in a process of its own so that its OpenMP thread teams are only its own (see
-benchmarks/README.md, "Why each side runs in its own process").
+benchmarks/README.md, "OpenMP: the settings, and why each side runs in its own process").
 """
 
 from __future__ import annotations
@@ -374,7 +374,17 @@ def _clock_callback() -> Any:
     return Clock()
 
 
+def _formatted(w: dict[str, Any]) -> tuple[Any, Any]:
+    """What a plain-TRL user does once: map the rows to prompt/completion with the formatting function."""
+    train, evald, fmt = w["train"], w["eval"], w["fmt"]
+    if fmt is not None:
+        train = train.map(fmt, remove_columns=train.column_names)
+        evald = evald.map(fmt, remove_columns=evald.column_names) if evald is not None else None
+    return train, evald
+
+
 def _child_base(w: dict[str, Any], out: dict[str, Any]) -> None:
+    """Sequential plain TRL: the 4 leaves one after the other, each loading its model as a user would."""
     import gc
 
     from trl import SFTTrainer
@@ -385,10 +395,7 @@ def _child_base(w: dict[str, Any], out: dict[str, Any]) -> None:
     root = tempfile.mkdtemp(prefix="rf-bench-base-")
     try:
         t0 = time.time()
-        train, evald, fmt = w["train"], w["eval"], w["fmt"]
-        if fmt is not None:  # what a plain-TRL user does once: map the rows to prompt/completion
-            train = train.map(fmt, remove_columns=train.column_names)
-            evald = evald.map(fmt, remove_columns=evald.column_names) if evald is not None else None
+        train, evald = _formatted(w)
         first_eval: list[float | None] = []
         losses: dict[str, dict[int, float]] = {}
         setup = fit = save = excluded = excluded_before_last = 0.0
