@@ -249,6 +249,11 @@ def _header(a: argparse.Namespace, load0: tuple[float, ...], load1: tuple[float,
             f"; removed this shell's OMP_WAIT_POLICY={here})" if here else ")"
         )
     others = [f"{k}={os.environ[k]}" for k in OPENMP_VARS[1:] if k in os.environ]
+    passive = (
+        "no separate passive sides (the users' setting is passive)"
+        if user_omp(a).endswith("passive")
+        else "'passive' sides set OMP_WAIT_POLICY=PASSIVE"
+    )
     return [
         f"rapidfire_nb overhead benchmark — {time.strftime('%Y-%m-%d %H:%M:%S')}",
         f"command: python benchmarks/overhead.py {' '.join(sys.argv[1:])}".rstrip(),
@@ -256,8 +261,7 @@ def _header(a: argparse.Namespace, load0: tuple[float, ...], load1: tuple[float,
         f"load average 1 min: {load0[0]:.1f} at start, {load1[0]:.1f} at end (other work on the machine adds noise)",
         "every measurement in its own child process; each repeat runs every side once, order reversed every "
         "other repeat; ratios are medians of per-repeat ratios",
-        f"OpenMP: {omp}; 'passive' sides set OMP_WAIT_POLICY=PASSIVE"
-        + (f"; also set here: {', '.join(others)}" if others else ""),
+        f"OpenMP: {omp}; {passive}" + (f"; also set here: {', '.join(others)}" if others else ""),
         "",
     ]
 
@@ -384,7 +388,12 @@ def main() -> None:
     if a.child:
         overhead_child.child_main(a)
     elif a.report_from:
-        write_report(json.loads(Path(a.report_from).read_text()), Path(a.out))
+        raw = json.loads(Path(a.report_from).read_text())
+        if not {"cases", "head", "tail"} <= set(raw):
+            raise SystemExit(
+                f"--report-from: {a.report_from} was not written by this overhead.py; run it again"
+            )
+        write_report(raw, Path(a.out))
     else:
         parent_main(a)
 

@@ -91,10 +91,14 @@ def _side_name(c: dict[str, Any], side: str) -> str:
     return {
         "seq": f"sequential plain TRL, {user}",
         "seqP": f"sequential plain TRL, {PASSIVE}",
-        "rf": f"rapidfire_nb, {chunk} steps/chunk, {user}",
-        "rf1": f"rapidfire_nb, {c['steps']} steps/chunk (num_chunks=1), {user}",
-        "rfP": f"rapidfire_nb, {chunk} steps/chunk, {PASSIVE}",
+        "rf": f"rapidfire_nb, {_per_chunk(chunk)}, {user}",
+        "rf1": f"rapidfire_nb, {_per_chunk(c['steps'])} (num_chunks=1), {user}",
+        "rfP": f"rapidfire_nb, {_per_chunk(chunk)}, {PASSIVE}",
     }[side]
+
+
+def _per_chunk(steps: int) -> str:
+    return f"{steps} step{'s' if steps != 1 else ''}/chunk"
 
 
 def _setting(c: dict[str, Any], side: str) -> str:
@@ -320,7 +324,7 @@ def report_case(
     evals = "eval at every chunk end on both sides" if c["eval"] else "no eval set"
     title = (
         f"== {c['label']}: {c['title']}; 4 SFT LoRA configs x {c['steps']} steps, batch {c['batch']}, "
-        f"{c['steps'] * c['batch']} rows, {evals}; {chunk} steps/chunk (num_chunks={c['num_chunks']}); "
+        f"{c['steps'] * c['batch']} rows, {evals}; {_per_chunk(chunk)} (num_chunks={c['num_chunks']}); "
         f"{len(reps)} repeat(s), orders {', '.join(orders)} =="
     )
     lines = [title]
