@@ -52,6 +52,10 @@ QUEUE_ITEMS = 100_000
 """Bound of the recorder's queue (items); a producer blocks only if the disk falls this far behind."""
 BATCH_ITEMS = 2_000
 """Items written per batch (one store transaction for the metric rows among them)."""
+BATCH_DELAY_S = 0.2
+"""Seconds the recorder waits after an item arrives before writing, so that one batch takes every item of that
+time: it wakes a few times a second, not once per logged step (each wake-up takes the interpreter lock from the
+training thread). ``flush()`` cuts the wait short."""
 
 
 class Recorder(SchedulerListener):
@@ -91,6 +95,7 @@ class Recorder(SchedulerListener):
         self._thread = threading.Thread(target=self._main, name="rapidfire-recorder", daemon=True)
         self._on_thread_start: Callable[[], None] | None = None
         self._closed = threading.Event()
+        self._hurry = threading.Event()  # set by flush()/close(): write what is queued now
         self._last_beat = 0.0  # scheduler thread
         self._last_inbox = 0.0  # scheduler thread
         self._known_metrics: set[str] | None = None  # recorder thread: metric names in the store's meta
@@ -121,6 +126,7 @@ class Recorder(SchedulerListener):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._queue.all_tasks_done:
             while self._queue.unfinished_tasks:
+                self._hurry.set()
                 left = None if deadline is None else deadline - time.monotonic()
                 if (left is not None and left <= 0) or not self._thread.is_alive():
                     return False
@@ -133,6 +139,7 @@ class Recorder(SchedulerListener):
             self.flush()
             self._closed.set()
             self._queue.put(("stop",))
+            self._hurry.set()
             self._thread.join()
         elif self._thread.ident is None and self._queue.unfinished_tasks:  # never started: write inline
             self._closed.set()
@@ -230,7 +237,10 @@ class Recorder(SchedulerListener):
         if self._on_thread_start is not None:
             self._on_thread_start()
         while True:
-            items = self._drain(self._queue.get())
+            first = self._queue.get()
+            self._hurry.wait(BATCH_DELAY_S)  # let a batch gather (flush/close cut this short)
+            self._hurry.clear()
+            items = self._drain(first)
             stop = any(item[0] == "stop" for item in items)
             self._write_batch([item for item in items if item[0] != "stop"])
             for _ in items:
