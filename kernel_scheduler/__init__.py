@@ -4,6 +4,7 @@ Run states and their legal transitions, chunk maths, the fairness policy, IC Op 
 thread that drives an :class:`Executor`.
 """
 
+from .arbiter import DEFAULT_DEVICE, DeviceArbiter, Lease, device_arbiter
 from .chunks import ChunkPlan, ChunkPlanError, plan_chunks
 from .executor import Executor, RunStart, SegmentResult
 from .loop import RunSnapshot, Scheduler, SchedulerListener
@@ -12,6 +13,10 @@ from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
 from .status import TRANSITIONS, IllegalTransition, RunStatus, check_transition
 
 __all__ = [
+    "DEFAULT_DEVICE",
+    "DeviceArbiter",
+    "Lease",
+    "device_arbiter",
     "ChunkPlan",
     "ChunkPlanError",
     "plan_chunks",

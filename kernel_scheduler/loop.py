@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from .arbiter import DeviceArbiter, Lease, device_arbiter
 from .chunks import ChunkPlan
 from .executor import Executor, RunStart, SegmentResult
 from .ops import Op, OpAck, OpKind, OpState, decide
@@ -121,6 +122,14 @@ class Scheduler:
 
     Thread-safety: ``submit``, ``snapshot``, ``wait`` may be called from any thread. ``add_run`` only before
     ``start``. The executor and the listener are only called from the scheduler thread (after ``start``).
+
+    The device: every executor call of the loop (a segment, and the boundary actions: clones, status changes,
+    final saves) happens while the scheduler holds a lease of ``arbiter`` (default: the process-wide
+    :func:`~kernel_scheduler.arbiter.device_arbiter`), given back after each segment, so the schedulers of one
+    process take turns chunk by chunk and never train at once. Waiting for the lease never blocks the loop:
+    it keeps draining commands, beating and polling the inbox until the grant wakes it. ``add_run`` before
+    ``start`` calls the executor on the caller's thread: that caller holds the device itself
+    (``arbiter.acquire``) when other schedulers may be training.
     """
 
     def __init__(
@@ -130,8 +139,15 @@ class Scheduler:
         policy: SchedulingPolicy | None = None,
         idle_poll_s: float = 1.0,
         first_run_id: int = 1,
+        arbiter: DeviceArbiter | None = None,
+        owner: str = "",
     ) -> None:
         self._executor = executor
+        # the device is shared with every other scheduler of the process: a lease is held while a segment
+        # trains and while boundary actions call the executor, and given back between segments
+        self._arbiter = arbiter if arbiter is not None else device_arbiter()
+        self._owner = owner or f"scheduler {id(self):x}"
+        self._lease: Lease | None = None
         self._listener = listener or SchedulerListener()
         self._policy = policy or FurthestBehindFirst()
         self._idle_poll_s = idle_poll_s
@@ -214,6 +230,16 @@ class Scheduler:
     @property
     def started(self) -> bool:
         return self._thread is not None
+
+    @property
+    def arbiter(self) -> DeviceArbiter:
+        """The device arbiter this scheduler shares with the other schedulers of the process."""
+        return self._arbiter
+
+    @property
+    def owner(self) -> str:
+        """The name this scheduler holds the device under (its experiment's name)."""
+        return self._owner
 
     # ------------------------------------------------------------------ public, any thread
     def snapshot(self) -> list[RunSnapshot]:
@@ -369,21 +395,27 @@ class Scheduler:
     def _main(self) -> None:
         if self.on_thread_start is not None:
             self.on_thread_start()
-        while not self._closing.is_set():
-            try:
-                self._turn()
-            except Exception:  # never let the loop die
-                self._loop_error = traceback.format_exc()
-                log.exception("rapidfire scheduler error")
-                time.sleep(0.1)
+        try:
+            while not self._closing.is_set():
+                try:
+                    self._turn()
+                except Exception:  # never let the loop die
+                    self._loop_error = traceback.format_exc()
+                    log.exception("rapidfire scheduler error")
+                    self._closing.wait(0.1)
+        finally:
+            self._release_device()
         with self._changed:
             self._changed.notify_all()
 
     def _turn(self) -> None:
         self._listener.on_heartbeat()
         self._drain_commands()
-        self._flush_boundary()
         if self._current is None:
+            if self._needs_device() and not self._device_held():
+                self._idle_wait()  # the grant sets _wake
+                return
+            self._flush_boundary()
             self._resolve_waiting_clones()
             with self._lock:
                 run_id = self._choose()
@@ -391,9 +423,9 @@ class Scheduler:
                     self._busy = False
                     self._changed.notify_all()
             if run_id is None:
-                self._wake.wait(self._idle_poll_s)
-                self._wake.clear()
-                self._poll_inbox()
+                if not self._at_boundary:
+                    self._release_device()
+                self._idle_wait()
                 return
             self._begin(run_id)
             return
@@ -468,12 +500,37 @@ class Scheduler:
         for op in deferred:
             self._apply(op)
         self._flush_boundary()
+        self._release_device()  # another experiment's segment may train now; the next turn asks again
         self._poll_inbox()
         with self._changed:
             self._changed.notify_all()
 
+    def _idle_wait(self) -> None:
+        """Wait for a command, a finished segment or the device (at most ``idle_poll_s``), then poll the inbox."""
+        self._wake.wait(self._idle_poll_s)
+        self._wake.clear()
+        self._poll_inbox()
+
+    def _needs_device(self) -> bool:
+        """True when the loop has executor work: boundary actions, a clone waiting, or a run to train."""
+        with self._lock:
+            if self._at_boundary or any(r.waiting_clone is not None for r in self._runs.values()):
+                return True
+            return self._choose() is not None
+
+    def _device_held(self) -> bool:
+        """True when this scheduler holds the device; otherwise asks for it (the grant wakes the loop)."""
+        if self._lease is None:
+            self._lease = self._arbiter.request(self._owner, on_grant=self._wake.set)
+        return self._lease.granted
+
+    def _release_device(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
+
     def _flush_boundary(self) -> None:
-        while self._current is None and self._at_boundary:
+        while self._current is None and self._at_boundary and self._device_held():
             fn = self._at_boundary.pop(0)
             try:
                 fn()

@@ -381,7 +381,7 @@ class Experiment:
                 "no run trained in this kernel yet: call run_fit with the same arguments first (it "
                 "gives this kernel the model function; finished runs are not trained again)"
             )
-        return self._session.load_model(run_id)
+        return self._session.load_model(run_id, self._reporter)
 
     # ================================================================== panel source
     def panel_snapshot(self) -> dict[str, Any]:

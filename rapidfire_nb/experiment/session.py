@@ -13,8 +13,9 @@ own fields are set once, at construction.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,8 +161,24 @@ class FitSession:
                 pass
             return False
 
-    def load_model(self, run_id: int) -> tuple[Any, Any]:
+    @contextlib.contextmanager
+    def hold_device(self, what: str, reporter: Reporter) -> Iterator[None]:
+        """Hold the device (the process-wide arbiter) on the calling thread for a block that builds or loads
+        models: it waits for the chunk training now (of any experiment of this process) to end, saying so."""
+
+        def waiting(holders: list[str]) -> None:
+            reporter.say(
+                f"waiting for the device to {what}: experiment {', '.join(map(repr, holders))} is training a "
+                "chunk (one chunk of any experiment trains at a time, so that every run stays exact)"
+            )
+
+        with self.scheduler.arbiter.acquire(f"{self.scheduler.owner} ({what})", on_wait=waiting):
+            yield
+
+    def load_model(self, run_id: int, reporter: Reporter) -> tuple[Any, Any]:
         """``(model, tokenizer)`` with run ``run_id``'s trained weights (see ``Experiment.load_model``).
+
+        Holds the device while it saves and loads (it waits for a chunk in flight to end).
 
         Raises:
             ExperimentError: no such run, it is training right now, or it has no saved final weights.
@@ -172,7 +189,8 @@ class FitSession:
         if self.scheduler.on_device() == run_id:
             raise ExperimentError(f"run {run_id} is training right now; stop it or wait for its chunk to end")
         if self.executor.has_run(run_id):
-            return self.executor.load_model(run_id)  # type: ignore[no-any-return]
+            with self.hold_device(f"load run {run_id}", reporter):
+                return self.executor.load_model(run_id)  # type: ignore[no-any-return]
         row = self.store.get_run(run_id) or {}  # ended in an earlier process: its final weights are on disk
         final = row.get("checkpoint_dir")
         if not final or not Path(final).is_dir():
@@ -180,7 +198,8 @@ class FitSession:
                 f"run {run_id} ({row.get('status', 'unknown')}) has no saved final weights; only "
                 "runs that completed or were stopped have them"
             )
-        return self.executor.load_model(run_id, spec=spec, final_dir=Path(final))  # type: ignore[no-any-return]
+        with self.hold_device(f"load run {run_id}", reporter):
+            return self.executor.load_model(run_id, spec=spec, final_dir=Path(final))  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Stop the scheduler thread, release every run and close the tracker (after ``wait()``)."""
