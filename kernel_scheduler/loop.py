@@ -21,7 +21,7 @@ from typing import Any
 from .arbiter import DeviceArbiter, Lease, device_arbiter
 from .chunks import ChunkPlan
 from .executor import Executor, RunStart, SegmentResult
-from .ops import Op, OpAck, OpKind, OpState, decide
+from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
 from .status import RunStatus, check_transition
 
@@ -164,6 +164,10 @@ class Scheduler:
         # second request of the same kind for the same run follows it (same outcome, applied once)
         self._leaders: dict[tuple[OpKind, int], str] = {}
         self._followers: dict[str, list[Op]] = {}
+        # per run, the stop/resume/delete ops accepted and not answered yet, oldest first (a later op of another
+        # kind cancels them: ops.decide); _applying: those the loop has begun to apply (no longer cancellable)
+        self._open: dict[int, list[Op]] = {}
+        self._applying: set[str] = set()
         self._next_id = first_run_id
         self._busy = False  # True while the loop has work (a segment or queued commands)
         # ops accepted by submit() whose _apply has not returned yet (a deferred op counts as applied: it
@@ -267,26 +271,18 @@ class Scheduler:
             if op.op_id in self._acks:
                 return self._acks[op.op_id]
             run = self._runs.get(op.run_id)
-            status = run.status if run else None
-            decision = decide(op.kind, status, False, op.run_id)
-            if decision.verdict == "reject":
-                ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.REJECTED.value, decision.reason)
-                self._acks[op.op_id] = ack
-                self._notify_op(op, ack)
-                return ack
             leader = self._leaders.get((op.kind, op.run_id))
             if leader is not None:  # a repeat while the first request is pending: same outcome, applied once
-                ack = OpAck(
-                    op.op_id,
-                    op.run_id,
-                    op.kind.value,
-                    OpState.QUEUED.value,
-                    f"{op.kind.value} already requested for run {op.run_id}; this request gets its outcome",
-                )
+                return self._follow(op, leader)
+            decision = decide(op.kind, run.status if run else None, False, op.run_id, self._pending_of(op))
+            if decision.verdict in ("reject", "done"):
+                self._cancel(decision.cancels, op)
+                state = OpState.REJECTED if decision.verdict == "reject" else OpState.APPLIED
+                ack = OpAck(op.op_id, op.run_id, op.kind.value, state.value, decision.reason)
                 self._acks[op.op_id] = ack
-                self._followers.setdefault(leader, []).append(op)
                 self._notify_op(op, ack)
                 return ack
+            cancelled = self._cancel(decision.cancels, op)
             child_id = None
             if op.kind is OpKind.CLONE:
                 child_id = self._next_id
@@ -304,18 +300,60 @@ class Scheduler:
                 op.run_id,
                 op.kind.value,
                 OpState.QUEUED.value,
-                self._queued_message(op),
+                self._queued_message(op) + (f" (it cancels the pending {cancelled})" if cancelled else ""),
                 new_run_id=child_id,
             )
             self._acks[op.op_id] = ack
             if op.kind is not OpKind.CLONE:
                 self._leaders[(op.kind, op.run_id)] = op.op_id
+                self._open.setdefault(op.run_id, []).append(op)
             self._busy = True
             self._unapplied += 1
         self._notify_op(op, ack)
         self._commands.put(op)
         self._wake.set()
         return ack
+
+    def _follow(self, op: Op, leader: str) -> OpAck:
+        """``op`` repeats the pending op ``leader`` (same kind, same run): it will get its outcome."""
+        ack = OpAck(
+            op.op_id,
+            op.run_id,
+            op.kind.value,
+            OpState.QUEUED.value,
+            f"{op.kind.value} already requested for run {op.run_id}; this request gets its outcome",
+        )
+        self._acks[op.op_id] = ack
+        self._followers.setdefault(leader, []).append(op)
+        self._notify_op(op, ack)
+        return ack
+
+    def _pending_of(self, op: Op) -> list[PendingOp]:
+        """The stop/resume/delete ops of ``op``'s run accepted before it and not answered yet, oldest first."""
+        if op.kind is OpKind.CLONE:
+            return []
+        out = []
+        for other in self._open.get(op.run_id, []):
+            if other.op_id == op.op_id:
+                break
+            out.append(PendingOp(other.kind, other.op_id, cancellable=other.op_id not in self._applying))
+        return out
+
+    def _cancel(self, op_ids: Sequence[str], by: Op) -> str:
+        """Answer the pending ops ``op_ids`` rejected, cancelled by the later op ``by``; returns what they were
+        (e.g. ``"stop (op 3f2a…)"``). A cancelled op is never applied: the loop skips answered ops."""
+        names = []
+        for op in [o for o in self._open.get(by.run_id, []) if o.op_id in op_ids]:
+            run = self._runs.get(op.run_id)
+            if run is not None and op in run.deferred:
+                run.deferred.remove(op)
+            self._reject(
+                op,
+                f"cancelled by op {by.op_id}: a later {by.kind.value} of run {by.run_id} replaced this "
+                f"{op.kind.value} before it took effect",
+            )
+            names.append(f"{op.kind.value} (op {op.op_id[:8]})")
+        return ", ".join(names)
 
     def _queued_message(self, op: Op) -> str:
         on_device = self._current is not None and self._current[0] == op.run_id
@@ -568,20 +606,33 @@ class Scheduler:
 
     def _apply(self, op: Op) -> None:
         with self._lock:
+            prev = self._acks.get(op.op_id)
+            if prev is not None and prev.state != OpState.QUEUED.value:
+                return  # answered meanwhile (cancelled by a later op): never applied
             run = self._runs.get(op.run_id)
             on_device = self._current is not None and self._current[0] == op.run_id
-            decision = decide(op.kind, run.status if run else None, on_device, op.run_id)
+            decision = decide(
+                op.kind, run.status if run else None, on_device, op.run_id, self._pending_of(op)
+            )
+            self._cancel(decision.cancels, op)
             if decision.verdict == "defer" and run is not None:
                 run.deferred.append(op)
                 return
-        if decision.verdict == "reject":
-            self._reject_op(op, decision.reason)
+            self._applying.add(op.op_id)
+        if decision.verdict in ("reject", "done"):
+            self._settle(op, decision)
             return
         try:
             self._apply_now(op)
         except Exception as exc:  # a bad op never crashes the loop
             log.debug("op %s failed", op.op_id, exc_info=True)
             self._reject_op(op, f"{type(exc).__name__}: {exc}")
+
+    def _settle(self, op: Op, decision: Decision) -> None:
+        if decision.verdict == "done":
+            self._resolved(op, decision.reason)
+        else:
+            self._reject_op(op, decision.reason)
 
     def _reject_op(self, op: Op, reason: str) -> None:
         """Reject ``op``; a clone's child (created NEW by submit) fails with the same reason."""
@@ -722,6 +773,12 @@ class Scheduler:
         with self._lock:
             if self._leaders.get((op.kind, op.run_id)) == op.op_id:
                 del self._leaders[(op.kind, op.run_id)]
+            still_open = [o for o in self._open.get(op.run_id, []) if o.op_id != op.op_id]
+            if still_open:
+                self._open[op.run_id] = still_open
+            else:
+                self._open.pop(op.run_id, None)
+            self._applying.discard(op.op_id)
             followers = self._followers.pop(op.op_id, [])
             acks = []
             for f in followers:
