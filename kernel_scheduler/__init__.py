@@ -8,7 +8,7 @@ from .arbiter import DEFAULT_DEVICE, DeviceArbiter, Lease, device_arbiter
 from .chunks import ChunkPlan, ChunkPlanError, plan_chunks
 from .executor import Executor, RunStart, SegmentResult
 from .loop import RunSnapshot, Scheduler, SchedulerListener
-from .ops import Decision, Op, OpAck, OpKind, OpState, decide, new_op_id
+from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide, expected_status, new_op_id
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
 from .status import TRANSITIONS, IllegalTransition, RunStatus, check_transition
 
@@ -31,6 +31,8 @@ __all__ = [
     "OpAck",
     "OpKind",
     "OpState",
+    "PendingOp",
+    "expected_status",
     "decide",
     "new_op_id",
     "FurthestBehindFirst",
