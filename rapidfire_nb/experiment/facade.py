@@ -24,6 +24,7 @@ from . import panel_source, registry, tables
 from .inputs import check_fit_inputs
 from .ownership import settle_orphan, wipe
 from .reporter import Reporter
+from .run_ids import check_run_id, check_run_ids
 from .session import FitSession, require_session
 from .start import check_group, open_session, start_message
 
@@ -43,7 +44,8 @@ class Experiment:
         quiet: print no ``[rapidfire]`` lines (also settable later: ``experiment.quiet = True``).
 
     In one process there is one object per experiment: ``Experiment(name)`` again (a notebook cell run twice)
-    returns the object that exists already, with its training, panel and history, unless that one was ended.
+    returns the object that exists already, with its training, panel and history, unless that one was ended;
+    either way the experiment created last is the one ``%rapidfire`` addresses.
     Only one process trains an experiment at a time (an OS lock on ``<experiment>/writer.lock``, dropped by the
     system when that process dies); another process sees its state read-only.
 
@@ -72,6 +74,7 @@ class Experiment:
         quiet: bool = False,
     ) -> None:
         if getattr(self, "_initialised", False):  # the live object of this folder, returned by __new__
+            registry.set_current(self)  # created again: it is the one %rapidfire addresses now
             return
         if mode != "fit":
             raise ConfigError(f"mode={mode!r} is not supported; use mode='fit'")
@@ -268,15 +271,29 @@ class Experiment:
 
     # ================================================================== IC Ops
     def stop(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
-        """Stop run(s) at the end of their current chunk (STOPPED, resumable). Returns an OpAck (list for a list)."""
+        """Stop run(s) at the end of their current chunk (STOPPED, resumable). Returns an OpAck (list for a list).
+
+        A later ``resume`` or ``delete`` of the run sent before its chunk ends replaces this stop.
+
+        Raises:
+            TypeError: a run id that is not an int (e.g. ``1.7``, ``True``, ``"two"``).
+        """
         return self._ops(OpKind.STOP, run_id)
 
     def resume(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
-        """Put STOPPED run(s) back into the rotation where they left off."""
+        """Put STOPPED run(s) back into the rotation where they left off (or cancel a stop not yet applied).
+
+        Raises:
+            TypeError: a run id that is not an int.
+        """
         return self._ops(OpKind.RESUME, run_id)
 
     def delete(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
-        """Stop run(s) and mark them DELETED (hidden from listings)."""
+        """Stop run(s) and mark them DELETED (hidden from listings).
+
+        Raises:
+            TypeError: a run id that is not an int.
+        """
         return self._ops(OpKind.DELETE, run_id)
 
     def clone_modify(
@@ -298,6 +315,7 @@ class Experiment:
         Raises:
             OpError: unknown run, or a change that cannot be warm-started (suggests a cold clone).
             ConfigError: unknown field (with the closest valid name) or invalid value.
+            TypeError: a run id that is not an int.
         """
         ack = self.submit_op("clone", run_id, changes=changes, warm_start=warm_start, source=source)
         if ack.state == "rejected":
@@ -324,15 +342,18 @@ class Experiment:
         Raises:
             ExperimentError: nothing trains in this process (it says what to do), or the experiment was ended.
             ConfigError/OpError: for a clone whose changes are invalid (the op is not queued).
+            TypeError: a run id that is not an int.
         """
+        run_id = check_run_id(run_id)
         return self._require_session().submit(
             kind, run_id, op_id=op_id, changes=changes, warm_start=warm_start, source=source
         )
 
     def _ops(self, kind: OpKind, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
-        if isinstance(run_id, Iterable) and not isinstance(run_id, (str, bytes)):
-            return [self.submit_op(kind.value, int(r)) for r in run_id]
-        return self.submit_op(kind.value, int(run_id))  # type: ignore[arg-type]
+        ids = check_run_ids(run_id)  # every id checked before any op is sent
+        if isinstance(ids, list):
+            return [self.submit_op(kind.value, r) for r in ids]
+        return self.submit_op(kind.value, ids)
 
     def _require_session(self) -> FitSession:
         return require_session(self._session, self._ended, self.experiment_name, self._lock, self.store)
@@ -375,7 +396,9 @@ class Experiment:
         Raises:
             ExperimentError: nothing was trained in this kernel (run_fit gives it the model function), no such
                 run, the run is training right now, or it has no saved final weights.
+            TypeError: a run id that is not an int.
         """
+        run_id = check_run_id(run_id)
         if self._session is None:
             raise ExperimentError(
                 "no run trained in this kernel yet: call run_fit with the same arguments first (it "

@@ -1,0 +1,94 @@
+"""Run ids are ints everywhere the public API takes one, and the experiment created last is the current one.
+
+No training: a bad run id is refused before anything looks for the run (so no session is needed), and a good
+one reaches the usual "call run_fit first" error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rapidfire_nb.errors import ExperimentError
+from rapidfire_nb.experiment.run_ids import check_run_id, check_run_ids
+
+
+@pytest.fixture
+def exp(tmp_path: Path) -> Any:
+    from rapidfire_nb import Experiment
+
+    e = Experiment("ids", experiment_path=tmp_path)
+    yield e
+    e.end()
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (1.7, "float 1.7"),
+        (True, "bool True"),
+        ("two", "str 'two'"),
+        ("2", "str '2'"),
+        (None, "NoneType None"),
+    ],
+)
+@pytest.mark.parametrize("method", ["stop", "resume", "delete", "load_model"])
+def test_a_run_id_that_is_not_an_int_is_a_type_error_saying_what_a_run_id_is(
+    exp: Any, method: str, value: Any, shown: str
+) -> None:
+    with pytest.raises(TypeError) as err:
+        getattr(exp, method)(value)
+    assert f"run_id must be a run id, got {shown}: a run id is an int" in str(err.value)
+    assert "get_runs_info()" in str(err.value)
+
+
+def test_clone_modify_and_submit_op_check_the_run_id_too(exp: Any) -> None:
+    with pytest.raises(TypeError, match="run_id must be a run id, got float 1.0"):
+        exp.clone_modify(1.0, {"learning_rate": 1e-4})
+    with pytest.raises(TypeError, match="run_id must be a run id, got bool False"):
+        exp.submit_op("stop", False)
+
+
+def test_every_id_of_a_list_is_checked_before_any_op_is_sent(exp: Any) -> None:
+    with pytest.raises(TypeError, match=r"run_id\[1\] must be a run id, got float 2.5"):
+        exp.stop([1, 2.5])
+    assert check_run_ids((1, np.int64(2))) == [1, 2]
+
+
+def test_ints_and_numpy_ints_are_run_ids(exp: Any) -> None:
+    assert check_run_id(np.int64(3)) == 3 and type(check_run_id(np.int64(3))) is int
+    with pytest.raises(ExperimentError, match="call run_fit first"):
+        exp.stop(np.int64(1))  # a good id: the usual error of an experiment that never trained
+    with pytest.raises(ExperimentError, match="call run_fit first"):
+        exp.stop(1)
+
+
+@pytest.mark.parametrize("line", ["stop two", "resume 1.7", "delete 1 x", "clone one lr=1e-4"])
+def test_the_magic_says_what_a_run_id_is(exp: Any, line: str) -> None:
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "rapidfire_nb")
+    with pytest.raises(UsageError) as err:
+        shell.run_line_magic("rapidfire", line)
+    bad = line.split()[-1] if line.startswith("delete") else line.split()[1]
+    assert f"{bad!r} is not a run id: a run id is a whole number" in str(err.value)
+    assert "usage: %rapidfire" in str(err.value)
+
+
+def test_experiment_created_again_becomes_the_current_one(tmp_path: Path) -> None:
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.experiment import current_experiment
+
+    a = Experiment("exp-A", experiment_path=tmp_path)
+    b = Experiment("exp-B", experiment_path=tmp_path)
+    assert current_experiment() is b
+    again = Experiment("exp-A", experiment_path=tmp_path)
+    assert again is a  # the live object
+    assert current_experiment() is a  # ... and the one %rapidfire addresses now
+    a.end()
+    b.end()
