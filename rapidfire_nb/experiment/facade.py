@@ -21,6 +21,7 @@ from ..frontend import in_kernel, thread_parent_hook
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
 from ..store import Store
 from . import panel_source, registry, tables
+from .compat import check_drop_in_args
 from .inputs import check_fit_inputs
 from .ownership import settle_orphan, wipe
 from .reporter import Reporter
@@ -150,6 +151,8 @@ class Experiment:
         eval_dataset: Any = None,
         num_chunks: int = 4,
         seed: int = 42,
+        num_gpus: int | None = None,
+        monte_carlo_simulations: int | None = None,
         *,
         background: bool | None = None,
     ) -> None:
@@ -165,6 +168,9 @@ class Experiment:
                 and at its own ``eval_steps``.
             num_chunks: chunks per epoch (1 .. a run's optimizer steps per epoch).
             seed: the experiment seed (random search, and each run's seed unless its config sets one).
+            num_gpus: GPUs each run trains on (``rapidfireai``'s argument): None or 1; every run trains on one
+                device until one run may span several GPUs (anything else is a ConfigError).
+            monte_carlo_simulations: accepted for ``rapidfireai`` code; no effect here (a note says so once).
             background: train in the background and return once validated. Default: True in a Jupyter kernel,
                 False in a plain script (which then blocks until training ends).
 
@@ -176,6 +182,9 @@ class Experiment:
             ConfigError: bad input, before any training starts.
             ExperimentError: the experiment is training already, or holds a different config group.
         """
+        note = check_drop_in_args(num_gpus, monte_carlo_simulations)
+        if note:
+            self._say(note)
         if self._ended:
             raise ExperimentError("this Experiment was ended; create Experiment(name) again to continue")
         if self.training:
