@@ -253,7 +253,12 @@ class Experiment:
             True when the condition holds, False on timeout.
 
         On Ctrl-C (kernel interrupt) every active run is stopped at the end of its current chunk (STOPPED,
-        resumable) and ``wait`` returns once they are parked; a second Ctrl-C returns at once.
+        resumable) and ``wait`` returns once they are parked; a second Ctrl-C returns at once. In a script (not a
+        kernel) the ``KeyboardInterrupt`` is raised again once the runs are parked (exit status 130), after a line
+        saying how to continue.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C in a script (a blocking ``run_fit`` raises it too).
         """
         if self._session is None:
             return True

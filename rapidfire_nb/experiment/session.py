@@ -14,16 +14,21 @@ own fields are set once, at construction.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import signal
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, Scheduler
+from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus, Scheduler
 from kernel_scheduler.ops import new_op_id
 
 from ..errors import ExperimentError, OpError
+from ..frontend import in_kernel
 from .clones import prepare_clone
 from .inputs import FitInputs
 from .ownership import other_writer
@@ -141,8 +146,12 @@ class FitSession:
     def wait(self, timeout: float | None, chunks: int | None, reporter: Reporter) -> bool:
         """``Experiment.wait``: block until the condition holds (True) or ``timeout`` seconds pass (False).
 
-        On Ctrl-C every active run is stopped at the end of its current chunk and this returns False once they are
-        parked; a second Ctrl-C returns at once.
+        On Ctrl-C every active run is stopped at the end of its current chunk. In a kernel this returns False once
+        they are parked (a second Ctrl-C returns at once). In a script it then re-raises ``KeyboardInterrupt``
+        (exit status 130) after saying how to continue; a second Ctrl-C raises at once.
+
+        Raises:
+            KeyboardInterrupt: in a script (not a kernel), once the runs are parked.
         """
         sched = self.scheduler
         try:
@@ -151,15 +160,40 @@ class FitSession:
             active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
             reporter.say(
                 f"interrupted: stopping runs {active} at the end of their current chunk "
-                "(press interrupt again to return now)"
+                "(press interrupt again to " + ("return now)" if in_kernel() else "quit now)")
             )
             for rid in active:
                 sched.submit(Op(OpKind.STOP, rid, source="api"))
             try:
                 sched.wait()
             except KeyboardInterrupt:
-                pass
-            return False
+                if not in_kernel():
+                    raise
+            if in_kernel():
+                return False
+            self.executor.flush()  # the parked runs' checkpoints are on disk before the process ends
+            self.tracker.flush()
+            text = self._how_to_continue(active, reporter)
+            exit_130_if_uncaught()
+            raise KeyboardInterrupt(text) from None
+
+    def _how_to_continue(self, active: list[int], reporter: Reporter) -> str:
+        """Say (and return) what a script stopped by Ctrl-C left behind and how to continue it."""
+        snaps = self.snapshots()
+        stopped = [rid for rid in active if snaps[rid].status is RunStatus.STOPPED]
+        if not stopped:
+            text = "interrupted: no run was left training"
+        else:
+            steps = ", ".join(
+                f"run {rid} at step {snaps[rid].step}/{snaps[rid].total_steps}" for rid in stopped
+            )
+            text = (
+                f"interrupted: {steps} STOPPED (checkpoints and weights saved). To continue, run the script "
+                f"again with experiment.resume({stopped}) and experiment.wait() after run_fit (run_fit alone "
+                "keeps STOPPED runs stopped)"
+            )
+        reporter.say(text)
+        return text
 
     @contextlib.contextmanager
     def hold_device(self, what: str, reporter: Reporter) -> Iterator[None]:
@@ -206,6 +240,33 @@ class FitSession:
         self.scheduler.close()
         self.executor.close()
         self.tracker.close()
+
+
+def exit_130_if_uncaught() -> None:
+    """Make an uncaught ``KeyboardInterrupt`` end this script the way an interrupted program must: killed by
+    SIGINT (exit status 130 in a shell), once its traceback is printed.
+
+    CPython does this itself at exit, but an exit handler that runs Python code again loses it (torch._dynamo's,
+    imported by transformers, does: such scripts exit 1). A ``KeyboardInterrupt`` the script catches is not
+    affected. Installed once per process; it wraps whatever ``sys.excepthook`` is.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "_rapidfire_exit_130", False):
+        return
+
+    def excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+        previous(tp, value, tb)
+        if not issubclass(tp, KeyboardInterrupt):
+            return
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    excepthook._rapidfire_exit_130 = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
 
 
 def require_session(session: FitSession | None, ended: bool, name: str, lock: Any, store: Any) -> FitSession:
