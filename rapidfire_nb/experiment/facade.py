@@ -21,11 +21,11 @@ from ..frontend import in_kernel, thread_parent_hook
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
 from ..store import Store
 from . import panel_source, registry, tables
+from .arguments import check_flag, check_run_id, check_run_ids, check_wait_args
 from .compat import check_drop_in_args
 from .inputs import check_fit_inputs
 from .ownership import settle_orphan, wipe
 from .reporter import Reporter
-from .run_ids import check_run_id, check_run_ids
 from .session import FitSession, require_session
 from .start import check_group, open_session, start_message
 
@@ -63,6 +63,10 @@ class Experiment:
         overwrite: bool = False,
         quiet: bool = False,
     ) -> Experiment:
+        check_flag(
+            overwrite, "overwrite"
+        )  # before anything: overwrite="no" would end and wipe the experiment
+        check_flag(quiet, "quiet")
         live = registry.reuse(experiment_name, experiment_path, overwrite)
         return live if live is not None else super().__new__(cls)
 
@@ -113,7 +117,7 @@ class Experiment:
 
     @quiet.setter
     def quiet(self, value: bool) -> None:
-        self._reporter.quiet = bool(value)
+        self._reporter.quiet = check_flag(value, "quiet")
 
     def on_message(self, printer: Callable[[str], None] | None) -> None:
         """Send the ``[rapidfire]`` lines to ``printer(line)`` instead of ``print`` (None: back to ``print``)."""
@@ -182,6 +186,7 @@ class Experiment:
             ConfigError: bad input, before any training starts.
             ExperimentError: the experiment is training already, or holds a different config group.
         """
+        check_flag(background, "background", allow_none=True)
         note = check_drop_in_args(num_gpus, monte_carlo_simulations)
         if note:
             self._say(note)
@@ -260,6 +265,7 @@ class Experiment:
         Raises:
             KeyboardInterrupt: Ctrl-C in a script (a blocking ``run_fit`` raises it too).
         """
+        check_wait_args(timeout, chunks)
         if self._session is None:
             return True
         return self._session.wait(timeout, chunks, self._reporter)
@@ -359,6 +365,7 @@ class Experiment:
             TypeError: a run id that is not an int.
         """
         run_id = check_run_id(run_id)
+        check_flag(warm_start, "warm_start")
         return self._require_session().submit(
             kind, run_id, op_id=op_id, changes=changes, warm_start=warm_start, source=source
         )

@@ -1,6 +1,7 @@
-"""Run ids are ints everywhere the public API takes one, and the experiment created last is the current one.
+"""The public API's plain arguments: run ids are ints, flags are bools, wait's limits are checked; and the
+experiment created last is the current one.
 
-No training: a bad run id is refused before anything looks for the run (so no session is needed), and a good
+No training: a bad argument is refused before anything looks for the run (so no session is needed), and a good
 one reaches the usual "call run_fit first" error.
 """
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from rapidfire_nb.errors import ExperimentError
-from rapidfire_nb.experiment.run_ids import check_run_id, check_run_ids
+from rapidfire_nb.experiment.arguments import check_run_id, check_run_ids
 
 
 @pytest.fixture
@@ -92,3 +93,46 @@ def test_experiment_created_again_becomes_the_current_one(tmp_path: Path) -> Non
     assert current_experiment() is a  # ... and the one %rapidfire addresses now
     a.end()
     b.end()
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda e: e.clone_modify(1, {}, warm_start="no"),
+            TypeError,
+            "warm_start must be True or False, got str 'no'",
+        ),
+        (
+            lambda e: e.submit_op("clone", 1, warm_start=1),
+            TypeError,
+            "warm_start must be True or False, got int 1",
+        ),
+        (
+            lambda e: e.run_fit(None, None, None, background="yes"),
+            TypeError,
+            "background must be True, False or None, got str 'yes'",
+        ),
+        (lambda e: setattr(e, "quiet", "no"), TypeError, "quiet must be True or False, got str 'no'"),
+        (lambda e: e.wait(timeout="5"), TypeError, "timeout must be seconds (a number) or None, got str '5'"),
+        (lambda e: e.wait(timeout=-1), ValueError, "timeout must be >= 0 seconds"),
+        (lambda e: e.wait(timeout=float("nan")), ValueError, "timeout must be >= 0 seconds"),
+        (lambda e: e.wait(chunks="2"), TypeError, "chunks must be an int (chunks each active run has done"),
+        (lambda e: e.wait(chunks=True), TypeError, "chunks must be an int"),
+        (lambda e: e.wait(chunks=0), ValueError, "chunks must be >= 1 (or None to wait until no run is left"),
+    ],
+)
+def test_flags_are_bools_and_wait_limits_are_checked(exp: Any, call: Any, error: type, message: str) -> None:
+    with pytest.raises(error) as err:
+        call(exp)
+    assert message in str(err.value)
+
+
+def test_quiet_and_overwrite_must_be_bools_when_created(tmp_path: Path) -> None:
+    from rapidfire_nb import Experiment
+
+    with pytest.raises(TypeError, match="quiet must be True or False, got str 'False'"):
+        Experiment("q", experiment_path=tmp_path, quiet="False")
+    with pytest.raises(TypeError, match="overwrite must be True or False, got str 'no'"):
+        Experiment("q", experiment_path=tmp_path, overwrite="no")  # "no" would have wiped the experiment
+    assert not (tmp_path / "q").exists()  # nothing was created
