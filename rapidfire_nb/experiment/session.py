@@ -96,13 +96,20 @@ class FitSession:
         """Check an op and hand it to the scheduler; returns its acknowledgement at once.
 
         Raises:
-            OpError: unknown op kind, unknown parent run, or a change a warm start cannot take.
+            OpError: unknown op kind, unknown parent run, a change a warm start cannot take, or an ``op_id``
+                already used by another request (another kind or run; the same request again gets its ack).
             ConfigError: a clone whose changes are invalid (the op is not queued).
         """
         try:
             kind_e = OpKind(kind)
         except ValueError:
             raise OpError(f"unknown op {kind!r}; use stop, resume, delete or clone") from None
+        earlier = self.scheduler.ack(op_id) if op_id else None
+        if earlier is not None and (earlier.kind, earlier.run_id) != (kind_e.value, int(run_id)):
+            raise OpError(
+                f"op id {op_id!r} was already used by the {earlier.kind} of run {earlier.run_id} "
+                f"({earlier.state}); an op id names one request: leave op_id out or use a new one"
+            )
         if kind_e is not OpKind.CLONE:
             return self.scheduler.submit(Op(kind_e, int(run_id), op_id=op_id or new_op_id(), source=source))
         request = prepare_clone(self.spec(int(run_id)), int(run_id), changes, warm_start, source)

@@ -136,3 +136,21 @@ def test_quiet_and_overwrite_must_be_bools_when_created(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="overwrite must be True or False, got str 'no'"):
         Experiment("q", experiment_path=tmp_path, overwrite="no")  # "no" would have wiped the experiment
     assert not (tmp_path / "q").exists()  # nothing was created
+
+
+def test_an_op_id_names_one_request() -> None:
+    from rapidfire_nb.errors import OpError
+    from rapidfire_nb.experiment.session import FitSession
+    from rapidfire_nb.testing.fakes import FakeSpec, Harness
+
+    h = Harness([FakeSpec(rows=16, batch=4), FakeSpec(rows=16, batch=4)], mode="manual")
+    fit = FitSession(h.sched, h.fake, None, None, None, None)  # type: ignore[arg-type]
+    try:
+        first = fit.submit("stop", 2, op_id="x")
+        assert fit.submit("stop", 2, op_id="x") is first  # the same request again: its ack
+        with pytest.raises(OpError, match="op id 'x' was already used by the stop of run 2"):
+            fit.submit("resume", 2, op_id="x")  # before: silently answered with the stop's ack
+        with pytest.raises(OpError, match="leave op_id out or use a new one"):
+            fit.submit("stop", 1, op_id="x")
+    finally:
+        h.close()
