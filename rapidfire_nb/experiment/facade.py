@@ -185,6 +185,7 @@ class Experiment:
         Raises:
             ConfigError: bad input, before any training starts.
             ExperimentError: the experiment is training already, or holds a different config group.
+            KeyboardInterrupt: Ctrl-C while a blocking ``run_fit`` trains in a script, once the runs are parked.
         """
         check_flag(background, "background", allow_none=True)
         note = check_drop_in_args(num_gpus, monte_carlo_simulations)
