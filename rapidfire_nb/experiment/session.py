@@ -243,9 +243,14 @@ class FitSession:
             return self.executor.load_model(run_id, spec=spec, final_dir=Path(final))  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Stop the scheduler thread, release every run and close the tracker (after ``wait()``)."""
+        """Stop the scheduler thread, release every run and close the tracker (after ``wait()``).
+
+        Releasing unwinds each run's parked ``train()``: it holds the device meanwhile (another experiment's
+        chunk is not trained at the same time).
+        """
         self.scheduler.close()
-        self.executor.close()
+        with self.scheduler.arbiter.acquire(f"{self.scheduler.owner} (end)"):
+            self.executor.close()
         self.tracker.close()
 
 
