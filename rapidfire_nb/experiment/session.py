@@ -209,8 +209,8 @@ class FitSession:
 
         def waiting(holders: list[str]) -> None:
             reporter.say(
-                f"waiting for the device to {what}: experiment {', '.join(map(repr, holders))} is training a "
-                "chunk (one chunk of any experiment trains at a time, so that every run stays exact)"
+                f"waiting for the device to {what}: {', '.join(holders)} holds it (one chunk of any experiment "
+                "of this process trains at a time, so that every run stays exact)"
             )
 
         with self.scheduler.arbiter.acquire(f"{self.scheduler.owner} ({what})", on_wait=waiting):

@@ -126,7 +126,9 @@ def open_session(
         lambda rid, path: store.upsert_run(rid, checkpoint_dir=str(path)),
     )
     late["executor"] = executor
-    scheduler = Scheduler(executor, listener=recorder, arbiter=device_arbiter(), owner=exp_dir.name)
+    scheduler = Scheduler(
+        executor, listener=recorder, arbiter=device_arbiter(), owner=f"experiment {exp_dir.name!r}"
+    )
     session = FitSession(scheduler, executor, recorder, tracker, inputs, store)
     late["session"] = session
     resumed: list[str] = []

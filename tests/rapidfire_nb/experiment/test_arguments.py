@@ -154,3 +154,37 @@ def test_an_op_id_names_one_request() -> None:
             fit.submit("stop", 1, op_id="x")
     finally:
         h.close()
+
+
+def test_a_cell_waiting_for_the_device_says_who_holds_it() -> None:
+    import threading
+
+    from kernel_scheduler import DeviceArbiter
+    from rapidfire_nb.experiment.reporter import Reporter
+    from rapidfire_nb.experiment.session import FitSession
+    from rapidfire_nb.testing.fakes import TIMEOUT, FakeSpec, Harness
+
+    arb = DeviceArbiter()
+    h = Harness([FakeSpec(rows=16, batch=4)], mode="manual", arbiter=arb, name="experiment 'a'")
+    fit = FitSession(h.sched, h.fake, None, None, None, None)  # type: ignore[arg-type]
+    said: list[str] = []
+    inside = threading.Event()
+
+    def cell() -> None:
+        with fit.hold_device("build its runs", Reporter(printer=said.append)):
+            inside.set()
+
+    try:
+        h.fake.wait_inflight()  # experiment 'a' trains a chunk
+        t = threading.Thread(target=cell)
+        t.start()
+        assert not inside.wait(0.05)
+        h.fake.resolve()
+        assert inside.wait(TIMEOUT)
+        t.join(TIMEOUT)
+        assert said == [
+            "[rapidfire] waiting for the device to build its runs: experiment 'a' holds it (one chunk of any "
+            "experiment of this process trains at a time, so that every run stays exact)"
+        ]
+    finally:
+        h.close()
