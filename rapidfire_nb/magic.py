@@ -57,10 +57,15 @@ def parse_changes(items: list[str]) -> dict[str, Any]:
 
 
 def _ids(items: list[str]) -> list[int]:
-    try:
-        ids = [int(x) for x in items]
-    except ValueError:
-        raise UsageError(f"run ids must be integers, got {items}\nusage: {USAGE}") from None
+    ids = []
+    for x in items:
+        try:
+            ids.append(int(x))
+        except ValueError:
+            raise UsageError(
+                f"{x!r} is not a run id: a run id is a whole number, as shown by %rapidfire and in the panel "
+                f"(1, 2, ...)\nusage: {USAGE}"
+            ) from None
     if not ids:
         raise UsageError(f"give at least one run id\nusage: {USAGE}")
     return ids

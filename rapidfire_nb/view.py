@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kernel_scheduler import OpKind, RunSnapshot, RunStatus, decide
+from kernel_scheduler import OpKind, PendingOp, RunSnapshot, RunStatus, decide
 
 from .wire import json_type_name
 
@@ -41,6 +41,7 @@ __all__ = [
     "format_chunk_line",
     "kernel_snapshot",
     "legal_ops",
+    "pending_ops",
     "parse_status",
     "position_text",
     "progress_text",
@@ -151,12 +152,16 @@ def reported_status(stored: str, writer_alive: bool) -> str:
     return stored
 
 
-def legal_ops(status: RunStatus | str | None, *, accepting: bool = True) -> list[str]:
+def legal_ops(
+    status: RunStatus | str | None, *, accepting: bool = True, pending: Sequence[PendingOp] = ()
+) -> list[str]:
     """The ops :func:`kernel_scheduler.ops.decide` would not reject for a run in ``status``, in OpKind order.
 
     Args:
         status: the run's status (member or value); None or an unknown value: no op.
         accepting: False when nobody would apply an op (the server without a live writer): no op.
+        pending: the run's stop / resume / delete ops still queued (e.g. a stop waiting for the chunk boundary:
+            a resume is then legal too, it cancels the stop).
 
     Returns:
         Op kind values, e.g. ``["stop", "delete", "clone"]``.
@@ -164,7 +169,21 @@ def legal_ops(status: RunStatus | str | None, *, accepting: bool = True) -> list
     st = parse_status(status)
     if st is None or not accepting:
         return []
-    return [k.value for k in OpKind if decide(k, st, False, 0).verdict != "reject"]
+    return [
+        k.value
+        for k in OpKind
+        if decide(k, st, False, 0).verdict != "reject" or decide(k, st, False, 0, pending).verdict != "reject"
+    ]
+
+
+def pending_ops(ops: Iterable[Mapping[str, Any]], run_id: Any) -> list[PendingOp]:
+    """The queued stop / resume / delete ops of run ``run_id`` in an ops log (``store.ops()`` rows)."""
+    kinds = {k.value: k for k in (OpKind.STOP, OpKind.RESUME, OpKind.DELETE)}
+    return [
+        PendingOp(kinds[o["kind"]], str(o.get("op_id")))
+        for o in ops
+        if o.get("run_id") == run_id and o.get("state") == "queued" and o.get("kind") in kinds
+    ]
 
 
 def editable_fields(described: Any, run_id: int, hparams: Any) -> dict[str, str] | None:
@@ -431,7 +450,7 @@ def _run_entry(
         "error": snap.error if snap is not None else row.get("error"),
         "parent_id": row.get("parent_id"),
         "warm_start": bool(row.get("warm_start")),
-        "legal_ops": legal_ops(status, accepting=accepting),
+        "legal_ops": legal_ops(status, accepting=accepting, pending=pending_ops(rows.ops, run_id)),
     }
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from kernel_scheduler import Op, OpAck, OpKind, RunStatus, Scheduler, new_op_id
+from kernel_scheduler import DeviceArbiter, Op, OpAck, OpKind, RunStatus, Scheduler, new_op_id
 from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec, Recorder
 from rapidfire_nb.view import KernelState, StoreRows, kernel_snapshot
 
@@ -83,7 +83,8 @@ class FakeSource:
         self._start_loss: dict[int, float] = {}  # a warm clone starts from its parent's loss
         self._fake = FakeExecutor(num_chunks=num_chunks, mode="manual")
         self._log = Recorder()  # the ops log, and the scheduler loop turns
-        self._sched = Scheduler(self._fake, listener=self._log, idle_poll_s=0.05)
+        # its own device: a source left open (its fake segment never resolved) holds up no other scheduler
+        self._sched = Scheduler(self._fake, listener=self._log, idle_poll_s=0.05, arbiter=DeviceArbiter())
         for i in range(num_runs):
             hp = {
                 "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",

@@ -295,3 +295,15 @@ def test_view_imports_no_torch() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_queued_stop_makes_resume_legal_it_cancels_the_stop() -> None:
+    ops = [
+        {"op_id": "a", "run_id": 1, "kind": "stop", "state": "queued"},
+        {"op_id": "b", "run_id": 2, "kind": "stop", "state": "applied"},
+        {"op_id": "c", "run_id": 1, "kind": "clone", "state": "queued"},
+    ]
+    pending = view.pending_ops(ops, 1)
+    assert [p.op_id for p in pending] == ["a"]
+    assert view.legal_ops("ONGOING", pending=pending) == ["stop", "resume", "delete", "clone"]
+    assert view.legal_ops("ONGOING", pending=view.pending_ops(ops, 2)) == ["stop", "delete", "clone"]
