@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,8 @@ def test_ctrl_c_in_a_kernel_still_returns_false_after_the_graceful_stop(
 
     monkeypatch.setattr(h.sched, "wait", wait)
     monkeypatch.setattr(session_mod, "in_kernel", lambda: True)
-    fit = session_mod.FitSession(h.sched, h.fake, None, None, None, None)  # type: ignore[arg-type]
+    recorder = types.SimpleNamespace(flush=lambda timeout=None: True)  # nothing to write here
+    fit = session_mod.FitSession(h.sched, h.fake, recorder, None, None, None)  # type: ignore[arg-type]
     try:
         assert fit.wait(None, None, Reporter(printer=said.append)) is False
         assert h.status(1) is RunStatus.STOPPED
