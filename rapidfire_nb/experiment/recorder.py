@@ -1,7 +1,9 @@
 """The recorder: the one place run events and metrics leave the scheduler and the training threads.
 
 It writes the store (the source of truth), feeds the tracker (TensorBoard), prints one compact line per finished
-chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter`, and polls the ops inbox for the scheduler.
+chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter` (only failures while a live panel shows the
+progress), keeps the training clock (:mod:`rapidfire_nb.clock`, written to meta ``clock`` when training starts
+or stops), and polls the ops inbox for the scheduler.
 
 Threads: ``on_run``/``poll_ops``/``on_heartbeat`` come from the scheduler thread; ``on_op`` from the scheduler
 thread, or from the thread that submitted an op (its "queued" answer); ``on_metrics`` from the run's training
@@ -19,6 +21,7 @@ from typing import Any
 
 from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListener
 
+from ..clock import CLOCK_META_KEY, TrainingClock
 from ..view import chunk_line
 from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
@@ -72,6 +75,9 @@ class Recorder(SchedulerListener):
         ] = {}  # latest logged step per run (the run on the device moves in a chunk)
         self._seen_segments: dict[int, int] = {}  # chunks already reported per run (a restart starts there)
         self._reported_end: set[int] = set()  # runs whose COMPLETED/FAILED line was printed (or predates us)
+        beat = store.heartbeat()
+        self._clock = TrainingClock(store.get_meta(CLOCK_META_KEY), beat["beat_at"] if beat else None)
+        self._loop_thread: int | None = None  # the scheduler thread (its on_heartbeat tells)
 
     # ------------------------------------------------------------------ read by the facade and the panel
     @property
@@ -101,8 +107,10 @@ class Recorder(SchedulerListener):
         )
         if snap.status is RunStatus.DELETED:
             self.tracker.mark_deleted(snap.run_id)  # TensorBoard no longer lists it under its id
-        if self._should_report(snap):
-            self.reporter.say(self.chunk_line(snap))
+        if self._clock.observe(snap.run_id, snap.status, time.time()):  # scheduler thread only
+            self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
+        if self._should_report(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
+            self.reporter.say(self.chunk_line(snap))  # under a live panel: failures only (it shows the rest)
 
     def _should_report(self, snap: RunSnapshot) -> bool:
         with self._lock:
@@ -144,13 +152,17 @@ class Recorder(SchedulerListener):
             self.store.update_op(
                 op.op_id, ack.state, ack.message, applied_at=time.time() if ack.state != "queued" else None
             )
-        if ack.state != "queued" and op.source != "api":
+        # the outcome decided later by the scheduler thread (the submitter already got the immediate answer:
+        # its ack), for ops whose outcome nothing else shows (no live panel with its ops log; not the API's)
+        later = self._loop_thread is not None and threading.get_ident() == self._loop_thread
+        if ack.state != "queued" and op.source != "api" and later and self.reporter.wants_progress():
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
 
     def poll_ops(self) -> Sequence[Op]:
         return self._inbox()
 
     def on_heartbeat(self) -> None:
+        self._loop_thread = threading.get_ident()
         now = time.monotonic()
         if now - self._last_beat > HEARTBEAT_EVERY_S:
             self._last_beat = now

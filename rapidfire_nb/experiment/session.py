@@ -210,5 +210,8 @@ def require_session(session: FitSession | None, ended: bool, name: str, lock: An
             )
         raise ExperimentError("no training in this experiment yet: call run_fit first")
     if ended:
-        raise ExperimentError("this Experiment was ended; IC Ops are no longer accepted")
+        raise ExperimentError(
+            f"experiment {name!r} was ended; IC Ops are no longer accepted. To continue it: "
+            f"Experiment({name!r}), then run_fit(...) with the same arguments, then experiment.resume(run_id)"
+        )
     return session

@@ -492,7 +492,11 @@ def test_display_panel_in_a_kernel_displays_the_widget(monkeypatch: pytest.Monke
     monkeypatch.setattr(panel_mod, "in_kernel", lambda: True)
     import IPython.display
 
-    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    def fake_display(obj: Any, **kwargs: Any) -> None:
+        assert kwargs == {"display_id": True}  # freeze() replaces this output by the static copy
+        shown.append(obj)
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
     if colab:
         monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     else:
