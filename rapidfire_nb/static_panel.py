@@ -25,6 +25,7 @@ from .view import best_run, fmt_metric, fmt_num
 
 __all__ = [
     "PALETTE",
+    "curve_series",
     "nice_ticks",
     "render_html",
     "render_text",
@@ -114,17 +115,20 @@ def series_by_run(points: Iterable[Mapping[str, Any]], metric: str) -> dict[int,
     return {rid: sorted(steps.items()) for rid, steps in out.items()}
 
 
-def _join_warm_clones(
-    series: dict[int, list[tuple[float, float]]], runs: Sequence[Mapping[str, Any]]
+def curve_series(
+    points: Iterable[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]], metric: str
 ) -> dict[int, list[tuple[float, float]]]:
-    """A warm clone's curve starts at its parent's point at the branch step (the last one before its own)."""
-    out = dict(series)
+    """:func:`series_by_run` of the runs shown (not DELETED), a warm clone's curve joined to its parent: it
+    starts at the parent's point at the branch step (the parent's last point before the clone's first)."""
+    shown = {int(r["run_id"]) for r in runs if r.get("status") != "DELETED"}
+    series = series_by_run(points, metric)
+    out = {rid: pts for rid, pts in series.items() if rid in shown}
     for run in runs:
         own, parent = series.get(int(run["run_id"])), run.get("parent_id")
         if not own or not run.get("warm_start") or parent is None:
             continue
         before = [pt for pt in series.get(int(parent), []) if pt[0] < own[0][0]]
-        if before:
+        if before and int(run["run_id"]) in out:
             out[int(run["run_id"])] = [before[-1], *own]
     return out
 
@@ -330,11 +334,9 @@ def _header(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], note
 def _curves(
     points: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]], metrics: Sequence[str]
 ) -> str:
-    shown = {int(r["run_id"]) for r in runs}
     imgs = []
     for metric in metrics:
-        series = _join_warm_clones(series_by_run(points, metric), runs)
-        series = {rid: pts for rid, pts in series.items() if rid in shown}
+        series = curve_series(points, runs, metric)
         imgs.append(_svg_img(_curve_svg(metric, series, 460, 230), f"{metric} by optimizer step", 460, 230))
     legend = "".join(
         f'<span style="margin-right:12px;white-space:nowrap">{_swatch(r["run_id"])}run {_e(r["run_id"])}</span>'

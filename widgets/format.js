@@ -11,9 +11,9 @@ export const STATUSES = ["NEW", "ONGOING", "STOPPED", "COMPLETED", "FAILED", "DE
 export const OPS = /** @type {const} */ (["stop", "resume", "delete", "clone"]);
 /** The metrics shown first (and in the two plots at start). */
 export const DEFAULT_METRICS = ["loss", "eval_loss"];
-/** Tableau 10: distinct, readable on light and dark backgrounds. Run n gets colour n-1 (stable). */
-export const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-  "#9c755f", "#bab0ac"];
+/** TensorBoard's default run palette, so that a run has one colour in the panel, the page, the static copy
+ * (rapidfire_nb.static_panel.PALETTE) and TensorBoard (runs in creation order). Run n gets colour n-1. */
+export const PALETTE = ["#ff7043", "#0077bb", "#cc3311", "#33bbee", "#ee3377", "#009988", "#bbbbbb"];
 const HPARAM_SHORT = /** @type {Record<string, string>} */ ({
   learning_rate: "lr", per_device_train_batch_size: "batch", gradient_accumulation_steps: "grad acc",
   num_train_epochs: "epochs", max_steps: "max steps", "lora.r": "lora r", "lora.lora_alpha": "lora α",
