@@ -37,8 +37,22 @@ def test_a_dead_writers_open_stretch_ends_at_its_last_heartbeat() -> None:
 
 def _rows(clock: Any) -> StoreRows:
     runs = [
-        {"run_id": 1, "status": "COMPLETED", "hparams": {}, "completed_steps": 8, "total_steps": 8, "chunks_done": 4},
-        {"run_id": 2, "status": "STOPPED", "hparams": {}, "completed_steps": 4, "total_steps": 8, "chunks_done": 2},
+        {
+            "run_id": 1,
+            "status": "COMPLETED",
+            "hparams": {},
+            "completed_steps": 8,
+            "total_steps": 8,
+            "chunks_done": 4,
+        },
+        {
+            "run_id": 2,
+            "status": "STOPPED",
+            "hparams": {},
+            "completed_steps": 4,
+            "total_steps": 8,
+            "chunks_done": 2,
+        },
     ]
     return StoreRows(meta={"created_at": 1.0, "num_chunks": 4, "clock": clock}, runs=runs)
 

@@ -29,7 +29,9 @@ EVIL = '<script>alert("x")</script>'
 
 
 def _svgs(html: str) -> list[str]:
-    return [base64.b64decode(m).decode() for m in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', html)]
+    return [
+        base64.b64decode(m).decode() for m in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', html)
+    ]
 
 
 def _run(run_id: int, status: str = "COMPLETED", **extra: Any) -> dict[str, Any]:
@@ -109,7 +111,9 @@ def test_escapes_every_user_string() -> None:
     points = _points(1, range(1, 5), name=f"loss{EVIL}") + _points(2, range(5, 9), name=f"loss{EVIL}")
     html = render_html(snap, points, note=EVIL, metrics=(f"loss{EVIL}",))
     assert EVIL not in html and "<b>value" not in html
-    assert html.count("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;") >= 5  # name, column, value, error, note
+    assert (
+        html.count("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;") >= 5
+    )  # name, column, value, error, note
     (svg,) = _svgs(html)
     assert EVIL not in svg and "loss&lt;script&gt;" in svg
     assert "nan" not in html.lower()  # a NaN is never shown as a number
@@ -178,7 +182,9 @@ def test_freeze_replaces_the_output_by_the_static_copy_and_closes(monkeypatch: p
 
 def test_a_clean_kernel_shutdown_freezes_the_displayed_panels(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    kernel = types.SimpleNamespace(do_shutdown=lambda restart: calls.append(f"shutdown {restart}") or {"ok": 1})
+    kernel = types.SimpleNamespace(
+        do_shutdown=lambda restart: calls.append(f"shutdown {restart}") or {"ok": 1}
+    )
     monkeypatch.setattr(frontend, "ipython", lambda: types.SimpleNamespace(kernel=kernel))
     monkeypatch.setattr(panel_mod, "in_kernel", lambda: True)
     handle = Handle()
