@@ -214,11 +214,11 @@ export class RunTable {
         ? h("span", { class: "rf-origin", title: run.warm_start ? "cloned with warm start" : "cloned from scratch",
           text: `↳ run ${run.parent_id}${run.warm_start ? " · warm" : ""}` }) : null;
       setKids(row.cells.run, h("span", { class: "rf-swatch", style: { background: runColor(run.run_id) } }),
-        h("span", { class: "rf-run-id", text: `run ${run.run_id}` }),
-        best ? h("span", { class: "rf-best-mark", title: `best ${this.host.bestMetric}`, text: "★" }) : null,
-        h("button", { type: "button", class: `rf-config-btn${row.configTr ? " rf-open" : ""}`, "data-config": run.run_id,
-          title: `show run ${run.run_id}'s full config`, "aria-expanded": String(!!row.configTr), text: "config",
-          onclick: () => this.toggleConfig(run.run_id) }), origin);
+        h("button", { type: "button", class: `rf-run-id rf-config-btn${row.configTr ? " rf-open" : ""}`,
+          "data-config": run.run_id, title: `run ${run.run_id}: click for its full config`,
+          "aria-expanded": String(!!row.configTr), text: `run ${run.run_id}`,
+          onclick: () => this.toggleConfig(run.run_id) }),
+        best ? h("span", { class: "rf-best-mark", title: `best ${this.host.bestMetric}`, text: "★" }) : null, origin);
     }
     const statusKey = `${run.status}|${!!run.on_device}`;
     if (row.statusKey !== statusKey) {

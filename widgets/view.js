@@ -76,8 +76,10 @@ export class PanelView {
       h("span", { class: "rf-meter" }, this.statsFill), this.statsText);
     this.progressEl = h("span", { class: "rf-chip rf-progress", title: "chunk progress" });
     this.deviceEl = h("span", { class: "rf-chip rf-device" });
+    this.countsEl = h("div", { class: "rf-counts" });
     const header = h("div", { class: "rf-header" },
-      h("div", { class: "rf-heading" }, h("span", { class: "rf-logo", "aria-hidden": "true" }), this.titleEl),
+      h("div", { class: "rf-heading" }, h("span", { class: "rf-logo", "aria-hidden": "true" }), this.titleEl,
+        this.countsEl),
       h("div", { class: "rf-chips" }, elapsed, this.statsEl, this.progressEl, this.deviceEl));
     this.noticesEl = h("div", { class: "rf-notices", "aria-live": "polite" });
     this.statusLine = h("div", { class: "rf-waiting", text: "Connecting to the kernel…" });
@@ -96,7 +98,6 @@ export class PanelView {
   }
 
   buildCompareBar() {
-    this.countsEl = h("div", { class: "rf-counts" });
     this.bestSelect = /** @type {HTMLSelectElement} */ (h("select", { class: "rf-select", "data-rf-best-by": "",
       title: "the metric that ranks the runs (losses: lowest is best; accuracies, rewards: highest)",
       onchange: () => { this.bestMetric = this.bestSelect.value; this.compare.invalidate(); this.renderAll(); } }));
@@ -112,10 +113,10 @@ export class PanelView {
       "data-rf-export": what, title: what === "runs" ? "the runs table as CSV" : "every logged metric as CSV (one row per run and step)",
       onclick: () => this.exportCsv(what) }, `${what}.csv`);
     return h("div", { class: "rf-toolbar rf-compare-bar" },
-      h("div", { class: "rf-counts-wrap" }, this.countsEl),
       h("label", { class: "rf-inline" }, h("span", { class: "rf-seg-label", text: "best by" }), this.bestSelect),
       h("span", { class: "rf-inline" }, stopBtn, this.keepInput),
       h("span", { class: "rf-inline" }, exp("runs"), exp("metrics")),
+      h("span", { class: "rf-spacer" }),
       h("label", { class: "rf-check", title: "Bring deleted runs back, greyed, in the table and the curves" },
         box, this.deletedLabel));
   }
