@@ -228,13 +228,15 @@ def _svg_img(svg: str, alt: str, width: int, height: int) -> str:
     data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
     return (
         f'<img src="data:image/svg+xml;base64,{data}" alt="{_e(alt)}" width="{width}" height="{height}" '
-        'style="max-width:100%;height:auto;border:1px solid rgba(128,128,128,0.3);border-radius:6px">'
+        'style="width:calc(50% - 5px);min-width:280px;max-width:100%;height:auto;margin:0;'
+        'border:1px solid rgba(128,128,128,0.3);border-radius:6px">'
     )
 
 
 # ------------------------------------------------------------------------------------------------ HTML
 
-_TD = "padding:3px 8px;border-bottom:1px solid " + _LINE + ";white-space:nowrap;vertical-align:top"
+# explicit alignment everywhere: a notebook's own table styles (JupyterLab right-aligns cells) must not apply
+_TD = "padding:3px 8px;border-bottom:1px solid " + _LINE + ";white-space:nowrap;vertical-align:top;text-align:left"
 _TH = _TD + ";text-align:left;font-weight:600;color:" + _MUTED + ";font-size:11px"
 _NUM = ";text-align:right;font-variant-numeric:tabular-nums"
 
@@ -304,7 +306,7 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
             )
     return (
         '<div style="overflow-x:auto;border:1px solid rgba(128,128,128,0.3);border-radius:6px;margin:6px 0">'
-        f'<table style="border-collapse:collapse;width:100%;font-size:12px;color:inherit"><thead><tr>{head}</tr></thead>'
+        f'<table style="border-collapse:collapse;width:100%;margin:0;font-size:12px;color:inherit"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
 
