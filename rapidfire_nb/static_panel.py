@@ -236,7 +236,11 @@ def _svg_img(svg: str, alt: str, width: int, height: int) -> str:
 # ------------------------------------------------------------------------------------------------ HTML
 
 # explicit alignment everywhere: a notebook's own table styles (JupyterLab right-aligns cells) must not apply
-_TD = "padding:3px 8px;border-bottom:1px solid " + _LINE + ";white-space:nowrap;vertical-align:top;text-align:left"
+_TD = (
+    "padding:3px 8px;border-bottom:1px solid "
+    + _LINE
+    + ";white-space:nowrap;vertical-align:top;text-align:left"
+)
 _TH = _TD + ";text-align:left;font-weight:600;color:" + _MUTED + ";font-size:11px"
 _NUM = ";text-align:right;font-variant-numeric:tabular-nums"
 

@@ -220,7 +220,9 @@ def _check_static_copy(nb: Any, name: str) -> None:
     assert fit_cells, name
     outs = [o for c in fit_cells for o in c.get("outputs", []) if "data" in o]
     html = [o.data["text/html"] for o in outs if "text/html" in o.data]
-    assert any("data-rf-static" in h for h in html), f"{name}: no static copy of the panel in the run_fit cell"
+    assert any("data-rf-static" in h for h in html), (
+        f"{name}: no static copy of the panel in the run_fit cell"
+    )
     assert not any("application/vnd.jupyter.widget-view+json" in o.data for o in outs), name
 
 
@@ -232,4 +234,6 @@ def test_the_saved_tutorial_shows_the_panels_final_state(name: str) -> None:
     _check_static_copy(nb, name)
     assert path.stat().st_size < EXECUTED_SIZE_LIMIT
     src = [_source(c) for c in nb.cells]
-    assert src == [_source(c) for c in _read(name)["cells"]], f"{path} is not an execution of notebooks/{name}"
+    assert src == [_source(c) for c in _read(name)["cells"]], (
+        f"{path} is not an execution of notebooks/{name}"
+    )
