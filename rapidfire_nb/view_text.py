@@ -133,7 +133,7 @@ def format_chunk_line(
         num_chunks: chunks per epoch.
         hparam_columns: hyperparameters to show (short names: ``lr``, ``r``, ...).
         experiment: the name in the prefix.
-        elapsed: seconds since ``run_fit`` (shown as ``h:mm:ss``).
+        elapsed: training seconds (shown as ``h:mm:ss``).
 
     Returns:
         E.g. ``[demo 0:01:23]  run 2  chunk 3/4  step 60/80  loss 0.8123  eval_loss 0.9012  lr=1e-4``.
