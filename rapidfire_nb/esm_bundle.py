@@ -12,8 +12,8 @@ The rules the widget modules (``widgets/*.js``) follow, checked here:
 
 Each imported module becomes ``const __rf_name = (() => { <its text>; return { <its exports> }; })();``
 (its own scope, evaluated once, in dependency order) and each import a destructuring
-``const { a, b: c } = __rf_name;``. Comments that start a line (``//`` lines, ``/* ... */`` blocks) are left out
-of the bundle: it is saved with a notebook's widget state, so it stays small.
+``const { a, b: c } = __rf_name;``. Comments that start a line (``//`` lines, ``/* ... */`` blocks) and leading
+indentation are left out of the bundle: it is saved with a notebook's widget state, so it stays small.
 Standard library only.
 """
 
@@ -35,9 +35,15 @@ _LINE_COMMENT = re.compile(r"^[ \t]*//.*\n", re.M)
 
 
 def strip_comments(text: str) -> str:
-    """``text`` without the comments that start a line: ``//`` lines and ``/* ... */`` blocks (code after a
-    block on its last line stays). Comments inside a line are kept (a ``//`` may be part of a string)."""
-    return _LINE_COMMENT.sub("", _BLOCK_COMMENT.sub(lambda m: m.group(1), text))
+    """``text`` without the comments that start a line (``//`` lines, ``/* ... */`` blocks; code after a block on
+    its last line stays) and without leading indentation, except on lines that may continue a template literal
+    (after a line with an odd number of backticks). Comments inside a line are kept (``//`` may be in a string)."""
+    lines, inside = [], False
+    for line in _LINE_COMMENT.sub("", _BLOCK_COMMENT.sub(lambda m: m.group(1), text)).split("\n"):
+        lines.append(line if inside else line.lstrip(" \t"))
+        if line.count("`") % 2:
+            inside = not inside
+    return "\n".join(lines)
 
 
 class EsmBundleError(ValueError):

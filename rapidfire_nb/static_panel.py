@@ -48,7 +48,7 @@ _STATUS = {
     "INTERRUPTED": "#9333ea",
 }
 _MUTED = "#8a8f98"  # readable on light and dark backgrounds
-_LINE = "rgba(128,128,128,0.35)"
+_LINE = "#8885"  # grey at 1/3 opacity: visible on light and dark backgrounds
 _MAX_POINTS = 240  # per run and curve (the copy stays small in the saved notebook)
 _FONT = "system-ui,-apple-system,'Segoe UI',Roboto,sans-serif"
 
@@ -192,13 +192,13 @@ def _curve_svg(metric: str, series: Mapping[int, list[tuple[float, float]]], wid
     parts = [head]
     for t in nice_ticks(y0, y1, 4):
         parts.append(
-            f'<line x1="{left}" x2="{width - right}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="{_LINE}"/>'
-            f'<text x="{left - 6}" y="{py(t) + 3.5:.1f}" fill="{_MUTED}" text-anchor="end">'
+            f'<line x1="{left}" x2="{width - right}" y1="{py(t):.0f}" y2="{py(t):.0f}" stroke="{_LINE}"/>'
+            f'<text x="{left - 6}" y="{py(t) + 3.5:.0f}" fill="{_MUTED}" text-anchor="end">'
             f"{_e(_axis_text(t, False))}</text>"
         )
     for t in nice_ticks(x0, x1, 6, integer=True):
         parts.append(
-            f'<text x="{px(t):.1f}" y="{height - bottom + 15}" fill="{_MUTED}" text-anchor="middle">'
+            f'<text x="{px(t):.0f}" y="{height - bottom + 15}" fill="{_MUTED}" text-anchor="middle">'
             f"{_e(_axis_text(t, True))}</text>"
         )
     parts.append(
@@ -210,16 +210,16 @@ def _curve_svg(metric: str, series: Mapping[int, list[tuple[float, float]]], wid
         pts = _thin(series[rid])
         color = run_color(rid)
         if len(pts) == 1:
-            parts.append(f'<circle cx="{px(pts[0][0]):.1f}" cy="{py(pts[0][1]):.1f}" r="3" fill="{color}"/>')
+            parts.append(f'<circle cx="{px(pts[0][0]):.0f}" cy="{py(pts[0][1]):.0f}" r="3" fill="{color}"/>')
             continue
-        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        coords = " ".join(f"{px(x):.0f},{py(y):.0f}" for x, y in pts)
         dots = len(pts) <= 12  # sparse series (eval points): markers too
         parts.append(
             f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.8" '
             'stroke-linejoin="round" stroke-linecap="round"/>'
         )
         if dots:
-            parts += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.4" fill="{color}"/>' for x, y in pts]
+            parts += [f'<circle cx="{px(x):.0f}" cy="{py(y):.0f}" r="2.4" fill="{color}"/>' for x, y in pts]
     parts.append("</svg>")
     return "".join(parts)
 
@@ -242,20 +242,20 @@ _TD = (
     + ";white-space:nowrap;vertical-align:top;text-align:left"
 )
 _TH = _TD + ";text-align:left;font-weight:600;color:" + _MUTED + ";font-size:11px"
-_NUM = ";text-align:right;font-variant-numeric:tabular-nums"
+_NUM = ";text-align:right"
 
 
 def _badge(text: str, color: str) -> str:
     return (
-        f'<span style="display:inline-block;padding:0 5px;border:1px solid {color};border-radius:4px;'
-        f'color:{color};font-size:10px;font-weight:600;line-height:1.6">{_e(text)}</span>'
+        f'<span style="padding:0 5px;border:1px solid {color};border-radius:4px;color:{color};font-size:10px;'
+        f'font-weight:600">{_e(text)}</span>'
     )
 
 
 def _swatch(run_id: Any) -> str:
     return (
         f'<span style="display:inline-block;width:10px;height:10px;border-radius:3px;margin-right:6px;'
-        f'background-color:{run_color(run_id)}"></span>'
+        f'background:{run_color(run_id)}"></span>'
     )
 
 

@@ -192,6 +192,7 @@ def test_notebook_executes_in_smoke_mode(
     try:
         client.execute()
     finally:
+        _drop_closed_widget_state(nb)
         executed = tmp_path / name
         nbformat.write(nb, executed)
         print(f"{name}: executed in {time.monotonic() - started:.0f} s; executed copy {executed}")
@@ -211,6 +212,29 @@ def test_notebook_executes_in_smoke_mode(
         EXECUTED_DIR.mkdir(exist_ok=True)
         nb.metadata.pop("widgets", None)  # the panel was closed at end(): nothing of it is live
         nbformat.write(nb, EXECUTED_DIR / name)
+
+
+def _drop_closed_widget_state(nb: Any) -> None:
+    """Keep the saved state of the widgets an output still shows, as JupyterLab saves it: nbclient keeps the
+    state of every widget ever opened, also of the panel that end() closed (it then shows its static copy)."""
+    shown = {
+        out.data["application/vnd.jupyter.widget-view+json"].get("model_id")
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if "application/vnd.jupyter.widget-view+json" in out.get("data", {})
+    }
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state")
+    if not isinstance(state, dict):
+        return
+    keep, todo = set(), [m for m in shown if m in state]
+    while todo:  # and the models they refer to (a widget's layout, its children)
+        model_id = todo.pop()
+        if model_id in keep:
+            continue
+        keep.add(model_id)
+        todo += [m for m in re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(state[model_id])) if m in state]
+    for model_id in [m for m in state if m not in keep]:
+        del state[model_id]
 
 
 def _check_static_copy(nb: Any, name: str) -> None:
