@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -228,7 +229,7 @@ def _svg_img(svg: str, alt: str, width: int, height: int) -> str:
     data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
     return (
         f'<img src="data:image/svg+xml;base64,{data}" alt="{_e(alt)}" width="{width}" height="{height}" '
-        'style="width:calc(50% - 5px);min-width:280px;max-width:100%;height:auto;margin:0;'
+        'style="width:calc(50% - 8px);min-width:280px;max-width:100%;height:auto;margin:0;'
         'border:1px solid rgba(128,128,128,0.3);border-radius:6px">'
     )
 
@@ -260,9 +261,15 @@ def _swatch(run_id: Any) -> str:
 
 
 def _hparam(value: Any) -> str:
+    """A hyperparameter as the live panel shows it (``fmtHparam``): numbers by fmt_num, text as is, else JSON."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return fmt_num(value)
-    return value if isinstance(value, str) else ("-" if value is None else str(value))
+    if isinstance(value, str):
+        return value
+    try:
+        return "-" if value is None else json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def _run_cell(run: Mapping[str, Any], best: bool) -> str:
