@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -299,7 +301,9 @@ def _check_frozen_after_end(lab: Any, phase: Any) -> None:
     assert cell0.locator("[data-rf-static] tr[data-run-id]").count() == 3
     assert cell0.locator("[data-rf-static] img").count() == 2  # loss and eval_loss curves
     page.mouse.move(2, 2)
-    lab.screenshot("engine-frozen.png", cell0.locator("[data-rf-static]"))
+    frozen = lab.screenshot("engine-frozen.png", cell0.locator("[data-rf-static]"))
+    if os.environ.get("RF_UPDATE_SCREENSHOTS") == "1":
+        shutil.copyfile(frozen, REPO / "docs" / "screenshots" / "panel-static.png")
     saved = lab.save()
     text = saved.read_text()
     assert "data-rf-static" in text and "application/vnd.jupyter.widget-view+json" not in text
