@@ -153,6 +153,15 @@ def _scenario(lab: Any, phase: _Phases) -> None:
     phase("smoothing")
     _check_csv_export(page, panel)
     phase("CSV export")
+    panel.locator("details[data-rf-compare] > summary").click()  # parallel coordinates, drawn when opened
+    page.wait_for_function(
+        "() => Number(document.querySelector('[data-rf-panel] [data-rf-parcoords]').dataset.runs) >= 3",
+        timeout=5_000,
+    )
+    assert panel.locator("[data-rf-parcoords] .parcoords").count() >= 1
+    lab.screenshot("panel_compare.png", panel.locator("details[data-rf-compare]"))
+    panel.locator("details[data-rf-compare] > summary").click()  # closed again for the screenshots below
+    phase("parallel coordinates")
     page.mouse.move(2, 2)  # no hover highlight in the screenshots
     lab.screenshot("panel_page.png")
     width = panel.evaluate("el => el.getBoundingClientRect().width")
