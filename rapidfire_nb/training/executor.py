@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult
+from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.spec import LeafConfig, build_lora_config, build_training_args
 
@@ -279,6 +280,14 @@ class TorchExecutor(Executor):
 
     def _plan(self, run_id: int, trainer: Any) -> ChunkPlan:
         geo = self.kind.step_geometry(trainer)
+        if (
+            geo.total_steps > schema.MAX_STEPS
+        ):  # max_steps is bounded by the schema; epochs x data is known here
+            raise ConfigError(
+                f"num_train_epochs={trainer.args.num_train_epochs:g} x {geo.steps_per_epoch} optimizer steps per "
+                f"epoch = {geo.total_steps:,} steps (run {run_id}), more than the {schema.MAX_STEPS:,} rapidfire_nb "
+                "accepts; lower num_train_epochs or set max_steps"
+            )
         try:
             return self.kind.plan_chunks(geo, self.num_chunks)  # GRPO: boundaries on generation rounds
         except ChunkPlanError as exc:
