@@ -46,6 +46,7 @@ __all__ = [
     "find_model_kwargs_rename",
     "find_rename",
     "lora_config_class",
+    "none_means",
     "normalize_trainer_type",
     "trainer_config_class",
     "value_bound",
@@ -314,6 +315,33 @@ def _out_of_bounds(cls: type, name: str, value: Any) -> str | None:
     )
 
 
+_NONE_MEANS: dict[tuple[str, str], tuple[Any, str]] = {
+    # transformers 4 read max_grad_norm=None as "do not clip"; transformers 5 compares it with 0 at the first
+    # step (TypeError: '>' not supported between NoneType and int), although the config accepts it
+    ("trl", "max_grad_norm"): (0.0, "no gradient clipping, as transformers 4 read None"),
+}
+
+
+def none_means(cls: type, name: str) -> tuple[Any, str] | None:
+    """For a field typed without ``None`` whose ``None`` had a meaning: ``(the value meaning it, the meaning)``.
+
+    ``check_value`` accepts ``None`` for such a field and ``rapidfire_nb.spec.build`` passes the value instead,
+    with a note. Fields whose annotation accepts ``None`` keep it (and are not listed).
+
+    Args:
+        cls: The wrapped dataclass.
+        name: A field of ``cls``.
+
+    Returns:
+        ``(value, meaning)``, or ``None`` when ``None`` needs no translation for this field.
+    """
+    entry = _NONE_MEANS.get((_library(cls), name))
+    tp = _type_hints(cls).get(name)
+    if entry is None or name not in field_names(cls) or (tp is not None and _matches(None, tp)):
+        return None
+    return entry
+
+
 def _library(cls: type) -> str:
     return "peft" if cls.__module__.split(".")[0] == "peft" else "trl"
 
@@ -338,6 +366,8 @@ def check_value(cls: type, name: str, value: Any) -> str | None:
         and the value.
     """
     tp = _type_hints(cls).get(name)
+    if value is None and none_means(cls, name) is not None:
+        return None  # what None meant before the library typed the field (build_training_args maps it)
     if tp is not None and not _matches(value, tp):
         return f"{cls.__name__}.{name} expects {_type_text(tp)}, got {value!r} ({type(value).__name__})"
     rule = _VALUE_RULES.get((_library(cls), name))

@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from kernel_scheduler import ChunkPlan, SegmentResult
 
+from .divergence import Diverged, check_logs, watch_training_loss
 from .rng import capture_rng, restore_rng
 
 __all__ = ["RunWorker"]
@@ -39,7 +40,8 @@ class _ChunkCallback(TrainerCallback):
         self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any
     ) -> None:
         if logs:
-            self.worker.on_log(state.global_step, dict(logs))
+            self.worker.on_log(state.global_step, dict(logs))  # recorded as logged (a NaN is stored as NaN)
+            check_logs(state.global_step, logs)  # ... and a NaN/inf loss, grad_norm or eval_loss ends the run
 
 
 class RunWorker:
@@ -88,6 +90,7 @@ class RunWorker:
         self._thread: threading.Thread | None = None
         self.done = False
         trainer.add_callback(_ChunkCallback(self))
+        watch_training_loss(trainer)
         original = trainer._maybe_log_save_evaluate
 
         def _after_log_save_evaluate(*args: Any, **kwargs: Any) -> None:
@@ -140,7 +143,11 @@ class RunWorker:
             self.done = True
         except BaseException as exc:  # a failing run never takes the others down
             self.done = True
-            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            text = (
+                str(exc)
+                if isinstance(exc, Diverged)
+                else "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            )
             self._error_trace = traceback.format_exc()
             self._resolve(SegmentResult(self.step, self.plan.samples_seen(self.step), error=text))
 

@@ -57,3 +57,22 @@ def test_the_bounds_leave_every_default_and_ordinary_value_alone() -> None:
     RFSFTConfig(max_steps=-1, num_train_epochs=3.5, learning_rate=1e30, seed=2**32 - 1, max_length=None)
     RFGRPOConfig(num_generations=8, max_completion_length=4096, steps_per_generation=4)
     RFLoraConfig(r=256, lora_alpha=512)
+
+
+def test_max_grad_norm_none_means_no_clipping_as_it_did_in_transformers_4() -> None:
+    """TRL's config takes ``max_grad_norm=None`` but transformers 5 fails at the first step (``None > 0``): the
+    None is read as 0.0 (no clipping), with a note, in configs and in clones. Before: ``expects float, got None``."""
+    from rapidfire_nb.spec import LeafConfig, build_training_args
+
+    RFSFTConfig(max_grad_norm=None)
+    leaf = LeafConfig("SFT", "tiny", training={"max_grad_norm": None, "max_steps": 2})
+    args, notes = build_training_args(leaf, output_dir="unused", default_seed=0, cuda_available=False)
+    assert args.max_grad_norm == 0.0
+    assert (
+        "max_grad_norm=None read as max_grad_norm=0.0 (no gradient clipping, as transformers 4 read None)"
+        in notes
+    )
+    clone = LeafConfig("SFT", "tiny", training={"max_steps": 2}).with_changes({"max_grad_norm": None})
+    assert clone.training["max_grad_norm"] is None
+    with pytest.raises(ConfigError, match=r"learning_rate expects float, got None"):
+        RFSFTConfig(learning_rate=None)  # a None that never meant anything stays refused
