@@ -270,9 +270,9 @@ class TorchExecutor(Executor):
         args, notes = build_training_args(spec, output_dir=str(run_dir / "trainer"), default_seed=self.seed)
         for n in notes:
             self._note(n)
-        train_ds = prepare_dataset(self.train_dataset, spec.formatting_func, self.kind, "train_dataset")
+        train_ds = prepare_dataset(self.train_dataset, spec.formatting_func, self.kind, "train_dataset", spec)
         eval_ds = (
-            prepare_dataset(self.eval_dataset, spec.formatting_func, self.kind, "eval_dataset")
+            prepare_dataset(self.eval_dataset, spec.formatting_func, self.kind, "eval_dataset", spec)
             if self.eval_dataset is not None
             else None
         )
