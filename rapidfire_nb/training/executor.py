@@ -32,7 +32,7 @@ from .checkpoint import (
 )
 from .data import prepare_dataset
 from .kinds import TrainerKind, get_kind
-from .models import BaseModels, SharedBase, attach_run_model
+from .models import BaseModels, SharedBase, attach_run_model, load_trained_weights
 from .quiet import quiet_libraries
 from .rng import capture_rng
 from .worker import RunWorker
@@ -212,18 +212,16 @@ class TorchExecutor(Executor):
             if run.final_dir is None:
                 self.save_final(run_id)
             assert run.final_dir is not None
-            spec, final_dir, lora = run.spec, run.final_dir, run.adapter is not None
-        else:
-            if spec is None or final_dir is None or not Path(final_dir).is_dir():
-                raise ConfigError(f"run {run_id} has no saved final weights to load")
-            lora = (Path(final_dir) / "adapter_config.json").is_file()
+            spec, final_dir = run.spec, run.final_dir
+        elif spec is None or final_dir is None or not Path(final_dir).is_dir():
+            raise ConfigError(f"run {run_id} has no saved final weights to load")
         model, tok = self.models.create(spec.model_config_dict())
-        if lora:
+        if spec.lora is not None:  # the run's own adapter on a fresh base
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, str(final_dir))
-        else:
-            model = type(model).from_pretrained(str(final_dir))
+        else:  # full fine-tuning, also of a model carrying the user's own adapter layers
+            model = load_trained_weights(model, Path(final_dir))
         model.eval()
         return model, tok
 
@@ -238,7 +236,7 @@ class TorchExecutor(Executor):
     ) -> RunStart:
         run_dir = self.run_dir(run_id)
         args, train_ds, eval_ds, lora = self._inputs(spec, run_dir)
-        base = self.models.base_for(spec, args)
+        base = self.models.base_for(spec, args, run_id)
         model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
         trainer = self._build_trainer(spec, model, adapter, base.tokenizer, args, train_ds, eval_ds)
         initial_rng = capture_rng()
