@@ -8,14 +8,14 @@ The checks follow the run's config (e.g. SFT's ``dataset_text_field``) and the f
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from rapidfire_nb.errors import ConfigError
 
 from .formats import FROM_VALUE, IDS, RowFormat, row_problem
 
-__all__ = ["ColumnRules", "prepare_dataset"]
+__all__ = ["ColumnRules", "prepare_dataset", "rows_dropped"]
 
 
 class ColumnRules(Protocol):
@@ -173,3 +173,40 @@ def _check_columns(rows: Any, kind: ColumnRules, formats: tuple[RowFormat, ...],
             f"{what} rows need the columns {need} for {kind.name} (after formatting_func); they have "
             f"{sorted(cols)}. Add a formatting_func to RFModelConfig that returns them"
         )
+
+
+def rows_dropped(what: str, given: Any, kept: Any, args: Any) -> str | None:
+    """Compare the rows a trainer kept after tokenizing with the rows it was given.
+
+    TRL's SFT and DPO trainers drop the rows whose prompt alone fills ``max_length`` (with
+    ``truncation_mode="keep_start"`` no completion token would be left to learn from); when every row goes, the
+    run could only fail later with "the training set is empty".
+
+    Args:
+        what: ``"train_dataset"`` or ``"eval_dataset"``.
+        given: the rows passed to the trainer (after ``formatting_func``), or ``None``.
+        kept: the trainer's own dataset after its preparation, or ``None``.
+        args: the run's TRL config.
+
+    Returns:
+        A note when some rows were dropped, else ``None``.
+
+    Raises:
+        ConfigError: every row was dropped (``max_length`` named, with the fix).
+    """
+    if given is None or kept is None or isinstance(kept, Mapping) or getattr(args, "packing", False):
+        return None  # several eval sets, or packed sequences (not one per row): nothing to compare
+    n, left = len(given), len(kept)
+    if left >= n:
+        return None
+    limit = getattr(args, "max_length", None)
+    why = (
+        f"their prompt alone fills max_length={limit} tokens, so no completion token is left to learn from "
+        f"(truncation_mode={getattr(args, 'truncation_mode', 'keep_start')!r})"
+    )
+    if left == 0:
+        raise ConfigError(
+            f"{what}: the trainer dropped all {n} rows after tokenizing them: {why}; raise max_length, or use "
+            "truncation_mode='keep_end'"
+        )
+    return f"{what}: the trainer dropped {n - left} of {n} rows after tokenizing them: {why}"

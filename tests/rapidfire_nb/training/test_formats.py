@@ -32,7 +32,9 @@ SFT_ARGS = {"learning_rate": 1e-3, "per_device_train_batch_size": 2, "max_steps"
 def _sft(formatting_func: Any = None, **extra: Any) -> RFGridSearch:
     return RFGridSearch(
         RFModelConfig(
-            model_name="tiny", training_args=RFSFTConfig(**SFT_ARGS, **extra), formatting_func=formatting_func
+            model_name="tiny",
+            training_args=RFSFTConfig(**{**SFT_ARGS, **extra}),
+            formatting_func=formatting_func,
         ),
         "SFT",
     )
@@ -174,3 +176,36 @@ def test_formats_follow_the_config_and_trl_order() -> None:
     )  # prompt wins, as in TRL
     assert row_problem({"messages": chat}, formats) is None
     assert row_problem({"other": "x"}, formats) == "no format"
+
+
+def test_rows_trl_drops_after_tokenizing_are_named_and_all_of_them_refused() -> None:
+    """TRL drops the rows whose prompt alone fills ``max_length``; before, all of them dropped was reported as
+    "num_chunks: the training set is empty (rows_per_epoch=0)"."""
+
+    def fn(row: dict) -> dict:
+        return {"prompt": row["question"], "completion": " " + row["answer"]}
+
+    _refused_before_training(
+        r"train_dataset: the trainer dropped all 4 rows after tokenizing them: their prompt alone fills max_length=8 "
+        r"tokens.*raise max_length, or use truncation_mode='keep_end'",
+        _sft(fn, max_length=8),
+        qa_dataset(4),
+    )
+    from datasets import Dataset, concatenate_datasets
+
+    long = Dataset.from_dict({"question": ["why " * 60], "answer": ["because"]})
+    lines: list[str] = []
+    exp = Experiment("dropped-rows")
+    exp.on_message(lines.append)
+    exp.run_fit(
+        _sft(fn, max_length=48),
+        tiny_create_model,
+        concatenate_datasets([qa_dataset(4), long]),
+        num_chunks=1,
+        seed=0,
+    )
+    assert any(
+        "run 1: train_dataset: the trainer dropped 1 of 5 rows after tokenizing them" in line
+        for line in lines
+    )
+    exp.end()

@@ -1,5 +1,5 @@
-"""A clone (API or POSTed through the server's ops inbox) with an absurd number is refused at once, and an
-experiment reopened with such a clone stored by an older version does not hang (issue 12, item 5).
+"""Absurd numbers in run_fit, a config or a clone (API, or POSTed through the server's ops inbox) are refused at
+once; an experiment reopened with such a clone stored by an older version does not hang (issue 12, item 5).
 
 Before: the clone was accepted and its chunk plan materialised one entry per chunk of 10**12 steps on the
 scheduler thread (the heartbeat stopped, memory grew ~150 MB/s), and every reopen did it again.
@@ -87,3 +87,45 @@ def test_a_stored_absurd_clone_fails_on_reopen_instead_of_hanging() -> None:
     assert "cannot be rebuilt after the restart" in info.loc[2, "error"]
     assert "max_steps=1000000000000 is out of range" in info.loc[2, "error"]
     again.end()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"num_chunks": 10**6}, r"num_chunks must be an integer from 1 to 10,000, got 1000000"),
+        (
+            {"seed": 2**40},
+            r"seed must be an integer from 0 to 4,294,967,295 \(numpy's range\), got 1099511627776",
+        ),
+        ({"seed": -1}, r"seed must be an integer from 0 to 4,294,967,295"),
+    ],
+)
+def test_run_fit_bounds_num_chunks_and_the_seed(kwargs: dict[str, Any], match: str) -> None:
+    exp = Experiment("bounded-fit")
+    exp.quiet = True
+    with pytest.raises(ConfigError, match=match):
+        exp.run_fit(_group(), tiny_create_model, qa_dataset(8), **{"num_chunks": 2, "seed": 0, **kwargs})
+    exp.end()
+
+
+def test_epochs_times_the_data_are_bounded_before_training() -> None:
+    """``num_train_epochs`` is bounded alone (10**6); with the data it gives more than 10**9 steps here."""
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            training_args=RFSFTConfig(per_device_train_batch_size=1, num_train_epochs=10**6, max_length=32),
+            formatting_func=qa_to_chat,
+        ),
+        "SFT",
+    )
+    exp = Experiment("bounded-epochs")
+    exp.quiet = True
+    t0 = time.perf_counter()
+    with pytest.raises(
+        ConfigError,
+        match=r"num_train_epochs=1e\+06 x 1001 optimizer steps per epoch = 1,001,000,000 steps \(run 1\), more than "
+        r"the 1,000,000,000 rapidfire_nb accepts; lower num_train_epochs or set max_steps",
+    ):
+        exp.run_fit(group, tiny_create_model, qa_dataset(1001), num_chunks=1, seed=0)
+    assert time.perf_counter() - t0 < 30 and exp.store.runs() == []
+    exp.end()
