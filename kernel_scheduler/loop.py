@@ -534,7 +534,7 @@ class Scheduler:
                 done = False
                 if run.status is RunStatus.NEW:
                     self._set_status(run, RunStatus.ONGOING)
-                stop = run.plan.boundaries[run.segments_done]
+                stop = run.plan.boundary(run.segments_done)
                 self._busy = True
         if done:
             self._emit(run)

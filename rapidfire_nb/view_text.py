@@ -81,7 +81,7 @@ def chunk_line(snap: RunSnapshot, latest: Mapping[str, Any], num_chunks: int) ->
 
     Args:
         snap: the run's snapshot after the chunk.
-        latest: its latest ``loss`` / ``eval_loss`` (missing or NaN ones are left out).
+        latest: its latest ``loss`` / ``eval_loss`` (missing ones are left out; NaN is shown as ``nan``).
         num_chunks: chunks per epoch.
 
     Returns:
@@ -98,7 +98,7 @@ def chunk_line(snap: RunSnapshot, latest: Mapping[str, Any], num_chunks: int) ->
     parts.append(f"step {snap.step}/{snap.total_steps}")
     for key in _LATEST:
         value = latest.get(key)
-        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+        if value is not None:  # a NaN is shown as nan, never left out (a hidden NaN eval loss looked fine)
             parts.append(f"{key} {fmt_num(value)}")
     return " · ".join(parts)
 
