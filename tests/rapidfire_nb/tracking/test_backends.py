@@ -258,3 +258,23 @@ def test_wandb_one_handle_per_run_offline_with_the_lifecycle(tmp_path: Path, fak
     assert len(fake_wandb) == 3 and third.kwargs["id"] == first.kwargs["id"]
     assert third.kwargs["config"]["rapidfire.continued_from_step"] == 4
     assert "deleted" in third.tags and third.exit_code == 0
+
+
+def test_wandb_offline_for_real_when_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wandb is not in the test extra (a 20 MB wheel and a service process per kernel): this runs where it is."""
+    pytest.importorskip("wandb")
+    from rapidfire_nb.tracking.wandb_tracker import WandbTracker
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    state: dict[str, Any] = {}
+    tracker = WandbTracker("exp", tmp_path, {}, lambda s: state.update(s))
+    for rid in (1, 2):
+        tracker.start_run(TrackedRun(rid, {"learning_rate": 1e-3}, {}, "SFT"), "NEW")
+        tracker.set_status(rid, "ONGOING")
+        tracker.log_scalars(rid, 1, {"train/loss": 2.0})
+    tracker.set_status(1, "STOPPED")
+    tracker.set_status(2, "COMPLETED")
+    tracker.close()
+    ids = {p.name.rsplit("-", 1)[1] for p in (tmp_path / "wandb").glob("offline-run-*")}
+    assert ids == {state["runs"]["1"], state["runs"]["2"]}  # one offline run per run id
