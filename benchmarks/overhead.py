@@ -26,6 +26,7 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/overhead.py                      # tiny + smollm2, defaults (~10 min)
     .venv/bin/python benchmarks/overhead.py --models tiny --steps 8 --repeats 1   # quick smoke run
     .venv/bin/python benchmarks/overhead.py --profile            # + a cProfile of one rf child per model
+    .venv/bin/python benchmarks/overhead.py --with-trackers mlflow,trackio   # rf side also on MLflow + Trackio
 
 Writes the report to ``benchmarks/results/latest.txt`` (and the raw numbers to ``latest.json``).
 """
@@ -406,6 +407,7 @@ def child_main(a: argparse.Namespace) -> None:
 
     import rapidfire_nb  # noqa: F401
 
+    _import_trackers()
     w = _workload(a.model, a.steps, a.batch, a.num_chunks, a.configs, not a.no_eval)
     out: dict[str, Any] = {
         "side": a.child,
@@ -423,6 +425,54 @@ def child_main(a: argparse.Namespace) -> None:
 
     out["self_maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(a.result).write_text(json.dumps(out))
+
+
+# ====================================================================== trackers beside TensorBoard (issue 15)
+_TRACKER_FOLDER: list[Path] = []
+
+
+def _tracker_option(ap: argparse.ArgumentParser) -> None:
+    """``--with-trackers mlflow,trackio``: the rapidfire_nb side also tracks with these backends."""
+    ap.add_argument(
+        "--with-trackers",
+        default="",
+        metavar="mlflow,trackio",
+        help="the rapidfire_nb side also tracks with these backends beside TensorBoard (RF_<NAME>_ENABLED=true "
+        "in its environment): MLflow into one SQLite store migrated before any timing, Trackio into a temporary "
+        "TRACKIO_DIR; their packages are imported before timing, as torch and TRL. Compare the rf totals with a "
+        "run without this option",
+    )
+
+
+def _tracker_env(a: argparse.Namespace) -> dict[str, str]:
+    """The environment of a child for ``--with-trackers`` (empty without it); migrates the MLflow store once."""
+    names = [n.strip().lower() for n in (a.with_trackers or "").split(",") if n.strip()]
+    if not names:
+        return {}
+    if not _TRACKER_FOLDER:
+        import atexit
+
+        _TRACKER_FOLDER.append(Path(tempfile.mkdtemp(prefix="rf-bench-trackers-")))
+        atexit.register(shutil.rmtree, _TRACKER_FOLDER[0], ignore_errors=True)
+    folder = _TRACKER_FOLDER[0]
+    env = {f"RF_{name.upper()}_ENABLED": "true" for name in names}
+    if "mlflow" in names:
+        env["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
+        if not (folder / "mlflow.db").exists():  # MLflow's migrations (seconds): once, not in a timed child
+            code = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(sys.argv[1]).search_experiments()"
+            subprocess.run([sys.executable, "-c", code, env["MLFLOW_TRACKING_URI"]], check=True)
+    if "trackio" in names:
+        env["TRACKIO_DIR"] = str(folder / "trackio")
+    return env
+
+
+def _import_trackers() -> None:
+    """In a child, before timing: the tracker packages its environment turns on (a first import takes seconds)."""
+    if os.environ.get("RF_MLFLOW_ENABLED") == "true":
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+        import mlflow.tracking  # noqa: F401
+    if os.environ.get("RF_TRACKIO_ENABLED") == "true":
+        import trackio  # noqa: F401
 
 
 # ====================================================================== parent side
@@ -470,6 +520,7 @@ def _spawn(
     )
     if a.omp_wait_policy != "inherit":
         env["OMP_WAIT_POLICY"] = a.omp_wait_policy.upper()
+    env.update(_tracker_env(a))
     t0 = time.time()
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO), env=env)
@@ -725,6 +776,7 @@ def main() -> None:
         "with a speed-up it did not earn); 'inherit' leaves the environment as it is",
     )
     ap.add_argument("--out", default=str(RESULTS / "latest.txt"))
+    _tracker_option(ap)
     # child-only
     ap.add_argument("--child", choices=("rf", "base"), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
