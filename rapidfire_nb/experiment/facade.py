@@ -63,6 +63,9 @@ class Experiment:
         DamagedStoreError: its ``store.sqlite`` cannot be read (the message names the file and the ways on).
 
     A folder this process cannot write opens read-only: results can be read, ``run_fit`` and IC Ops say why not.
+
+    Attributes:
+        tracking: the tracking backends of this object, checked (e.g. ``("tensorboard", "mlflow")``).
     """
 
     def __new__(

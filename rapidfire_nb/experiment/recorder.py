@@ -405,10 +405,8 @@ class Recorder(SchedulerListener):
                 }
                 for k, v in numbers.items()
             ]
-            if numbers:
-                self.tracker.log_metrics(
-                    run_id, step, numbers, wall_time
-                )  # TRL's names; each tracker maps them
+            if numbers:  # TRL's names: each tracker maps them to its own
+                self.tracker.log_metrics(run_id, step, numbers, wall_time)
         if not rows:
             return
         self.store.add_metrics(rows)
