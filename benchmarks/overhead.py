@@ -29,6 +29,7 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/overhead.py                       # all cases, defaults (~15 min quiet)
     .venv/bin/python benchmarks/overhead.py --cases tiny --steps 8 --repeats 1   # quick smoke run
     .venv/bin/python benchmarks/overhead.py --cases fast --profile  # + a cProfile of one rf child
+    .venv/bin/python benchmarks/overhead.py --with-trackers mlflow,trackio   # rf side also on MLflow + Trackio
 
 Writes the report to ``benchmarks/results/latest.txt``, the raw numbers to ``latest.json`` and the blocks to paste
 into README.md / benchmarks/README.md to ``latest.md``.
@@ -40,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,6 +124,31 @@ def _child_env(passive: bool, a: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+_TRACKER_FOLDER: list[Path] = []
+
+
+def _tracker_env(a: argparse.Namespace) -> dict[str, str]:
+    """The rf child's extra environment for ``--with-trackers`` (empty without it); migrates MLflow's store once."""
+    names = [n.strip().lower() for n in (a.with_trackers or "").split(",") if n.strip()]
+    if not names:
+        return {}
+    if not _TRACKER_FOLDER:
+        import atexit
+
+        _TRACKER_FOLDER.append(Path(tempfile.mkdtemp(prefix="rf-bench-trackers-")))
+        atexit.register(shutil.rmtree, _TRACKER_FOLDER[0], ignore_errors=True)
+    folder = _TRACKER_FOLDER[0]
+    env = {f"RF_{name.upper()}_ENABLED": "true" for name in names}
+    if "mlflow" in names:
+        env["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
+        if not (folder / "mlflow.db").exists():  # MLflow's migrations (seconds): once, not in a timed child
+            code = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(sys.argv[1]).search_experiments()"
+            subprocess.run([sys.executable, "-c", code, env["MLFLOW_TRACKING_URI"]], check=True)
+    if "trackio" in names:
+        env["TRACKIO_DIR"] = str(folder / "trackio")
+    return env
+
+
 def user_omp(a: argparse.Namespace) -> str:
     """How the users' setting reads in the report, e.g. ``OMP_WAIT_POLICY unset``."""
     policy = _child_env(False, a).get("OMP_WAIT_POLICY")
@@ -141,11 +168,12 @@ def _spawn(c: dict[str, Any], side: str, a: argparse.Namespace, log_dir: Path, t
         cmd.append("--no-eval")
     if kw.get("profile_out") is not None:
         cmd += ["--profile-out", str(kw["profile_out"])]
+    env = _child_env(passive, a)
+    if is_rf:
+        env.update(_tracker_env(a))
     t0 = time.time()
     with open(log, "w") as fh:
-        proc = subprocess.Popen(
-            cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO), env=_child_env(passive, a)
-        )
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO), env=env)
         try:
             _pid, status, usage = os.wait4(proc.pid, 0)
         except KeyboardInterrupt:
@@ -369,6 +397,14 @@ def _parser() -> argparse.ArgumentParser:
         "this shell's). The passive sides always set PASSIVE",
     )
     ap.add_argument("--out", default=str(RESULTS / "latest.txt"))
+    ap.add_argument(
+        "--with-trackers",
+        default="",
+        metavar="mlflow,trackio",
+        help="the rapidfire_nb side also tracks with these backends beside TensorBoard (RF_<NAME>_ENABLED=true "
+        "in its environment): MLflow into one SQLite store migrated before any timing, Trackio into a temporary "
+        "TRACKIO_DIR; their packages are imported before timing. Compare the rf totals with a run without it",
+    )
     ap.add_argument(
         "--report-from",
         metavar="JSON",

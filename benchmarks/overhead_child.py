@@ -457,6 +457,11 @@ def child_main(a: argparse.Namespace) -> None:
 
     import rapidfire_nb  # noqa: F401
 
+    if os.environ.get("RF_MLFLOW_ENABLED") == "true":  # tracker packages (seconds to import) before timing
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+        import mlflow.tracking  # noqa: F401
+    if os.environ.get("RF_TRACKIO_ENABLED") == "true":
+        import trackio  # noqa: F401
     w = workload(a.model, a.steps, a.batch, a.num_chunks, a.configs, not a.no_eval)
     out: dict[str, Any] = {
         "side": a.child,

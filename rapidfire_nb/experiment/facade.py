@@ -19,6 +19,7 @@ from .._writer_lock import WriterLock
 from ..errors import ConfigError, ExperimentError, OpError, storage_error
 from ..frontend import in_kernel, thread_parent_hook
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
+from ..tracking.backends import resolve_tracking
 from . import panel_source, registry, tables
 from .arguments import check_flag, check_run_id, check_run_ids, check_wait_args
 from .compat import check_drop_in_args
@@ -43,6 +44,13 @@ class Experiment:
             (``platformdirs.user_data_dir("rapidfire_nb")``).
         overwrite: start the experiment afresh (deletes its folder).
         quiet: print no ``[rapidfire]`` lines (also settable later: ``experiment.quiet = True``).
+        tracking: where metrics and run lifecycles go besides the store: any of ``"tensorboard"``, ``"mlflow"``,
+            ``"trackio"``, ``"wandb"`` (``[]``: none). Default ``["tensorboard"]``, changed by the environment
+            variables ``RF_TENSORBOARD_ENABLED`` / ``RF_MLFLOW_ENABLED`` / ``RF_TRACKIO_ENABLED`` /
+            ``RF_WANDB_ENABLED`` (``true``/``false``). MLflow writes to ``MLFLOW_TRACKING_URI``, else to
+            ``<experiment>/mlflow.db`` (the URI and the ``mlflow ui`` command are printed when training starts);
+            Trackio to its local folder (``TRACKIO_DIR``); W&B offline unless ``WANDB_MODE`` says otherwise. A
+            backend that fails later is reported once and left out; training and the store go on.
 
     In one process there is one object per experiment: ``Experiment(name)`` again (a notebook cell run twice)
     returns the object that exists already, with its training, panel and history, unless that one was ended;
@@ -51,12 +59,16 @@ class Experiment:
     system when that process dies); another process sees its state read-only.
 
     Raises:
-        ConfigError: bad name or mode.
+        ConfigError: bad name or mode; an unknown tracker, or one whose package is not installed (the message
+            names the extra, e.g. ``pip install 'rapidfire_nb[mlflow]'``).
         ExperimentError: ``overwrite=True`` while the experiment is training (here or in another process); the
             folder cannot be created; its store is missing or empty (0 bytes) while it holds run folders.
         DamagedStoreError: its ``store.sqlite`` cannot be read (the message names the file and the ways on).
 
     A folder this process cannot write opens read-only: results can be read, ``run_fit`` and IC Ops say why not.
+
+    Attributes:
+        tracking: the tracking backends of this object, checked (e.g. ``("tensorboard", "mlflow")``).
     """
 
     def __new__(
@@ -66,6 +78,7 @@ class Experiment:
         experiment_path: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         quiet: bool = False,
+        tracking: list[str] | None = None,
     ) -> Experiment:
         check_flag(
             overwrite, "overwrite"
@@ -81,12 +94,15 @@ class Experiment:
         experiment_path: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         quiet: bool = False,
+        tracking: list[str] | None = None,
     ) -> None:
         if getattr(self, "_initialised", False):  # the live object of this folder, returned by __new__
             registry.set_current(self)  # created again: it is the one %rapidfire addresses now
             return
         if mode != "fit":
             raise ConfigError(f"mode={mode!r} is not supported; use mode='fit'")
+        self.tracking = resolve_tracking(tracking)
+        self._trackers_off: set[str] = set()  # backends that failed: off for the rest of this experiment
         self.experiment_name = validate_experiment_name(experiment_name)
         self.root = experiments_root(experiment_path)
         self.path = experiment_dir(self.root, self.experiment_name)
@@ -257,7 +273,9 @@ class Experiment:
                 )
                 return
             self._start(
-                open_session(self.store, self._reporter, self.path, inputs, existing),
+                open_session(
+                    self.store, self._reporter, self.path, inputs, existing, self.tracking, self._trackers_off
+                ),
                 bool(existing),
                 background,
             )

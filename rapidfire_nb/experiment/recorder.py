@@ -1,9 +1,10 @@
 """The recorder: the one place run events and metrics leave the scheduler and the training threads.
 
-It writes the store (the source of truth), feeds the tracker (TensorBoard), prints one compact line per finished
-chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter` (only failures while a live panel shows the
-progress), keeps the training clock (:mod:`rapidfire_nb.clock`, written to meta ``clock`` when training starts
-or stops), and polls the ops inbox for the scheduler.
+It writes the store (the source of truth), feeds the trackers (a :class:`~rapidfire_nb.tracking.fanout.TrackerSet`:
+TensorBoard, MLflow, Trackio, W&B: metrics, each run's start and every status change), prints one compact line per
+finished chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter` (only failures while a live panel
+shows the progress), keeps the training clock (:mod:`rapidfire_nb.clock`, written to meta ``clock`` when training
+starts or stops), and polls the ops inbox for the scheduler.
 
 Nothing is written on the thread that reports an event: ``on_metrics`` (a run's training thread, every TRL log
 call), ``on_run`` and ``on_op`` (the scheduler thread; ``on_op`` also from the thread that submitted an op) and
@@ -13,8 +14,9 @@ consecutive log calls go to the store in one transaction. :meth:`Recorder.flush`
 far is written (``wait()``, ``end()`` and the result tables call it); the panel and the server read what is
 written, at most a fraction of a second behind.
 
-Thread ownership: the recorder thread owns every store and tracker write made during training, the chunk lines,
-the metric names, the training clock and the reported-chunk bookkeeping; ``poll_ops`` (the ops inbox, read by the scheduler thread
+Thread ownership: the recorder thread owns every store and tracker write made during training (the trackers are
+opened on it too), the chunk lines, the metric names, the training clock, each run's last status told to the
+trackers and the reported-chunk bookkeeping; ``poll_ops`` (the ops inbox, read by the scheduler thread
 about once a second) is the one store access outside it. Each run's live step (the step it last logged) is written
 by that run's training thread only. The hyperparameter columns are a tuple replaced by the recorder thread.
 """
@@ -67,7 +69,7 @@ class Recorder(SchedulerListener):
     Args:
         store: the experiment's :class:`~rapidfire_nb.store.Store`.
         reporter: where the chunk lines and op outcomes are printed.
-        tracker: the TensorBoard tracker (or a null one).
+        tracker: the trackers (a :class:`~rapidfire_nb.tracking.fanout.TrackerSet`, or a null tracker).
         num_chunks: chunks per epoch (for "chunk k/K of epoch e").
         columns: the hyperparameter columns shown (those that differ between the group's runs).
         checkpoint_dir: ``checkpoint_dir(run_id) -> Path | None``, the run's latest written checkpoint.
@@ -109,6 +111,10 @@ class Recorder(SchedulerListener):
             int, int
         ] = {}  # recorder thread: chunks reported per run (a restart starts there)
         self._reported_end: set[int] = set()  # recorder thread: runs whose COMPLETED/FAILED line was printed
+        self._status: dict[int, RunStatus] = {}  # recorder thread: each run's status as the trackers know it
+        self.tracked_run: Callable[[int, Any, int | None, bool], Any] | None = (
+            None  # (run id, spec, parent id, warm start) -> TrackedRun, for a clone's tracker run
+        )
         self.write_seconds = 0.0  # recorder thread: time spent writing (benchmark)
         self.failed: StorageError | None = None  # recorder thread: the disk failure that stopped the writes
         self.on_storage_error: Callable[[StorageError], None] | None = (
@@ -201,6 +207,15 @@ class Recorder(SchedulerListener):
         }
         self._put(("meta", "editable_fields", fields))
 
+    def track_runs(self, runs: Sequence[tuple[Any, RunStatus]], continued: Mapping[int, int]) -> None:
+        """Open the trackers and start tracking ``runs`` (``(TrackedRun, status)``), on the recorder thread.
+
+        Args:
+            runs: every run of the session with its status as registered.
+            continued: run id -> the step it continues from (its earlier points above it are not shown twice).
+        """
+        self._put(("track", list(runs), dict(continued)))
+
     def known(self, run_id: int, segments_done: int, finished: bool) -> None:
         """A run restored from the store: its chunks so far (and its end) were reported by an earlier process.
 
@@ -271,6 +286,7 @@ class Recorder(SchedulerListener):
             self._guard(self._write_one, item)
         if metrics:
             self._guard(self._write_metrics, metrics)
+        self._guard(self.tracker.end_batch)  # buffered tracker points: one request per batch
         self.write_seconds += time.perf_counter() - t0
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
@@ -306,6 +322,8 @@ class Recorder(SchedulerListener):
             self.store.beat()
         elif kind == "call":
             item[1]()
+        elif kind == "track":
+            self._write_track(item[1], item[2])
 
     def _write_run(self, snap: RunSnapshot, at: float) -> None:
         ckpt = self._checkpoint_dir(snap.run_id)
@@ -321,11 +339,13 @@ class Recorder(SchedulerListener):
             error=snap.error,
             last_checkpoint=str(ckpt) if ckpt else None,
         )
-        if snap.status is RunStatus.DELETED:
-            self.tracker.mark_deleted(snap.run_id)  # TensorBoard no longer lists it under its id
-        if self._clock.observe(
-            snap.run_id, snap.status, at
-        ):  # training starts or stops (unix s of the event)
+        if self._status.get(snap.run_id) is not snap.status:
+            self._status[snap.run_id] = snap.status
+            if snap.status is RunStatus.DELETED:
+                self.tracker.mark_deleted(snap.run_id)  # TensorBoard renames it, MLflow/Trackio delete it
+            else:
+                self.tracker.set_status(snap.run_id, snap.status.value, snap.error)
+        if self._clock.observe(snap.run_id, snap.status, at):  # training starts or stops (unix s of the event)
             self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
         if self._should_report(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
             self.reporter.say(self.chunk_line(snap))  # under a live panel: failures only (it shows the rest)
@@ -363,8 +383,23 @@ class Recorder(SchedulerListener):
         if ack.state != "queued" and op.source != "api" and later and self.reporter.wants_progress():
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
 
+    def _write_track(self, runs: list[tuple[Any, RunStatus]], continued: dict[int, int]) -> None:
+        opener = getattr(self.tracker, "open", None)
+        if opener is not None:
+            opener()  # imports and opens the backends (MLflow's first SQLite store: seconds), here, not in training
+        for run, status in runs:
+            self._status[run.run_id] = status
+            self.tracker.start_run(run, status.value)
+        for run_id, step in continued.items():
+            self.tracker.continue_from(run_id, step)
+
     def _write_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:
         record_clone(self.store, child_id, parent_id, request)
+        if self.tracked_run is not None:
+            status = self._status.get(child_id, RunStatus.NEW)
+            self.tracker.start_run(
+                self.tracked_run(child_id, request.spec, parent_id, request.warm_start), status.value
+            )
         added = [k for k, v in request.changes.items() if k not in self._columns and not callable(v)]
         if added:
             self._columns = (*self._columns, *added)
@@ -391,12 +426,8 @@ class Recorder(SchedulerListener):
                 }
                 for k, v in numbers.items()
             ]
-            if numbers:
-                scalars = {
-                    (k.replace("eval_", "eval/", 1) if k.startswith("eval_") else f"train/{k}"): logs[k]
-                    for k in numbers
-                }
-                self.tracker.log_scalars(run_id, step, scalars, wall_time=wall_time)
+            if numbers:  # TRL's names: each tracker maps them to its own
+                self.tracker.log_metrics(run_id, step, numbers, wall_time)
         if not rows:
             return
         self.store.add_metrics(rows)

@@ -2,13 +2,13 @@
 
 :func:`check_group` decides whether the stored runs belong to this config group; :func:`open_session` makes the
 executor (the training layer), registers every run with the scheduler (new, finished, continued from its
-checkpoint, or failed), records the group in the store and starts the tracker. Runs on the caller's thread,
-before the scheduler thread starts.
+checkpoint, or failed), records the group in the store and hands the runs to the trackers (opened on the recorder
+thread). Runs on the caller's thread, before the scheduler thread starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableSet, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from .recorder import Recorder
 from .reporter import Reporter
 from .restore import RestoreAction, RunRestore, apply_restore, plan_restore
 from .session import FitSession
+from .tracking import make_trackers, tracked_run
 
 __all__ = ["check_group", "open_session", "start_message"]
 
@@ -86,6 +87,8 @@ def open_session(
     exp_dir: Path,
     inputs: FitInputs,
     existing: Mapping[int, Mapping[str, Any]],
+    tracking: Sequence[str] = ("tensorboard",),
+    trackers_off: MutableSet[str] | None = None,
 ) -> FitSession:
     """Build the executor, register every run and record the group; the scheduler is not started yet.
 
@@ -95,6 +98,8 @@ def open_session(
         exp_dir: the experiment folder.
         inputs: the checked ``run_fit`` arguments.
         existing: the stored runs of this group (``source`` fit), by run id (empty for a new experiment).
+        tracking: the tracking backends (checked by ``Experiment``).
+        trackers_off: backends that failed earlier in this experiment object (left out; new failures added).
 
     Raises:
         ConfigError: bad input found while building a run's trainer (nothing trains; the executor is closed).
@@ -103,7 +108,8 @@ def open_session(
 
     runtime.silence_globally()
     late: dict[str, Any] = {}  # the recorder needs the executor and the executor the recorder: bound below
-    tracker = runtime.make_tracker(exp_dir / "tensorboard")
+    off: MutableSet[str] = trackers_off if trackers_off is not None else set()
+    tracker = make_trackers(store, exp_dir, exp_dir.name, tracking, reporter, off)
     recorder = Recorder(
         store,
         reporter,
@@ -157,12 +163,25 @@ def open_session(
     if resumed:
         reporter.say("continuing from the last chunk checkpoints: " + ", ".join(resumed))
     _record_group(session, store, existing)
-    for rid, step in session.continued.items():
-        tracker.continue_from(rid, step)  # TensorBoard drops what a dead process logged after it
-    for snap in session.scheduler.snapshot():
-        if snap.status is not RunStatus.DELETED:  # a deleted run's folder was renamed; do not bring it back
-            tracker.log_hparams(snap.run_id, snap.spec.hparams())
+    _track(session)
     return session
+
+
+def _track(session: FitSession) -> None:
+    """Hand every run to the trackers (on the recorder thread): new backend runs, or the stored ones continued
+    (what a dead process logged after a checkpoint is not shown twice); clones get theirs when recorded."""
+    group = {"num_chunks": session.inputs.num_chunks, "seed": session.inputs.seed}
+    kind = session.inputs.trainer_type
+
+    def describe(run_id: int, spec: Any, parent_id: int | None, warm_start: bool) -> Any:
+        return tracked_run(run_id, spec, kind, group, parent_id, warm_start)
+
+    session.recorder.tracked_run = describe
+    runs = [
+        (describe(s.run_id, s.spec, s.parent_id, s.warm_start), s.status)
+        for s in session.scheduler.snapshot()
+    ]
+    session.recorder.track_runs(runs, session.continued)
 
 
 def _register_clones(

@@ -149,7 +149,8 @@ def build_training_args(
       ``*_full_eval``/``tf32`` flags off); each flag the user had turned on gets a note. TRL's default
       gradient checkpointing is switched off (it only slows CPU training) unless the user set it; noted.
     * CUDA without bf16 support: ``bf16`` off (the user's or TRL's default), with a note.
-    * Always: ``report_to="none"`` (rapidfire_nb tracks metrics itself), ``save_strategy="no"`` and
+    * Always: ``report_to="none"`` (rapidfire_nb tracks metrics itself: ``Experiment(tracking=[...])``; the user's
+      ``report_to`` gets a note, so no transformers callback makes a second run), ``save_strategy="no"`` and
       ``load_best_model_at_end=False`` (rapidfire_nb writes its own checkpoints), ``push_to_hub=False``,
       ``disable_tqdm=True``, ``output_dir=output_dir``; overriding a value the user set is noted.
       ``dataloader_num_workers=0`` and ``logging_steps=1`` (live curves) unless the user set them.
@@ -272,7 +273,11 @@ def _owned_by_rapidfire(a: _Args, output_dir: str) -> None:
     user = a.user
     report_to = user.get("report_to")
     if report_to not in _NOT_REPORTING:
-        a.notes.append(f"report_to={report_to!r} replaced by 'none': rapidfire_nb records the metrics itself")
+        a.notes.append(
+            f"report_to={report_to!r} replaced by 'none': rapidfire_nb records the metrics itself (transformers' "
+            "callbacks hold one run per process); for MLflow, Trackio or W&B use "
+            "Experiment(name, tracking=['mlflow', 'trackio', 'wandb'])"
+        )
     a.set("report_to", "none")
     save_strategy = getattr(user.get("save_strategy"), "value", user.get("save_strategy"))
     if save_strategy not in (None, "no"):

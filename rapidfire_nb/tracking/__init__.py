@@ -1,40 +1,19 @@
-"""Experiment trackers: TensorBoard always (unless turned off), others optional.
+"""Experiment trackers: TensorBoard by default; MLflow, Trackio and W&B optional, alone or together.
 
-Every tracker has the methods of :class:`Tracker`; :class:`NullTracker` is the null object used when
-tracking is off. The TensorBoard package itself is imported only when a ``TensorBoardTracker`` is made.
+Every tracker has the methods of :class:`Tracker`; :class:`NullTracker` is the null object used when tracking is
+off. The backends are chosen with ``Experiment(name, tracking=[...])`` (or the ``RF_*_ENABLED`` environment
+variables, :mod:`.backends`) and put behind one :class:`~.fanout.TrackerSet`, the one object the recorder talks
+to: it isolates the backends from each other and from training. A backend's own package (tensorboard, mlflow,
+trackio, wandb) is imported only when its tracker is made.
+
+Metric names: the recorder hands over TRL's names (``loss``, ``eval_loss``, ``learning_rate``); a tracker whose
+``metric_style`` is ``"split"`` gets them as transformers' TensorBoard/W&B/Trackio callbacks write them
+(``train/loss``, ``eval/loss``), one whose style is ``"trl"`` (MLflow, as transformers' MLflow callback) as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
+from rapidfire_nb.tracking.base import BackendTracker, TrackedRun, Tracker, split_name
 from rapidfire_nb.tracking.tensorboard import NullTracker, TensorBoardTracker
 
-__all__ = ["NullTracker", "TensorBoardTracker", "Tracker"]
-
-
-@runtime_checkable
-class Tracker(Protocol):
-    """What the training layer calls on a tracker. Implementations must be thread-safe."""
-
-    def log_scalars(
-        self, run_id: int, step: int, scalars: Mapping[str, Any], wall_time: float | None = None
-    ) -> None:
-        """Log named scalar values of run ``run_id`` at optimizer step ``step``."""
-
-    def log_hparams(self, run_id: int, hparams: Mapping[str, Any], step: int = 0) -> None:
-        """Log the run's hyperparameters once."""
-
-    def continue_from(self, run_id: int, step: int) -> None:
-        """Run ``run_id`` restarts from its checkpoint at ``step``: hide what was logged above ``step`` before."""
-
-    def flush(self) -> None:
-        """Write buffered data out."""
-
-    def close(self) -> None:
-        """Flush and release everything; idempotent."""
-
-    def mark_deleted(self, run_id: int) -> Path | None:
-        """Stop logging run ``run_id`` and mark its data as deleted."""
+__all__ = ["BackendTracker", "NullTracker", "TensorBoardTracker", "TrackedRun", "Tracker", "split_name"]

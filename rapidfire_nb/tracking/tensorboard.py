@@ -12,9 +12,12 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rapidfire_nb.redact import redact
+
+if TYPE_CHECKING:
+    from rapidfire_nb.tracking.base import TrackedRun
 
 __all__ = ["HPARAMS_TAG", "NullTracker", "TensorBoardTracker"]
 
@@ -67,6 +70,9 @@ class TensorBoardTracker:
         log_root: folder holding one subdirectory per run (created when needed).
         flush_secs: how often buffered events reach the disk on their own.
     """
+
+    name = "tensorboard"
+    metric_style = "split"
 
     def __init__(self, log_root: str | os.PathLike[str], *, flush_secs: float = 5.0) -> None:
         self._tb = _import_tensorboard()
@@ -144,6 +150,15 @@ class TensorBoardTracker:
             if writer is not None:
                 writer.add_event(event)
 
+    def start_run(self, run: TrackedRun, status: str) -> None:
+        """Write the run's hyperparameters (:meth:`log_hparams`), unless it was deleted (its folder was renamed)."""
+        if status != "DELETED":
+            self.log_hparams(run.run_id, run.params)
+
+    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+        """TensorBoard has no run status: nothing to write (a deleted run is :meth:`mark_deleted`)."""
+        return None
+
     def continue_from(self, run_id: int, step: int) -> None:
         """Mark that ``run_id`` continues from ``step`` (a restart from its chunk checkpoint at ``step``).
 
@@ -160,6 +175,14 @@ class TensorBoardTracker:
             writer = self._writer(int(run_id))
             if writer is not None:
                 writer.add_event(event)
+
+    def describe(self) -> str | None:
+        """No line at start: ``%rapidfire tensorboard`` (or ``tensorboard --logdir <log_root>``) shows it."""
+        return None
+
+    def end_batch(self) -> None:
+        """Nothing to do: the writer's own thread batches the events."""
+        return None
 
     def flush(self) -> None:
         """Write everything buffered to disk."""
@@ -207,6 +230,26 @@ class TensorBoardTracker:
 
 class NullTracker:
     """Stands in for a tracker when tracking is off: every method does nothing."""
+
+    name = "none"
+    metric_style = "split"
+
+    def describe(self) -> str | None:
+        return None
+
+    def start_run(self, run: TrackedRun, status: str) -> None:
+        return None
+
+    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+        return None
+
+    def log_metrics(
+        self, run_id: int, step: int, metrics: Mapping[str, float], wall_time: float | None = None
+    ) -> None:
+        return None
+
+    def end_batch(self) -> None:
+        return None
 
     def log_scalars(
         self, run_id: int, step: int, scalars: Mapping[str, Any], wall_time: float | None = None

@@ -9,7 +9,7 @@ from typing import Any
 from .executor import TorchExecutor
 from .quiet import silence_globally
 
-__all__ = ["make_executor", "make_tracker", "silence_globally"]
+__all__ = ["make_executor", "silence_globally"]
 
 
 def make_executor(
@@ -42,14 +42,3 @@ def make_executor(
         on_storage_error=on_storage_error,
         in_record_order=in_record_order,
     )
-
-
-def make_tracker(log_root: Path) -> Any:
-    try:
-        from rapidfire_nb.tracking.tensorboard import TensorBoardTracker
-
-        return TensorBoardTracker(log_root)
-    except Exception:  # tensorboard missing: a null tracker
-        from rapidfire_nb.tracking.tensorboard import NullTracker
-
-        return NullTracker()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import types
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,69 @@ def test_log_calls_while_training_are_batched_not_written_one_by_one(tmp_path: P
     assert sum(store.metric_batches) == 40
     assert len(store.metric_batches) <= 3, store.metric_batches  # one wake-up per ~0.2 s, not one per step
     rec.close()
+
+
+class _SpyTracker(NullTracker):
+    """A null tracker that records what the recorder tells the trackers, and on which thread."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.threads: set[str] = set()
+
+    def _note(self, *call: Any) -> None:
+        self.calls.append(call)
+        self.threads.add(threading.current_thread().name)
+
+    def open(self) -> None:
+        self._note("open")
+
+    def start_run(self, run: Any, status: str) -> None:
+        self._note("start_run", run.run_id, run.parent_id, run.warm_start, status)
+
+    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+        self._note("set_status", run_id, status, error)
+
+    def mark_deleted(self, run_id: int) -> None:
+        self._note("mark_deleted", run_id)
+
+    def continue_from(self, run_id: int, step: int) -> None:
+        self._note("continue_from", run_id, step)
+
+    def log_metrics(self, run_id: int, step: int, metrics: Any, wall_time: float | None = None) -> None:
+        self._note("log_metrics", run_id, step, dict(metrics))
+
+
+def test_trackers_hear_each_run_start_and_status_change_once_on_the_recorder_thread(tmp_path: Path) -> None:
+    from rapidfire_nb.experiment.clones import CloneRequest
+    from rapidfire_nb.tracking import TrackedRun
+
+    store = Store(tmp_path / "exp")
+    spy = _SpyTracker()
+    rec = Recorder(store, Reporter(quiet=True), spy, 4, [], checkpoint_dir=lambda rid: None, inbox=lambda: [])
+    rec.tracked_run = lambda rid, spec, parent, warm: TrackedRun(rid, {}, {}, "SFT", parent, warm)
+    runs = [(TrackedRun(1, {}, {}, "SFT"), RunStatus.NEW), (TrackedRun(2, {}, {}, "SFT"), RunStatus.STOPPED)]
+    rec.track_runs(runs, {2: 4})
+    rec.start()
+    rec.on_run(_snap(1, RunStatus.NEW, 0, 0))  # as registered: nothing to tell
+    rec.on_run(_snap(1, RunStatus.ONGOING, 2, 1))
+    rec.on_metrics(1, 2, 8, {"loss": 1.5, "epoch": 0.25, "note": "text"})
+    rec.on_run(_snap(1, RunStatus.ONGOING, 4, 2))  # progress only
+    rec.on_run(_snap(2, RunStatus.DELETED, 4, 2))
+    rec.on_run(_snap(3, RunStatus.NEW, 0, 0))  # a clone's first snapshot may come before its record
+    spec = types.SimpleNamespace(to_json=lambda: {}, hparams=lambda: {}, fingerprint=lambda: "f")
+    rec.record_clone(3, 1, CloneRequest(spec=spec, changes={}, encoded={}, warm_start=True))
+    rec.on_run(_snap(1, RunStatus.FAILED, 4, 2))
+    rec.close()
+    assert spy.calls == [
+        ("open",),
+        ("start_run", 1, None, False, "NEW"),
+        ("start_run", 2, None, False, "STOPPED"),
+        ("continue_from", 2, 4),
+        ("set_status", 1, "ONGOING", None),
+        ("log_metrics", 1, 2, {"loss": 1.5, "epoch": 0.25}),  # TRL's names, numbers only
+        ("mark_deleted", 2),
+        ("set_status", 3, "NEW", None),
+        ("start_run", 3, 1, True, "NEW"),
+        ("set_status", 1, "FAILED", None),
+    ]
+    assert spy.threads == {"rapidfire-recorder"}

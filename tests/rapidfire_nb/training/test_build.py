@@ -64,6 +64,7 @@ def test_rapidfire_overrides_and_defaults(tmp_path):
     assert args.output_dir == str(tmp_path)
     joined = "\n".join(notes)
     assert "report_to='wandb'" in joined and "save_strategy='steps'" in joined and "output_dir=" in joined
+    assert "use Experiment(name, tracking=['mlflow', 'trackio', 'wandb'])" in joined  # where it goes instead
 
 
 def test_gpu_without_bf16_switches_bf16_off(tmp_path):

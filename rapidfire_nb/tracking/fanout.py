@@ -1,0 +1,139 @@
+"""One object in front of every tracker of an experiment: the recorder's only view of tracking.
+
+:class:`TrackerSet` opens the chosen backends (on the recorder thread: opening MLflow's SQLite store runs its
+migrations, seconds), hands each call to every backend, and isolates them: a backend that raises (server down,
+disk full, bad URI, a bug) is reported once, closed and left out for the rest of the experiment; the other
+backends, training and the store go on. Thread ownership: every method but :meth:`close` runs on the recorder
+thread; :meth:`close` runs after the recorder thread stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, MutableSet, Sequence
+from typing import Any
+
+from rapidfire_nb.tracking.base import TrackedRun, split_name
+
+__all__ = ["TrackerSet"]
+
+log = logging.getLogger(__name__)
+
+Opener = tuple[str, Callable[[], Any]]
+"""``(backend name, factory)``: the factory makes the opened tracker (it may raise: the backend is then off)."""
+
+
+class TrackerSet:
+    """The experiment's trackers behind one object, each isolated from the others.
+
+    Args:
+        openers: ``(name, factory)`` per chosen backend, in order (``tensorboard`` first by convention).
+        report: prints one line (the backends' start lines and each failure, once).
+        turned_off: the names of backends that failed earlier in this experiment (skipped); a backend that fails
+            here is added, so the next ``run_fit`` of the same ``Experiment`` object leaves it out too.
+    """
+
+    def __init__(
+        self,
+        openers: Sequence[Opener],
+        report: Callable[[str], None],
+        turned_off: MutableSet[str] | None = None,
+    ) -> None:
+        self._openers = list(openers)
+        self._report = report
+        self._off: MutableSet[str] = turned_off if turned_off is not None else set()
+        self._live: list[Any] = []
+        self._opened = False
+        self.failures: dict[str, str] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """The backends still tracking (after :meth:`open`)."""
+        return [t.name for t in self._live]
+
+    def open(self) -> None:
+        """Make every backend's tracker and print its start line (where the data goes); idempotent."""
+        if self._opened:
+            return
+        self._opened = True
+        for name, factory in self._openers:
+            if name in self._off:
+                continue
+            try:
+                tracker = factory()
+            except Exception as exc:
+                self._failed(name, "opening it", exc)
+                continue
+            self._live.append(tracker)
+            line = self._call(tracker, "describe")
+            if line:
+                self._report(line)
+
+    # ------------------------------------------------------------------ what the recorder calls
+    def start_run(self, run: TrackedRun, status: str) -> None:
+        self._each("start_run", run, status)
+
+    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+        """Run ``run_id`` is now ``status`` (DELETED is :meth:`mark_deleted`)."""
+        self._each("set_status", run_id, status, error)
+
+    def log_metrics(
+        self, run_id: int, step: int, metrics: Mapping[str, float], wall_time: float | None = None
+    ) -> None:
+        """One TRL log call (``{name: value}`` with TRL's names) of run ``run_id`` at ``step``."""
+        split: dict[str, float] | None = None
+        for tracker in list(self._live):
+            if tracker.metric_style == "trl":
+                scalars: Mapping[str, float] = metrics
+            else:
+                if split is None:
+                    split = {split_name(k): v for k, v in metrics.items()}
+                scalars = split
+            self._call(tracker, "log_scalars", run_id, step, scalars, wall_time)
+
+    def continue_from(self, run_id: int, step: int) -> None:
+        self._each("continue_from", run_id, step)
+
+    def mark_deleted(self, run_id: int) -> None:
+        self._each("mark_deleted", run_id)
+
+    def end_batch(self) -> None:
+        self._each("end_batch")
+
+    def flush(self) -> None:
+        self._each("flush")
+
+    def close(self) -> None:
+        """Flush and close every backend (a failure is reported, never raised); idempotent."""
+        self._each("close")
+        self._live.clear()
+
+    # ------------------------------------------------------------------ isolation
+    def _each(self, method: str, *args: Any) -> None:
+        for tracker in list(self._live):
+            self._call(tracker, method, *args)
+
+    def _call(self, tracker: Any, method: str, *args: Any) -> Any:
+        try:
+            return getattr(tracker, method)(*args)
+        except Exception as exc:
+            if tracker in self._live:
+                self._live.remove(tracker)
+            if method != "close":
+                try:
+                    tracker.close()
+                except Exception:
+                    log.debug("rapidfire tracking: closing %s after its failure failed too", tracker.name)
+            self._failed(tracker.name, method, exc)
+            return None
+
+    def _failed(self, name: str, what: str, exc: Exception) -> None:
+        log.debug("rapidfire tracking: %s failed in %s", name, what, exc_info=exc)
+        self._off.add(name)
+        if name in self.failures:
+            return
+        self.failures[name] = f"{type(exc).__name__}: {exc}"
+        self._report(
+            f"{name} tracking failed ({what}: {type(exc).__name__}: {exc}); it is off for the rest of this "
+            "experiment. Training, the store and the other trackers go on (get_results() has every metric)"
+        )

@@ -1,0 +1,273 @@
+"""MLflow: one MLflow experiment per rapidfire_nb experiment, one MLflow run per run id, through one
+``MlflowClient`` and explicit run ids (never MLflow's process-global active run: several runs log at once).
+
+Where: ``MLFLOW_TRACKING_URI`` when set, else a SQLite store inside the experiment folder
+(``<experiment>/mlflow.db``, artifacts in ``<experiment>/mlflow-artifacts``), so nothing else has to run. View it
+with ``mlflow ui --backend-store-uri <uri>`` (the line printed when training starts gives the exact command).
+
+What goes there: params = the run's hyperparameters in rapidfire_nb's naming (``learning_rate``, ``lora.r``,
+``model_kwargs.<key>``, secrets ``<redacted>``) plus ``rapidfire.num_chunks`` / ``rapidfire.seed``; the whole config
+as the artifact ``rapidfire_config.json`` (own SQLite store only); metrics under TRL's names (``loss``,
+``eval_loss``, ...) at the optimizer steps of the store; tags ``rapidfire.run_id``, ``rapidfire.trainer_type``,
+``rapidfire.parent_run`` / ``rapidfire.parent_mlflow_run_id`` and ``rapidfire.warm_start`` for clones.
+
+Lifecycle: NEW -> SCHEDULED, ONGOING -> RUNNING (again after a resume), COMPLETED -> FINISHED, FAILED -> FAILED
+(tag ``rapidfire.error``), STOPPED / INTERRUPTED -> KILLED, DELETED -> ``delete_run`` (MLflow's soft delete: hidden,
+restorable, removed by ``mlflow gc``). The MLflow run ids are kept in the experiment's store, so a restarted kernel
+continues the same MLflow runs. MLflow cannot drop a logged point: a run continued from its checkpoint after a
+kernel died does not log again the steps MLflow already holds (:class:`~.base.HeldSteps`; not duplicated, and the
+resume is exact, so they are the values it would log), and gets the tag ``rapidfire.continued_from_step``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from rapidfire_nb.tracking.base import BackendTracker, HeldSteps, TrackedRun
+
+__all__ = ["MlflowTracker", "default_tracking_uri", "shown_uri"]
+
+_STATUS = {
+    "NEW": "SCHEDULED",
+    "ONGOING": "RUNNING",
+    "COMPLETED": "FINISHED",
+    "FAILED": "FAILED",
+    "STOPPED": "KILLED",
+    "INTERRUPTED": "KILLED",
+}
+_TERMINAL = frozenset({"FINISHED", "FAILED", "KILLED"})
+_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+_PARAM_MAX = 6000  # MLflow's MAX_PARAM_VAL_LENGTH (characters)
+_TAG_MAX = 5000
+_BATCH_PARAMS = 100  # MLflow's MAX_PARAMS_TAGS_PER_BATCH
+_BATCH_METRICS = 1000  # MLflow's MAX_METRICS_PER_BATCH
+
+
+def default_tracking_uri(exp_dir: Path) -> str:
+    """``sqlite:///<experiment>/mlflow.db`` (absolute path)."""
+    return "sqlite:///" + str((Path(exp_dir) / "mlflow.db").resolve())
+
+
+def shown_uri(uri: str) -> str:
+    """``uri`` without a password (``https://user:secret@host`` -> ``https://user:<redacted>@host``)."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":<redacted>@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _key(name: str) -> str:
+    return _BAD_KEY_CHARS.sub("_", str(name))[:250]
+
+
+def _text(value: Any, limit: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 12] + "…(truncated)"
+
+
+class MlflowTracker(BackendTracker):
+    """Writes every run of one experiment to MLflow.
+
+    Args:
+        experiment: the rapidfire_nb experiment name (the MLflow experiment's name).
+        exp_dir: the experiment folder (where the default SQLite store lives).
+        state: what an earlier kernel saved (``{"uri", "experiment_id", "runs": {run id: MLflow run id}}``).
+        save: ``save(state)`` keeps the state in the experiment's store (called when it changes).
+        tracking_uri: the MLflow tracking URI; default ``MLFLOW_TRACKING_URI``, else the SQLite store.
+
+    Raises:
+        ImportError: MLflow is not installed (``pip install 'rapidfire_nb[mlflow]'``).
+    """
+
+    name = "mlflow"
+    metric_style = "trl"
+
+    def __init__(
+        self,
+        experiment: str,
+        exp_dir: Path,
+        state: Mapping[str, Any],
+        save: Callable[[dict[str, Any]], None],
+        tracking_uri: str | None = None,
+    ) -> None:
+        try:
+            from mlflow.entities import Metric, Param, RunTag
+            from mlflow.tracking import MlflowClient
+        except ImportError as exc:
+            raise ImportError("MLflow tracking needs MLflow: pip install 'rapidfire_nb[mlflow]'") from exc
+        self._Metric, self._Param, self._RunTag = Metric, Param, RunTag
+        env_uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+        self.uri = tracking_uri or env_uri or default_tracking_uri(exp_dir)
+        self.own_store = not (tracking_uri or env_uri)
+        self.experiment = experiment
+        self._exp_dir = Path(exp_dir)
+        self._client = MlflowClient(tracking_uri=self.uri)
+        same_place = state.get("uri") == shown_uri(self.uri)  # a password in the URI is never stored
+        self._runs: dict[int, str] = (
+            {int(k): v for k, v in (state.get("runs") or {}).items()} if same_place else {}
+        )
+        self._save_state = save
+        self.experiment_id = self._experiment(state.get("experiment_id") if same_place else None)
+        self._save()
+        self._pending: dict[int, list[Any]] = {}
+        self._held = HeldSteps()
+        self._deleted: set[int] = set()
+
+    def _save(self) -> None:
+        self._save_state(
+            {
+                "uri": shown_uri(self.uri),
+                "experiment_id": self.experiment_id,
+                "runs": {str(k): v for k, v in sorted(self._runs.items())},
+            }
+        )
+
+    def _experiment(self, stored_id: str | None) -> str:
+        """The MLflow experiment's id: the stored one, else the one of this name, else a new one."""
+        client = self._client
+        found = None
+        if stored_id:
+            try:
+                found = client.get_experiment(stored_id)
+            except Exception:  # not there any more (another URI, a wiped store): look it up by name
+                found = None
+        if found is None:
+            found = client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            if found.lifecycle_stage == "deleted":
+                client.restore_experiment(found.experiment_id)
+            return str(found.experiment_id)
+        location = (self._exp_dir / "mlflow-artifacts").resolve().as_uri() if self.own_store else None
+        return str(
+            client.create_experiment(
+                self.experiment,
+                artifact_location=location,
+                tags={"rapidfire.experiment_path": str(self._exp_dir)},
+            )
+        )
+
+    def describe(self) -> str:
+        where = shown_uri(self.uri)
+        if self.own_store:
+            return (
+                f"MLflow: experiment {self.experiment!r}, tracking URI {where}; open the UI with: "
+                f"mlflow ui --backend-store-uri '{where}'  (then http://127.0.0.1:5000)"
+            )
+        return f"MLflow: experiment {self.experiment!r} at {where} (MLFLOW_TRACKING_URI)"
+
+    def run_id_of(self, run_id: int) -> str | None:
+        """The MLflow run id of run ``run_id`` (None before it is tracked)."""
+        return self._runs.get(int(run_id))
+
+    # ------------------------------------------------------------------ runs
+    def start_run(self, run: TrackedRun, status: str) -> None:
+        """Create run ``run-<id>`` with its params and tags, or continue the stored one; set its status."""
+        mid = self._runs.get(run.run_id)
+        if mid is None:
+            if status == "DELETED":
+                return
+            mid = self._create(run)
+        self._set(mid, status)
+
+    def _create(self, run: TrackedRun) -> str:
+        client = self._client
+        tags = {
+            "rapidfire.run_id": str(run.run_id),
+            "rapidfire.experiment": self.experiment,
+            "rapidfire.trainer_type": run.trainer_type,
+            "rapidfire.warm_start": "true" if run.warm_start else "false",
+        }
+        if run.parent_id is not None:
+            tags["rapidfire.parent_run"] = str(run.parent_id)
+            parent = self._runs.get(run.parent_id)
+            if parent is not None:
+                tags["rapidfire.parent_mlflow_run_id"] = parent
+        created = client.create_run(self.experiment_id, run_name=f"run-{run.run_id}", tags=tags)
+        mid = str(created.info.run_id)
+        self._runs[run.run_id] = mid
+        self._save()
+        values = {**run.params, **{f"rapidfire.{k}": v for k, v in run.group.items()}}
+        params = [self._Param(_key(k), _text(v, _PARAM_MAX)) for k, v in sorted(values.items())]
+        for i in range(0, len(params), _BATCH_PARAMS):
+            client.log_batch(mid, params=params[i : i + _BATCH_PARAMS])
+        if self.own_store:
+            client.log_dict(mid, dict(run.config), "rapidfire_config.json")
+        return mid
+
+    def _set(self, mid: str, status: str) -> None:
+        target = _STATUS.get(status)
+        if target is None:
+            return
+        if target in _TERMINAL:
+            self._client.set_terminated(mid, status=target)
+        else:
+            self._client.update_run(mid, status=target)
+
+    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+        mid = self._runs.get(run_id)
+        if mid is None or run_id in self._deleted:
+            return
+        self._write(run_id)  # the points before the status change
+        if error:
+            self._client.set_tag(mid, "rapidfire.error", _text(error, _TAG_MAX))
+        self._set(mid, status)
+
+    def mark_deleted(self, run_id: int) -> None:
+        """MLflow's soft delete of the run (hidden in the UI, restorable until ``mlflow gc``)."""
+        mid = self._runs.get(run_id)
+        self._pending.pop(run_id, None)
+        if mid is None or run_id in self._deleted:
+            return
+        self._deleted.add(run_id)
+        self._client.delete_run(mid)
+
+    def continue_from(self, run_id: int, step: int) -> None:
+        """Skip the points MLflow holds above ``step`` when the run logs those steps again."""
+        mid = self._runs.get(run_id)
+        if mid is None or run_id in self._deleted:
+            return
+        held: dict[str, int] = {}
+        for key in self._client.get_run(mid).data.metrics:
+            steps = [m.step for m in self._client.get_metric_history(mid, key)]
+            if steps:
+                held[key] = max(steps)
+        self._held.hold(run_id, step, held)
+        self._client.set_tag(mid, "rapidfire.continued_from_step", str(step))
+
+    # ------------------------------------------------------------------ metrics
+    def log_scalars(
+        self, run_id: int, step: int, scalars: Mapping[str, Any], wall_time: float | None = None
+    ) -> None:
+        """Buffer the points; :meth:`end_batch` writes them (one request per run and recorder batch)."""
+        if run_id not in self._runs or run_id in self._deleted:
+            return
+        stamp = int((time.time() if wall_time is None else wall_time) * 1000)
+        points = self._pending.setdefault(run_id, [])
+        for key, value in self._held.new_only(run_id, step, scalars).items():
+            points.append(self._Metric(_key(key), float(value), stamp, int(step)))
+
+    def end_batch(self) -> None:
+        for run_id in list(self._pending):
+            self._write(run_id)
+
+    def _write(self, run_id: int) -> None:
+        points = self._pending.pop(run_id, None)
+        if not points:
+            return
+        mid = self._runs[run_id]
+        for i in range(0, len(points), _BATCH_METRICS):
+            self._client.log_batch(mid, metrics=points[i : i + _BATCH_METRICS])
+
+    def flush(self) -> None:
+        self.end_batch()
+
+    def close(self) -> None:
+        self.end_batch()

@@ -1,0 +1,181 @@
+"""Trackio: one Trackio project per rapidfire_nb experiment, one Trackio run (``run-<id>``) per run id, local (the
+folder ``TRACKIO_DIR``, Trackio's default ``~/.cache/huggingface/trackio``). View with ``trackio show --project
+<experiment>``.
+
+Each run has its own ``trackio.Run`` object (never ``trackio.init``, which finishes the process's previous run:
+several runs log at once). Its config holds the hyperparameters in rapidfire_nb's naming (secrets ``<redacted>``),
+``rapidfire.trainer_type``, ``rapidfire.parent_run`` and ``rapidfire.warm_start``; metrics are logged as
+transformers' Trackio callback names them (``train/loss``, ``eval/loss``) at the store's steps.
+
+Lifecycle: Trackio has no run status, so every change is a Trackio alert on the run (shown in its dashboard and
+printed by Trackio as ``[TRACKIO INFO] ...``): ``finished`` (INFO), ``failed: <error>`` (ERROR), ``killed``
+(WARN, STOPPED or INTERRUPTED), ``running`` again (INFO); DELETED deletes the run from the project
+(``trackio.Api().runs(project)``'s ``delete``). The Trackio run ids are kept in the experiment's store, so a
+restarted kernel logs into the same runs; Trackio cannot drop a logged point, so a run continued from its
+checkpoint does not log again the steps Trackio holds (:class:`~.base.HeldSteps`: not duplicated).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rapidfire_nb.tracking.base import BackendTracker, HeldSteps, TrackedRun
+
+__all__ = ["TrackioTracker"]
+
+_ALERTS = {
+    "ONGOING": ("running", "INFO"),
+    "COMPLETED": ("finished", "INFO"),
+    "FAILED": ("failed", "ERROR"),
+    "STOPPED": ("killed", "WARN"),
+    "INTERRUPTED": ("killed", "WARN"),
+}
+
+
+def _import_trackio() -> Any:
+    try:
+        import trackio
+    except ImportError as exc:
+        raise ImportError("Trackio tracking needs Trackio: pip install 'rapidfire_nb[trackio]'") from exc
+    return trackio
+
+
+class TrackioTracker(BackendTracker):
+    """Writes every run of one experiment to a local Trackio project.
+
+    Args:
+        experiment: the rapidfire_nb experiment name (the Trackio project).
+        state: what an earlier kernel saved (``{"dir", "runs": {run id: Trackio run id}}``).
+        save: ``save(state)`` keeps the state in the experiment's store (called when it changes).
+
+    Raises:
+        ImportError: Trackio is not installed (``pip install 'rapidfire_nb[trackio]'``).
+        ValueError: Trackio refuses the project name.
+    """
+
+    name = "trackio"
+    metric_style = "split"
+
+    def __init__(
+        self, experiment: str, state: Mapping[str, Any], save: Callable[[dict[str, Any]], None]
+    ) -> None:
+        trackio = _import_trackio()
+        from trackio.sqlite_storage import SQLiteStorage
+        from trackio.utils import TRACKIO_DIR
+
+        SQLiteStorage.validate_project_name(experiment)
+        self._trackio, self._storage = trackio, SQLiteStorage
+        self.project = experiment
+        self.folder = str(TRACKIO_DIR)
+        same_place = state.get("dir") == self.folder
+        self._ids: dict[int, str] = (
+            {int(k): v for k, v in (state.get("runs") or {}).items()} if same_place else {}
+        )
+        self._config: dict[int, dict[str, Any]] = {}
+        self._handles: dict[int, Any] = {}
+        self._save_state = save
+        self._held = HeldSteps()
+        self._deleted: set[int] = set()
+        self._save()
+
+    def _save(self) -> None:
+        self._save_state({"dir": self.folder, "runs": {str(k): v for k, v in sorted(self._ids.items())}})
+
+    def describe(self) -> str:
+        return (
+            f"Trackio: project {self.project!r} in {self.folder}; open the dashboard with: "
+            f"trackio show --project '{self.project}'"
+        )
+
+    def run_id_of(self, run_id: int) -> str | None:
+        """The Trackio run id of run ``run_id`` (None before it is tracked)."""
+        return self._ids.get(int(run_id))
+
+    def _handle(self, run_id: int) -> Any | None:
+        """The run's ``trackio.Run`` (made on first use: it starts Trackio's writer thread for the run)."""
+        if run_id in self._deleted or run_id not in self._ids:
+            return None
+        handle = self._handles.get(run_id)
+        if handle is None:
+            handle = self._trackio.Run(
+                url=None,
+                project=self.project,
+                client=None,
+                name=f"run-{run_id}",
+                run_id=self._ids[run_id],
+                config=self._config.get(run_id),
+                auto_log_gpu=False,
+                auto_log_cpu=False,
+            )
+            self._handles[run_id] = handle
+        return handle
+
+    def start_run(self, run: TrackedRun, status: str) -> None:
+        """Note the run (its Trackio run is written with its first point); a new run gets a new Trackio id."""
+        config = {
+            **run.params,
+            **{f"rapidfire.{k}": v for k, v in run.group.items()},
+            "rapidfire.trainer_type": run.trainer_type,
+            "rapidfire.warm_start": run.warm_start,
+        }
+        if run.parent_id is not None:
+            config["rapidfire.parent_run"] = run.parent_id
+        self._config[run.run_id] = config
+        if run.run_id not in self._ids and status != "DELETED":
+            self._ids[run.run_id] = uuid.uuid4().hex
+            self._save()
+
+    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+        alert = _ALERTS.get(status)
+        handle = self._handle(run_id) if alert else None
+        if handle is None or alert is None:
+            return
+        title, level = alert
+        handle.alert(
+            title=f"run-{run_id} {title}",
+            text=(error or "")[:2000] or None,
+            level=getattr(self._trackio.AlertLevel, level),
+        )
+        if status in ("COMPLETED", "FAILED"):  # it never trains again: write what it holds, stop its thread
+            self._handles.pop(run_id, None)
+            handle.finish()
+
+    def mark_deleted(self, run_id: int) -> None:
+        """Delete the run from the Trackio project (its metrics, config and alerts)."""
+        if run_id in self._deleted or run_id not in self._ids:
+            return
+        handle = self._handles.pop(run_id, None)
+        if handle is not None:
+            handle.finish()  # writes what it holds, so the delete below removes everything
+        self._deleted.add(run_id)
+        self._storage.delete_run(self.project, f"run-{run_id}", run_id=self._ids[run_id])
+
+    def continue_from(self, run_id: int, step: int) -> None:
+        """Skip the points Trackio holds above ``step`` when the run logs those steps again."""
+        tid = self._ids.get(run_id)
+        if tid is None or run_id in self._deleted:
+            return
+        held: dict[str, int] = {}
+        for row in self._storage.get_logs(self.project, f"run-{run_id}", run_id=tid):
+            for key in row:
+                if key not in ("step", "timestamp"):
+                    held[key] = max(held.get(key, -1), int(row["step"]))
+        self._held.hold(run_id, step, held)
+
+    def log_scalars(
+        self, run_id: int, step: int, scalars: Mapping[str, Any], wall_time: float | None = None
+    ) -> None:
+        handle = self._handle(run_id)
+        if handle is None:
+            return
+        values = self._held.new_only(run_id, step, scalars)
+        if values:
+            handle.log({k: float(v) for k, v in values.items()}, step=int(step))
+
+    def close(self) -> None:
+        """Finish every open Trackio run (Trackio writes what it holds and stops its threads)."""
+        handles, self._handles = list(self._handles.values()), {}
+        for handle in handles:
+            handle.finish()

@@ -1,0 +1,147 @@
+"""One contract, run against the real MLflow (SQLite store) and Trackio (temporary folder) trackers (issue 15).
+
+A first "kernel" tracks two runs and dies after run 1 logged steps 5 and 6 beyond its checkpoint at step 4 (its
+points are in the backend, the store dropped its own). A second kernel, with the state the first one kept in the
+store, continues run 1 from step 4 and logs steps 5..8 again (the same values: the resume is exact): the backend
+holds each step once, in the same backend run, with the lifecycle of the store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rapidfire_nb.tracking import TrackedRun
+from rapidfire_nb.tracking.backends import openers
+from rapidfire_nb.tracking.fanout import TrackerSet
+from tests.rapidfire_nb.tracking._tracking_helpers import (
+    mlflow_history,
+    mlflow_store_at,
+    need,
+    trackio_history,
+)
+
+LOSS = {s: 10.0 - s for s in range(1, 9)}
+
+
+class _Reader:
+    """What the backend holds, read with its own API."""
+
+    def __init__(self, backend: str, exp_dir: Path, project: str, state: dict[str, Any]) -> None:
+        self.backend, self.exp_dir, self.project, self.state = backend, exp_dir, project, state
+
+    def ids(self) -> dict[str, str]:
+        return dict(self.state[self.backend]["runs"])
+
+    def history(self, rid: int, name: str) -> list[tuple[int, float]]:
+        bid = self.ids()[str(rid)]
+        if self.backend == "mlflow":
+            return mlflow_history(self._client(), bid, name)
+        split = name.replace("eval_", "eval/", 1) if name.startswith("eval_") else f"train/{name}"
+        return trackio_history(self.project, f"run-{rid}", bid, split)
+
+    def lifecycle(self, rid: int) -> Any:
+        """MLflow: (status, lifecycle stage); Trackio: the alert titles, or None when the run is gone."""
+        bid = self.ids()[str(rid)]
+        if self.backend == "mlflow":
+            run = self._client().get_run(bid)
+            return run.info.status, run.info.lifecycle_stage
+        import trackio
+
+        runs = {r.name: r for r in trackio.Api().runs(self.project)}
+        run = runs.get(f"run-{rid}")
+        return (
+            None if run is None else [a["title"] for a in sorted(run.alerts(), key=lambda a: a["timestamp"])]
+        )
+
+    def _client(self) -> Any:
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri=f"sqlite:///{self.exp_dir / 'mlflow.db'}")
+
+
+def _tracker(backend: str, exp_dir: Path, project: str, state: dict[str, Any]) -> TrackerSet:
+    def save(name: str, value: dict[str, Any]) -> None:
+        state[name] = value
+
+    fan = TrackerSet(openers([backend], exp_dir, project, dict(state), save), report=lambda line: None)
+    fan.open()
+    assert fan.names == [backend]
+    return fan
+
+
+@pytest.fixture(params=["mlflow", "trackio"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    need(request.param)
+    if request.param == "mlflow":
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mlflow_store_at(request.getfixturevalue("mlflow_template"), tmp_path / "mlflow.db")
+    return str(request.param)
+
+
+def test_a_restarted_kernel_continues_the_same_runs_without_duplicate_points(
+    backend: str, tmp_path: Path
+) -> None:
+    project = f"contract-{backend}"
+    state: dict[str, Any] = {}
+    first = _tracker(backend, tmp_path, project, state)
+    first.start_run(TrackedRun(1, {"learning_rate": 1e-3, "lora.r": 4}, {}, "SFT"), "NEW")
+    first.start_run(TrackedRun(2, {"learning_rate": 5e-4}, {}, "SFT"), "NEW")
+    reader = _Reader(backend, tmp_path, project, state)
+    if backend == "mlflow":
+        assert reader.lifecycle(1) == ("SCHEDULED", "active")
+    for rid in (1, 2):
+        first.set_status(rid, "ONGOING")
+    for step in range(1, 7):
+        first.log_metrics(1, step, {"loss": LOSS[step], "learning_rate": 1e-3}, 1000.0 + step)
+        if step == 4:
+            first.log_metrics(1, step, {"eval_loss": 3.5})
+        first.end_batch()
+    first.log_metrics(2, 1, {"loss": 9.5})
+    first.mark_deleted(2)
+    first.close()  # the kernel dies here; its last checkpoint of run 1 is at step 4
+    ids = reader.ids()
+
+    second = _tracker(backend, tmp_path, project, state)
+    second.start_run(TrackedRun(1, {"learning_rate": 1e-3, "lora.r": 4}, {}, "SFT"), "INTERRUPTED")
+    second.start_run(TrackedRun(2, {"learning_rate": 5e-4}, {}, "SFT"), "DELETED")
+    second.continue_from(1, 4)
+    second.set_status(1, "ONGOING")
+    for step in range(5, 9):
+        second.log_metrics(1, step, {"loss": LOSS[step], "learning_rate": 1e-3})
+        second.end_batch()
+    second.set_status(1, "COMPLETED")
+    second.close()
+
+    assert reader.ids() == ids  # the same backend runs
+    assert reader.history(1, "loss") == [(s, LOSS[s]) for s in range(1, 9)]  # each step once
+    assert reader.history(1, "eval_loss") == [(4, 3.5)]
+    if backend == "mlflow":
+        assert reader.lifecycle(1) == ("FINISHED", "active")
+        assert reader.lifecycle(2)[1] == "deleted"
+    else:
+        assert reader.lifecycle(1) == ["run-1 running", "run-1 running", "run-1 finished"]
+        assert reader.lifecycle(2) is None  # deleted from the project
+
+
+def test_a_failed_run_says_why(backend: str, tmp_path: Path) -> None:
+    project = f"failing-{backend}"
+    state: dict[str, Any] = {}
+    fan = _tracker(backend, tmp_path, project, state)
+    fan.start_run(TrackedRun(1, {}, {}, "DPO"), "NEW")
+    fan.set_status(1, "ONGOING")
+    fan.log_metrics(1, 1, {"loss": float("nan")})  # NaN is passed on as NaN
+    fan.set_status(1, "FAILED", "ValueError: the reward function returned None")
+    fan.close()
+    reader = _Reader(backend, tmp_path, project, state)
+    if backend == "mlflow":
+        run = reader._client().get_run(state["mlflow"]["runs"]["1"])
+        assert run.info.status == "FAILED"
+        assert run.data.tags["rapidfire.error"] == "ValueError: the reward function returned None"
+        assert run.data.tags["rapidfire.trainer_type"] == "DPO"
+    else:
+        assert reader.lifecycle(1)[-1] == "run-1 failed"
+    [(step, value)] = reader.history(1, "loss")
+    assert step == 1 and value != value  # NaN
