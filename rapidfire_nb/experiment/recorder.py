@@ -345,7 +345,7 @@ class Recorder(SchedulerListener):
                 self.tracker.mark_deleted(snap.run_id)  # TensorBoard renames it, MLflow/Trackio delete it
             else:
                 self.tracker.set_status(snap.run_id, snap.status.value, snap.error)
-        if self._clock.observe(snap.run_id, snap.status, at):  # training starts or stops (unix s of the event)
+        if self._clock.observe(snap.run_id, snap.status, at):  # training starts or stops (unix s)
             self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
         if self._should_report(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
             self.reporter.say(self.chunk_line(snap))  # under a live panel: failures only (it shows the rest)

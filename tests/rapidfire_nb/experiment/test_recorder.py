@@ -96,6 +96,7 @@ def test_consecutive_log_calls_are_one_store_transaction(tmp_path: Path) -> None
 def test_ops_clones_and_the_end_are_written_and_close_flushes(tmp_path: Path) -> None:
     rec, store, said = _recorder(tmp_path)
     rec.start()
+    rec.on_heartbeat()  # this thread plays the scheduler thread: the outcome it decides later is printed
     op = Op(OpKind.STOP, 1, op_id="a", source="panel")
     rec.on_op(op, OpAck("a", 1, "stop", "queued", "stop requested"))
     rec.on_op(op, OpAck("a", 1, "stop", "applied", "run 1 stopped at step 2"))
