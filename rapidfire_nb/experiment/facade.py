@@ -9,26 +9,20 @@ Threads: ``run_fit`` checks and builds on the calling thread, then one scheduler
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from kernel_scheduler import OpAck, OpKind, RunSnapshot
 
 from .._writer_lock import WriterLock
-from ..errors import ConfigError, ExperimentError, OpError, storage_error
-from ..frontend import in_kernel, thread_parent_hook
+from ..errors import ConfigError, ExperimentError, OpError
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
 from ..tracking.backends import resolve_tracking
-from . import panel_source, registry, tables
+from . import lifecycle, panel_source, registry, tables
 from .arguments import check_flag, check_run_id, check_run_ids, check_wait_args
-from .compat import check_drop_in_args
-from .inputs import check_fit_inputs
-from .ownership import settle_orphan, wipe
 from .reporter import Reporter
 from .session import FitSession, require_session
-from .start import check_group, open_session, start_message
-from .store_files import open_experiment_store, read_only_reason
+from .store_files import open_experiment_store
 
 __all__ = ["Experiment"]
 
@@ -107,10 +101,7 @@ class Experiment:
         self.root = experiments_root(experiment_path)
         self.path = experiment_dir(self.root, self.experiment_name)
         if overwrite and self.path.exists():
-            refused = read_only_reason(self.path, self.experiment_name)
-            if refused is not None:
-                raise ExperimentError(f"{refused}; overwrite=True cannot delete it")
-            wipe(self.path, self.experiment_name)
+            lifecycle.wipe_folder(self.path, self.experiment_name)
         self._reporter = Reporter(quiet=quiet)
         self._lock = WriterLock(self.path)
         self.store, self._read_only = open_experiment_store(self.path, self.experiment_name)
@@ -119,15 +110,7 @@ class Experiment:
         self._ended = False
         registry.register(self)
         self._initialised = True
-        if self._read_only is not None:
-            self._say(self._read_only)
-            return
-        other = settle_orphan(self._lock, self.store)
-        if other is not None:
-            self._say(
-                f"experiment {self.experiment_name!r} is being trained by process {other}; its state is "
-                "shown read-only here"
-            )
+        lifecycle.announce_owner(self)
 
     def __repr__(self) -> str:
         return f"Experiment({self.experiment_name!r}, path={str(self.path)!r})"
@@ -227,80 +210,16 @@ class Experiment:
             ExperimentError: the experiment is training already, or holds a different config group.
             KeyboardInterrupt: Ctrl-C while a blocking ``run_fit`` trains in a script, once the runs are parked.
         """
-        check_flag(background, "background", allow_none=True)
-        note = check_drop_in_args(num_gpus, monte_carlo_simulations)
-        if note:
-            self._say(note)
-        if self._ended:
-            raise ExperimentError(
-                f"experiment {self.experiment_name!r} was ended (experiment.end()); to continue it, run "
-                f"Experiment({self.experiment_name!r}) again, then run_fit(...)"
-            )
-        if self._read_only is not None:
-            raise ExperimentError(self._read_only)
-        if self.training:
-            raise ExperimentError(
-                f"experiment {self.experiment_name!r} is training; use its IC Ops (experiment.stop(run_id), "
-                "resume, clone_modify, delete) or experiment.wait() before calling run_fit again"
-            )
-        background = in_kernel() if background is None else background
-        held_before = self._lock.held
-        if not self._lock.acquire():
-            other = self._lock.holder_pid()
-            who = "another Experiment object in this process" if other == os.getpid() else f"process {other}"
-            raise ExperimentError(
-                f"experiment {self.experiment_name!r} is being trained by {who}; continue it there, or end it "
-                "(experiment.end(), or shut that kernel down) and run this again"
-            )
-        try:
-            if self._session is not None and self._session.halted is not None:
-                self._session.close()  # a write to disk failed: the runs continue through the restore path
-                self._session = None
-            if not held_before and self._session is None:
-                settle_orphan(
-                    self._lock, self.store
-                )  # its writer may have died since this opened it read-only
-            inputs = check_fit_inputs(
-                param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed, checkpoint_every
-            )
-            existing = check_group(
-                self.experiment_name, self.store, inputs, trained_here=self._session is not None
-            )
-            if existing is None:
-                self._say(
-                    "the same config group is already in this experiment; every run has finished "
-                    "(see experiment.get_runs_info())"
-                )
-                return
-            self._start(
-                open_session(
-                    self.store, self._reporter, self.path, inputs, existing, self.tracking, self._trackers_off
-                ),
-                bool(existing),
-                background,
-            )
-        except BaseException as exc:
-            if not held_before and self._session is None:
-                self._lock.release()  # refused before training: another process may train it
-            failure = storage_error(exc, str(self.store.path)) if isinstance(exc, Exception) else None
-            if failure is not None and failure is not exc:
-                raise failure from exc
-            raise
-        if not background:
-            self.wait()
-
-    def _start(self, session: FitSession, continued: bool, background: bool) -> None:
-        """Make ``session`` this object's, say what starts, start the scheduler thread, show the panel."""
-        session.started_at = time.time()
-        self._session = session
-        registry.set_current(self)
-        session.scheduler.on_thread_start = thread_parent_hook()
-        session.recorder.start(thread_parent_hook())
-        self._say(start_message(self.experiment_name, session, continued, background))
-        self.store.reopen()  # an experiment ended before is trained again: the server accepts ops again
-        session.scheduler.start()
-        if background and in_kernel():
-            self._show_panel()
+        lifecycle.run_fit(
+            self,
+            (param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed),
+            {
+                "num_gpus": num_gpus,
+                "monte_carlo_simulations": monte_carlo_simulations,
+                "background": background,
+                "checkpoint_every": checkpoint_every,
+            },
+        )
 
     # ================================================================== waiting / ending
     def wait(self, timeout: float | None = None, chunks: int | None = None) -> bool:
@@ -336,18 +255,7 @@ class Experiment:
         Each live panel gives way to a static copy of its final state (the runs table and the curves, drawn
         as HTML/SVG), which stays in the saved notebook and shows without a kernel (GitHub, nbviewer).
         """
-        if self._ended:
-            return
-        if self._session is not None:
-            self.wait()
-            self._session.end()  # meta ended_at: the server refuses ops from now on (409, saying how to continue)
-        self._ended = True
-        panel_source.freeze_panels(self._panels)
-        self._panels.clear()
-        self._reporter.panel_live = False
-        self._lock.release()
-        if self._session is not None:
-            self._say(panel_source.final_summary(self))
+        lifecycle.end_experiment(self)
 
     # ================================================================== IC Ops
     def stop(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
@@ -403,12 +311,9 @@ class Experiment:
         if source != "magic":  # %rapidfire prints its own one line
             self._say(ack.message)
         assert ack.new_run_id is not None
-        twins = panel_source.same_config(self._session, ack.new_run_id)
-        if twins:
-            self._say(
-                f"note: run {ack.new_run_id} has the same config as run {', '.join(map(str, twins))}"
-                + (" (a warm start from a later step still differs)" if warm_start else "")
-            )
+        note = panel_source.same_config_note(self._session, ack.new_run_id, warm_start)
+        if note:
+            self._say(note)
         return ack.new_run_id
 
     def ops(self) -> Any:
@@ -488,13 +393,7 @@ class Experiment:
                 run, the run is training right now, or it has no saved final weights.
             TypeError: a run id that is not an int.
         """
-        run_id = check_run_id(run_id)
-        if self._session is None:
-            raise ExperimentError(
-                "no run trained in this kernel yet: call run_fit with the same arguments first (it "
-                "gives this kernel the model function; finished runs are not trained again)"
-            )
-        return self._session.load_model(run_id, self._reporter)
+        return lifecycle.load_model(self, check_run_id(run_id))
 
     # ================================================================== panel source
     def panel_snapshot(self) -> dict[str, Any]:

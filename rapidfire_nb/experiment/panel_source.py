@@ -21,6 +21,7 @@ __all__ = [
     "metrics_since",
     "panel_snapshot",
     "same_config",
+    "same_config_note",
     "show_panel",
     "show_static",
 ]
@@ -97,6 +98,15 @@ def same_config(session: Any, run_id: int) -> list[int]:
         and getattr(s.spec, "fingerprint", None) is not None
         and s.spec.fingerprint() == key
     ]
+
+
+def same_config_note(session: Any, run_id: int, warm_start: bool) -> str | None:
+    """The note printed after a clone whose config equals other runs' (None when it is new)."""
+    twins = same_config(session, run_id)
+    if not twins:
+        return None
+    warm = " (a warm start from a later step still differs)" if warm_start else ""
+    return f"note: run {run_id} has the same config as run {', '.join(map(str, twins))}{warm}"
 
 
 def show_panel(source: Any, reporter: Any) -> Any:

@@ -33,7 +33,7 @@ def _fit(exp: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def test_rapidfireai_positional_arguments_are_accepted(exp: Any) -> None:
-    with pytest.raises(ConfigError, match="num_chunks must be an integer >= 1"):
+    with pytest.raises(ConfigError, match="num_chunks must be an integer from 1 to"):
         _fit(exp, 0, 42, 1, 1000)  # num_chunks, seed, num_gpus, monte_carlo_simulations
     assert exp.said == [
         "[rapidfire] monte_carlo_simulations=1000 has no effect in rapidfire_nb: the runs take turns on one "

@@ -9,6 +9,7 @@ from typing import Any
 from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus
 from rapidfire_nb.experiment.recorder import Recorder
 from rapidfire_nb.experiment.reporter import Reporter
+from rapidfire_nb.tracking.tensorboard import NullTracker
 
 
 class DictStore:
@@ -38,15 +39,23 @@ class DictStore:
         pass
 
 
-class NullTracker:
-    def mark_deleted(self, run_id: int) -> None:
-        pass
+class _Recorder(Recorder):
+    """The real recorder, started; each event is written before the test looks (``flush``)."""
+
+    def on_run(self, snap: RunSnapshot) -> None:
+        super().on_run(snap)
+        assert self.flush(5)
+
+    def on_op(self, op: Op, ack: OpAck) -> None:
+        super().on_op(op, ack)
+        assert self.flush(5)
 
 
 def _recorder() -> tuple[Recorder, DictStore, list[str]]:
     lines: list[str] = []
     store = DictStore()
-    rec = Recorder(store, Reporter(printer=lines.append), NullTracker(), 4, [], lambda rid: None, lambda: [])
+    rec = _Recorder(store, Reporter(printer=lines.append), NullTracker(), 4, [], lambda rid: None, lambda: [])
+    rec.start()
     return rec, store, lines
 
 

@@ -1,0 +1,176 @@
+"""An experiment's lifecycle behind the facade's documentation: opening its folder, ``run_fit``, ``end``.
+
+``run_fit``: refuse what cannot train (ended, read-only, training already, another writer), check the inputs
+(:mod:`.inputs`), decide what each stored run becomes (:mod:`.start`, :mod:`.restore`), wire one
+:class:`~.session.FitSession` and start its scheduler thread. All of it runs on the calling thread; nothing
+trains before every check has passed. ``end``: wait, save, record the end, freeze the panels, drop the lock.
+``exp`` is the :class:`~.facade.Experiment` (typed ``Any``: the facade imports this module).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ExperimentError, storage_error
+from ..frontend import in_kernel, thread_parent_hook
+from . import panel_source, registry
+from .arguments import check_flag
+from .compat import check_drop_in_args
+from .inputs import check_fit_inputs
+from .ownership import settle_orphan, wipe
+from .start import check_group, open_session, start_message
+from .store_files import read_only_reason
+
+if TYPE_CHECKING:
+    from .session import FitSession
+
+__all__ = ["announce_owner", "end_experiment", "load_model", "run_fit", "wipe_folder"]
+
+
+def wipe_folder(path: Path, name: str) -> None:
+    """``overwrite=True``: empty the experiment folder, unless this process may not (read-only, another writer).
+
+    Raises:
+        ExperimentError: the folder is read-only here, or another process trains it.
+    """
+    refused = read_only_reason(path, name)
+    if refused is not None:
+        raise ExperimentError(f"{refused}; overwrite=True cannot delete it")
+    wipe(path, name)
+
+
+def announce_owner(exp: Any) -> None:
+    """Say why an opened experiment is read-only here; else settle what a dead writer left behind."""
+    if exp._read_only is not None:
+        exp._say(exp._read_only)
+        return
+    other = settle_orphan(exp._lock, exp.store)
+    if other is not None:
+        exp._say(
+            f"experiment {exp.experiment_name!r} is being trained by process {other}; its state is "
+            "shown read-only here"
+        )
+
+
+def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> None:
+    """Check, wire and start one ``run_fit`` of ``exp`` (the facade's arguments, unchanged).
+
+    Args:
+        exp: the experiment.
+        fit_args: ``(param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed)``.
+        options: ``num_gpus``, ``monte_carlo_simulations``, ``background``, ``checkpoint_every``.
+
+    Raises:
+        ConfigError: bad input, before any training starts.
+        ExperimentError: ended, read-only, training already, trained by another process or object.
+        StorageError: the store cannot be written (disk full, read-only file system).
+    """
+    check_flag(options["background"], "background", allow_none=True)
+    note = check_drop_in_args(options["num_gpus"], options["monte_carlo_simulations"])
+    if note:
+        exp._say(note)
+    _refuse_if_busy(exp)
+    background = in_kernel() if options["background"] is None else options["background"]
+    held_before = _acquire_writer(exp)
+    try:
+        if exp._session is not None and exp._session.halted is not None:
+            exp._session.close()  # a write to disk failed: the runs continue through the restore path
+            exp._session = None
+        if not held_before and exp._session is None:
+            settle_orphan(exp._lock, exp.store)  # its writer may have died since this opened it read-only
+        inputs = check_fit_inputs(*fit_args, options["checkpoint_every"])
+        existing = check_group(exp.experiment_name, exp.store, inputs, trained_here=exp._session is not None)
+        if existing is None:
+            exp._say(
+                "the same config group is already in this experiment; every run has finished "
+                "(see experiment.get_runs_info())"
+            )
+            return
+        session = open_session(
+            exp.store, exp._reporter, exp.path, inputs, existing, exp.tracking, exp._trackers_off
+        )
+        _start(exp, session, bool(existing), background)
+    except BaseException as exc:
+        if not held_before and exp._session is None:
+            exp._lock.release()  # refused before training: another process may train it
+        failure = storage_error(exc, str(exp.store.path)) if isinstance(exc, Exception) else None
+        if failure is not None and failure is not exc:
+            raise failure from exc
+        raise
+    if not background:
+        exp.wait()
+
+
+def _refuse_if_busy(exp: Any) -> None:
+    if exp._ended:
+        raise ExperimentError(
+            f"experiment {exp.experiment_name!r} was ended (experiment.end()); to continue it, run "
+            f"Experiment({exp.experiment_name!r}) again, then run_fit(...)"
+        )
+    if exp._read_only is not None:
+        raise ExperimentError(exp._read_only)
+    if exp.training:
+        raise ExperimentError(
+            f"experiment {exp.experiment_name!r} is training; use its IC Ops (experiment.stop(run_id), "
+            "resume, clone_modify, delete) or experiment.wait() before calling run_fit again"
+        )
+
+
+def _acquire_writer(exp: Any) -> bool:
+    """Take the experiment's writer lock; returns whether this object held it already."""
+    held_before = exp._lock.held
+    if not exp._lock.acquire():
+        other = exp._lock.holder_pid()
+        who = "another Experiment object in this process" if other == os.getpid() else f"process {other}"
+        raise ExperimentError(
+            f"experiment {exp.experiment_name!r} is being trained by {who}; continue it there, or end it "
+            "(experiment.end(), or shut that kernel down) and run this again"
+        )
+    return held_before
+
+
+def _start(exp: Any, session: FitSession, continued: bool, background: bool) -> None:
+    """Make ``session`` the experiment's, say what starts, start the scheduler thread, show the panel."""
+    session.started_at = time.time()
+    exp._session = session
+    registry.set_current(exp)
+    session.scheduler.on_thread_start = thread_parent_hook()
+    session.recorder.start(thread_parent_hook())
+    exp._say(start_message(exp.experiment_name, session, continued, background))
+    exp.store.reopen()  # an experiment ended before is trained again: the server accepts ops again
+    session.scheduler.start()
+    if background and in_kernel():
+        exp._show_panel()
+
+
+def end_experiment(exp: Any) -> None:
+    """Wait for the runs still training, save their final weights, record the end, freeze the panels."""
+    if exp._ended:
+        return
+    if exp._session is not None:
+        exp.wait()
+        exp._session.end()  # meta ended_at: the server refuses ops from now on (409, saying how to continue)
+    exp._ended = True
+    panel_source.freeze_panels(exp._panels)
+    exp._panels.clear()
+    exp._reporter.panel_live = False
+    exp._lock.release()
+    if exp._session is not None:
+        exp._say(panel_source.final_summary(exp))
+
+
+def load_model(exp: Any, run_id: int) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of run ``run_id`` (see ``Experiment.load_model``).
+
+    Raises:
+        ExperimentError: nothing was trained in this kernel, no such run, it trains now, no final weights.
+    """
+    if exp._session is None:
+        raise ExperimentError(
+            "no run trained in this kernel yet: call run_fit with the same arguments first (it "
+            "gives this kernel the model function; finished runs are not trained again)"
+        )
+    return exp._session.load_model(run_id, exp._reporter)
