@@ -4,14 +4,19 @@ Run states and their legal transitions, chunk maths, the fairness policy, IC Op 
 thread that drives an :class:`Executor`.
 """
 
+from .arbiter import DEFAULT_DEVICE, DeviceArbiter, Lease, device_arbiter
 from .chunks import ChunkPlan, ChunkPlanError, plan_chunks
 from .executor import Executor, RunStart, SegmentResult
 from .loop import RunSnapshot, Scheduler, SchedulerListener
-from .ops import Decision, Op, OpAck, OpKind, OpState, decide, new_op_id
+from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide, expected_status, new_op_id
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
 from .status import TRANSITIONS, IllegalTransition, RunStatus, check_transition
 
 __all__ = [
+    "DEFAULT_DEVICE",
+    "DeviceArbiter",
+    "Lease",
+    "device_arbiter",
     "ChunkPlan",
     "ChunkPlanError",
     "plan_chunks",
@@ -26,6 +31,8 @@ __all__ = [
     "OpAck",
     "OpKind",
     "OpState",
+    "PendingOp",
+    "expected_status",
     "decide",
     "new_op_id",
     "FurthestBehindFirst",

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from .arbiter import DeviceArbiter, Lease, device_arbiter
 from .chunks import ChunkPlan
 from .executor import Executor, RunStart, SegmentResult
-from .ops import Decision, Op, OpAck, OpKind, OpState, decide
+from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
 from .status import RunStatus, check_transition
 
@@ -121,6 +122,14 @@ class Scheduler:
 
     Thread-safety: ``submit``, ``snapshot``, ``wait`` may be called from any thread. ``add_run`` only before
     ``start``. The executor and the listener are only called from the scheduler thread (after ``start``).
+
+    The device: every executor call of the loop (a segment, and the boundary actions: clones, status changes,
+    final saves) happens while the scheduler holds a lease of ``arbiter`` (default: the process-wide
+    :func:`~kernel_scheduler.arbiter.device_arbiter`), given back after each segment, so the schedulers of one
+    process take turns chunk by chunk and never train at once. Waiting for the lease never blocks the loop:
+    it keeps draining commands, beating and polling the inbox until the grant wakes it. ``add_run`` before
+    ``start`` calls the executor on the caller's thread: that caller holds the device itself
+    (``arbiter.acquire``) when other schedulers may be training.
     """
 
     def __init__(
@@ -130,8 +139,15 @@ class Scheduler:
         policy: SchedulingPolicy | None = None,
         idle_poll_s: float = 1.0,
         first_run_id: int = 1,
+        arbiter: DeviceArbiter | None = None,
+        owner: str = "",
     ) -> None:
         self._executor = executor
+        # the device is shared with every other scheduler of the process: a lease is held while a segment
+        # trains and while boundary actions call the executor, and given back between segments
+        self._arbiter = arbiter if arbiter is not None else device_arbiter()
+        self._owner = owner or f"scheduler {id(self):x}"
+        self._lease: Lease | None = None
         self._listener = listener or SchedulerListener()
         self._policy = policy or FurthestBehindFirst()
         self._idle_poll_s = idle_poll_s
@@ -148,6 +164,10 @@ class Scheduler:
         # second request of the same kind for the same run follows it (same outcome, applied once)
         self._leaders: dict[tuple[OpKind, int], str] = {}
         self._followers: dict[str, list[Op]] = {}
+        # per run, the stop/resume/delete ops accepted and not answered yet, oldest first (a later op of another
+        # kind cancels them: ops.decide); _applying: those the loop has begun to apply (no longer cancellable)
+        self._open: dict[int, list[Op]] = {}
+        self._applying: set[str] = set()
         self._next_id = first_run_id
         self._busy = False  # True while the loop has work (a segment or queued commands)
         # ops accepted by submit() whose _apply has not returned yet (a deferred op counts as applied: it
@@ -216,6 +236,16 @@ class Scheduler:
     def started(self) -> bool:
         return self._thread is not None
 
+    @property
+    def arbiter(self) -> DeviceArbiter:
+        """The device arbiter this scheduler shares with the other schedulers of the process."""
+        return self._arbiter
+
+    @property
+    def owner(self) -> str:
+        """The name this scheduler holds the device under (its experiment's name)."""
+        return self._owner
+
     # ------------------------------------------------------------------ public, any thread
     def snapshot(self) -> list[RunSnapshot]:
         """Frozen views of every run, ordered by run id."""
@@ -242,28 +272,23 @@ class Scheduler:
             if op.op_id in self._acks:
                 return self._acks[op.op_id]
             run = self._runs.get(op.run_id)
-            status = run.status if run else None
-            decision = decide(op.kind, status, False, op.run_id)
-            if self._halted is not None:
-                decision = Decision("reject", self._halted)
-            if decision.verdict == "reject":
-                ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.REJECTED.value, decision.reason)
+            if self._halted is not None:  # a write to disk failed: nothing more is applied
+                ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.REJECTED.value, self._halted)
                 self._acks[op.op_id] = ack
                 self._notify_op(op, ack)
                 return ack
             leader = self._leaders.get((op.kind, op.run_id))
             if leader is not None:  # a repeat while the first request is pending: same outcome, applied once
-                ack = OpAck(
-                    op.op_id,
-                    op.run_id,
-                    op.kind.value,
-                    OpState.QUEUED.value,
-                    f"{op.kind.value} already requested for run {op.run_id}; this request gets its outcome",
-                )
+                return self._follow(op, leader)
+            decision = decide(op.kind, run.status if run else None, False, op.run_id, self._pending_of(op))
+            if decision.verdict in ("reject", "done"):
+                self._cancel(decision.cancels, op)
+                state = OpState.REJECTED if decision.verdict == "reject" else OpState.APPLIED
+                ack = OpAck(op.op_id, op.run_id, op.kind.value, state.value, decision.reason)
                 self._acks[op.op_id] = ack
-                self._followers.setdefault(leader, []).append(op)
                 self._notify_op(op, ack)
                 return ack
+            cancelled = self._cancel(decision.cancels, op)
             child_id = None
             if op.kind is OpKind.CLONE:
                 child_id = self._next_id
@@ -281,18 +306,60 @@ class Scheduler:
                 op.run_id,
                 op.kind.value,
                 OpState.QUEUED.value,
-                self._queued_message(op),
+                self._queued_message(op) + (f" (it cancels the pending {cancelled})" if cancelled else ""),
                 new_run_id=child_id,
             )
             self._acks[op.op_id] = ack
             if op.kind is not OpKind.CLONE:
                 self._leaders[(op.kind, op.run_id)] = op.op_id
+                self._open.setdefault(op.run_id, []).append(op)
             self._busy = True
             self._unapplied += 1
         self._notify_op(op, ack)
         self._commands.put(op)
         self._wake.set()
         return ack
+
+    def _follow(self, op: Op, leader: str) -> OpAck:
+        """``op`` repeats the pending op ``leader`` (same kind, same run): it will get its outcome."""
+        ack = OpAck(
+            op.op_id,
+            op.run_id,
+            op.kind.value,
+            OpState.QUEUED.value,
+            f"{op.kind.value} already requested for run {op.run_id}; this request gets its outcome",
+        )
+        self._acks[op.op_id] = ack
+        self._followers.setdefault(leader, []).append(op)
+        self._notify_op(op, ack)
+        return ack
+
+    def _pending_of(self, op: Op) -> list[PendingOp]:
+        """The stop/resume/delete ops of ``op``'s run accepted before it and not answered yet, oldest first."""
+        if op.kind is OpKind.CLONE:
+            return []
+        out = []
+        for other in self._open.get(op.run_id, []):
+            if other.op_id == op.op_id:
+                break
+            out.append(PendingOp(other.kind, other.op_id, cancellable=other.op_id not in self._applying))
+        return out
+
+    def _cancel(self, op_ids: Sequence[str], by: Op) -> str:
+        """Answer the pending ops ``op_ids`` rejected, cancelled by the later op ``by``; returns what they were
+        (e.g. ``"stop (op 3f2a…)"``). A cancelled op is never applied: the loop skips answered ops."""
+        names = []
+        for op in [o for o in self._open.get(by.run_id, []) if o.op_id in op_ids]:
+            run = self._runs.get(op.run_id)
+            if run is not None and op in run.deferred:
+                run.deferred.remove(op)
+            self._reject(
+                op,
+                f"cancelled by op {by.op_id}: a later {by.kind.value} of run {by.run_id} replaced this "
+                f"{op.kind.value} before it took effect",
+            )
+            names.append(f"{op.kind.value} (op {op.op_id[:8]})")
+        return ", ".join(names)
 
     def _queued_message(self, op: Op) -> str:
         on_device = self._current is not None and self._current[0] == op.run_id
@@ -402,23 +469,29 @@ class Scheduler:
     def _main(self) -> None:
         if self.on_thread_start is not None:
             self.on_thread_start()
-        while not self._closing.is_set():
-            try:
-                self._turn()
-            except Exception:  # never let the loop die
-                self._loop_error = traceback.format_exc()
-                log.exception("rapidfire scheduler error")
-                time.sleep(0.1)
+        try:
+            while not self._closing.is_set():
+                try:
+                    self._turn()
+                except Exception:  # never let the loop die
+                    self._loop_error = traceback.format_exc()
+                    log.exception("rapidfire scheduler error")
+                    self._closing.wait(0.1)
+        finally:
+            self._release_device()
         with self._changed:
             self._changed.notify_all()
 
     def _turn(self) -> None:
         self._listener.on_heartbeat()
         self._drain_commands()
-        self._flush_boundary()
         if self._current is None:
             if self._halted is not None:
                 self._interrupt_all()
+            if self._needs_device() and not self._device_held():
+                self._idle_wait()  # the grant sets _wake
+                return
+            self._flush_boundary()
             self._resolve_waiting_clones()
             with self._lock:
                 run_id = self._choose()
@@ -426,9 +499,9 @@ class Scheduler:
                     self._busy = False
                     self._changed.notify_all()
             if run_id is None:
-                self._wake.wait(self._idle_poll_s)
-                self._wake.clear()
-                self._poll_inbox()
+                if not self._at_boundary:
+                    self._release_device()
+                self._idle_wait()
                 return
             self._begin(run_id)
             return
@@ -461,7 +534,7 @@ class Scheduler:
                 done = False
                 if run.status is RunStatus.NEW:
                     self._set_status(run, RunStatus.ONGOING)
-                stop = run.plan.boundaries[run.segments_done]
+                stop = run.plan.boundary(run.segments_done)
                 self._busy = True
         if done:
             self._emit(run)
@@ -503,12 +576,37 @@ class Scheduler:
         for op in deferred:
             self._apply(op)
         self._flush_boundary()
+        self._release_device()  # another experiment's segment may train now; the next turn asks again
         self._poll_inbox()
         with self._changed:
             self._changed.notify_all()
 
+    def _idle_wait(self) -> None:
+        """Wait for a command, a finished segment or the device (at most ``idle_poll_s``), then poll the inbox."""
+        self._wake.wait(self._idle_poll_s)
+        self._wake.clear()
+        self._poll_inbox()
+
+    def _needs_device(self) -> bool:
+        """True when the loop has executor work: boundary actions, a clone waiting, or a run to train."""
+        with self._lock:
+            if self._at_boundary or any(r.waiting_clone is not None for r in self._runs.values()):
+                return True
+            return self._choose() is not None
+
+    def _device_held(self) -> bool:
+        """True when this scheduler holds the device; otherwise asks for it (the grant wakes the loop)."""
+        if self._lease is None:
+            self._lease = self._arbiter.request(self._owner, on_grant=self._wake.set)
+        return self._lease.granted
+
+    def _release_device(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
+
     def _flush_boundary(self) -> None:
-        while self._current is None and self._at_boundary:
+        while self._current is None and self._at_boundary and self._device_held():
             fn = self._at_boundary.pop(0)
             try:
                 fn()
@@ -546,20 +644,33 @@ class Scheduler:
 
     def _apply(self, op: Op) -> None:
         with self._lock:
+            prev = self._acks.get(op.op_id)
+            if prev is not None and prev.state != OpState.QUEUED.value:
+                return  # answered meanwhile (cancelled by a later op): never applied
             run = self._runs.get(op.run_id)
             on_device = self._current is not None and self._current[0] == op.run_id
-            decision = decide(op.kind, run.status if run else None, on_device, op.run_id)
+            decision = decide(
+                op.kind, run.status if run else None, on_device, op.run_id, self._pending_of(op)
+            )
+            self._cancel(decision.cancels, op)
             if decision.verdict == "defer" and run is not None:
                 run.deferred.append(op)
                 return
-        if decision.verdict == "reject":
-            self._reject_op(op, decision.reason)
+            self._applying.add(op.op_id)
+        if decision.verdict in ("reject", "done"):
+            self._settle(op, decision)
             return
         try:
             self._apply_now(op)
         except Exception as exc:  # a bad op never crashes the loop
             log.debug("op %s failed", op.op_id, exc_info=True)
             self._reject_op(op, f"{type(exc).__name__}: {exc}")
+
+    def _settle(self, op: Op, decision: Decision) -> None:
+        if decision.verdict == "done":
+            self._resolved(op, decision.reason)
+        else:
+            self._reject_op(op, decision.reason)
 
     def _reject_op(self, op: Op, reason: str) -> None:
         """Reject ``op``; a clone's child (created NEW by submit) fails with the same reason."""
@@ -643,7 +754,11 @@ class Scheduler:
             )
             child.waiting_clone = None
             child.pending = False
-        how = f"warm from run {op.run_id} at step {start.step}" if warm else "from scratch"
+        how = "from scratch"
+        if warm:  # a warm start begins at the parent's latest chunk boundary, which may lie behind its step
+            parent_step = self._runs[op.run_id].step
+            how = f"warm from run {op.run_id}'s latest chunk boundary, step {start.step}"
+            how += f"; run {op.run_id} is at step {parent_step}" if parent_step > start.step else ""
         self._resolved(op, f"run {child_id} created ({how})")
         self._emit(child)
 
@@ -700,6 +815,12 @@ class Scheduler:
         with self._lock:
             if self._leaders.get((op.kind, op.run_id)) == op.op_id:
                 del self._leaders[(op.kind, op.run_id)]
+            still_open = [o for o in self._open.get(op.run_id, []) if o.op_id != op.op_id]
+            if still_open:
+                self._open[op.run_id] = still_open
+            else:
+                self._open.pop(op.run_id, None)
+            self._applying.discard(op.op_id)
             followers = self._followers.pop(op.op_id, [])
             acks = []
             for f in followers:

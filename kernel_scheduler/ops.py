@@ -6,6 +6,11 @@ Semantics (also in the README):
   on the device. One command queue, one writer; every op gets an outcome (applied / rejected + reason).
 * stop: NEW/ONGOING/INTERRUPTED -> STOPPED. resume: STOPPED/INTERRUPTED -> ONGOING. delete: any status but
   DELETED -> DELETED. clone: any status but DELETED; the new run starts NEW.
+* The later request wins: a stop, resume or delete of a run cancels the earlier stop / resume / delete of that
+  run (of another kind) that has not taken effect yet — queued, or waiting for the run's chunk boundary. The
+  cancelled op is rejected ("cancelled by op <id>"); when the run is then already where the later op would
+  take it (a resume while a stop waited: the run keeps training), the later op is applied at once with nothing
+  left to do. A repeat of the same kind while the first waits gets the first one's outcome (the scheduler).
 * Everything else is rejected with a reason, never a crash of the loop.
 """
 
@@ -13,13 +18,24 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from .status import RunStatus
 
-__all__ = ["OpKind", "OpState", "Op", "OpAck", "Decision", "decide", "new_op_id"]
+__all__ = [
+    "OpKind",
+    "OpState",
+    "Op",
+    "OpAck",
+    "Decision",
+    "PendingOp",
+    "decide",
+    "expected_status",
+    "new_op_id",
+]
 
 
 class OpKind(str, Enum):
@@ -95,17 +111,55 @@ class OpAck:
 
 @dataclass(frozen=True)
 class Decision:
-    """Outcome of :func:`decide`: ``apply`` now, ``defer`` to the run's next chunk boundary, or reject."""
+    """Outcome of :func:`decide`.
 
-    verdict: str  # "apply" | "defer" | "reject"
+    Attributes:
+        verdict: ``apply`` now, ``defer`` to the run's next chunk boundary, ``reject``, or ``done``: the run is
+            already where the op would take it once the ops it cancels are gone (the op is applied, nothing
+            changes).
+        reason: why (reject), when (defer), or what the op achieved (done).
+        cancels: op ids of the earlier pending ops of the run that this op cancels (the later request wins).
+    """
+
+    verdict: str  # "apply" | "defer" | "reject" | "done"
     reason: str = ""
+    cancels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PendingOp:
+    """An earlier stop / resume / delete of the same run that has not taken effect yet.
+
+    Attributes:
+        kind: what it does.
+        op_id: its id.
+        cancellable: False once the scheduler has begun applying it (a later op can no longer cancel it).
+    """
+
+    kind: OpKind
+    op_id: str
+    cancellable: bool = True
 
 
 _STOPPABLE = (RunStatus.NEW, RunStatus.ONGOING, RunStatus.INTERRUPTED)
 _RESUMABLE = (RunStatus.STOPPED, RunStatus.INTERRUPTED)
+_RESULT = {OpKind.STOP: RunStatus.STOPPED, OpKind.RESUME: RunStatus.ONGOING, OpKind.DELETE: RunStatus.DELETED}
 
 
-def decide(kind: OpKind, status: RunStatus | None, on_device: bool, run_id: int) -> Decision:
+def expected_status(status: RunStatus, pending: Sequence[OpKind]) -> RunStatus:
+    """The run's status once the ``pending`` stop / resume / delete ops (oldest first) have taken effect."""
+    for kind in pending:
+        status = _RESULT.get(kind, status)
+    return status
+
+
+def decide(
+    kind: OpKind,
+    status: RunStatus | None,
+    on_device: bool,
+    run_id: int,
+    pending: Sequence[PendingOp] = (),
+) -> Decision:
     """Decide what happens to an op on a run with ``status`` (``None``: the run does not exist).
 
     Args:
@@ -113,14 +167,31 @@ def decide(kind: OpKind, status: RunStatus | None, on_device: bool, run_id: int)
         status: the target run's status, or ``None`` for an unknown run id.
         on_device: whether the run is training right now (its op then waits for the chunk boundary).
         run_id: for messages.
+        pending: the run's earlier stop / resume / delete ops that have not taken effect yet, oldest first
+            (not counting repeats of this op's kind, which follow their first request).
 
     Returns:
-        A :class:`Decision`. Pure: no side effects.
+        A :class:`Decision`. Pure: no side effects. A stop / resume / delete cancels the cancellable pending
+        ops of the other two kinds and is judged against the status the rest would leave.
     """
     if status is None:
         return Decision("reject", f"run {run_id} does not exist")
     if status is RunStatus.DELETED:
         return Decision("reject", f"run {run_id} is DELETED")
+    if kind is OpKind.CLONE:
+        return Decision("apply")
+    cancelled = [p for p in pending if p.cancellable and p.kind is not kind]
+    cancels = tuple(p.op_id for p in cancelled)
+    status = expected_status(status, [p.kind for p in pending if p.op_id not in cancels])
+    if status is RunStatus.DELETED:
+        return Decision("reject", f"run {run_id} is being deleted (its delete is applying)")
+    stays = {OpKind.STOP: status is RunStatus.STOPPED, OpKind.RESUME: status.in_rotation()}.get(kind, False)
+    if cancels and stays:
+        what = " and ".join(sorted({p.kind.value for p in cancelled}))
+        where = {RunStatus.STOPPED: "stays STOPPED", RunStatus.ONGOING: "keeps training"}.get(
+            status, "stays in the rotation"
+        )
+        return Decision("done", f"run {run_id} {where}: its pending {what} is cancelled", cancels)
     if kind is OpKind.STOP and status not in _STOPPABLE:
         return Decision(
             "reject", f"run {run_id} is {status.value}; only NEW, ONGOING or INTERRUPTED runs can be stopped"
@@ -130,5 +201,5 @@ def decide(kind: OpKind, status: RunStatus | None, on_device: bool, run_id: int)
             "reject", f"run {run_id} is {status.value}; only STOPPED or INTERRUPTED runs can be resumed"
         )
     if on_device and kind in (OpKind.STOP, OpKind.DELETE):
-        return Decision("defer", f"applies at the end of run {run_id}'s current chunk")
-    return Decision("apply")
+        return Decision("defer", f"applies at the end of run {run_id}'s current chunk", cancels)
+    return Decision("apply", "", cancels)

@@ -1,18 +1,24 @@
 """Clone-modify: a new run from a parent's spec plus changes, recorded so a restarted kernel rebuilds it.
 
 A clone's changes are stored as JSON in the experiment's meta (``clones``: ``{child id: {"parent", "changes",
-"warm"}}``). A function given as a change (``formatting_func``, ``reward_funcs``, ``compute_metrics``) is stored by
-reference, ``{"__function__": "module:qualname"}`` — nothing is pickled — and looked up again after a restart.
+"warm", "functions"}}``). A function given as a change from code (``formatting_func``, ``reward_funcs``,
+``compute_metrics``) is stored by reference, ``{"__function__": "module:qualname"}`` — nothing is pickled — and
+the recipe's ``functions`` lists the keys that were given functions. After a restart only those keys are looked
+up again, only if they are function fields, and only to a Python function whose own ``module:qualname`` is the
+reference: any other ``{"__function__": ...}`` value (written by anything but this code, e.g. a clone posted to
+the server's inbox with a dict in ``model_kwargs``) stays plain data, or is an error naming the key.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, OpError
+from ..spec import FUNCTION_KEYS
 from ..training.kinds import WARM_FORBIDDEN, warm_start_violations  # torch-free: the kinds' warm-start rules
 
 __all__ = [
@@ -20,6 +26,7 @@ __all__ = [
     "WARM_FORBIDDEN",
     "decode_changes",
     "encode_changes",
+    "function_keys",
     "prepare_clone",
     "rebuild_clone_spec",
     "record_clone",
@@ -28,12 +35,17 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CloneRequest:
-    """A checked clone: the child's spec and what the op carries (``changes`` as JSON, ``warm_start``)."""
+    """A checked clone: the child's spec and what the op carries (``changes`` as JSON, ``warm_start``).
+
+    Attributes:
+        functions: the keys of ``changes`` given functions (recorded so that only they are decoded again).
+    """
 
     spec: Any
     changes: Mapping[str, Any]
     encoded: dict[str, Any]
     warm_start: bool
+    functions: tuple[str, ...] = ()
 
     def payload(self) -> dict[str, Any]:
         """The op payload the scheduler receives (the spec is not stored with the op)."""
@@ -66,7 +78,7 @@ def prepare_clone(
                 "sampled, or the adapter's shape); use a cold clone (warm_start=False)"
             )
     child = parent.with_changes(changes, allow_functions=(source == "api"))
-    return CloneRequest(child, changes, encode_changes(changes), bool(warm_start))
+    return CloneRequest(child, changes, encode_changes(changes), bool(warm_start), function_keys(changes))
 
 
 def record_clone(store: Any, child_id: int, parent_id: int, request: CloneRequest) -> None:
@@ -88,7 +100,12 @@ def record_clone(store: Any, child_id: int, parent_id: int, request: CloneReques
         samples_seen=0,
     )
     clones = store.get_meta("clones", {}) or {}
-    clones[str(child_id)] = {"parent": int(parent_id), "changes": request.encoded, "warm": request.warm_start}
+    clones[str(child_id)] = {
+        "parent": int(parent_id),
+        "changes": request.encoded,
+        "warm": request.warm_start,
+        "functions": list(request.functions),
+    }
     store.set_meta("clones", clones)
 
 
@@ -96,15 +113,28 @@ def rebuild_clone_spec(parent: Any, recipe: Mapping[str, Any]) -> Any:
     """A stored clone's spec after a restart: its parent's spec with the recorded changes.
 
     Raises:
-        ConfigError: a recorded function is gone (a lambda, or its cell not run again), or a change no longer
-            validates.
+        ConfigError: a recorded function is gone (a lambda, or its cell not run again), a reference the
+            recipe does not record as a function, or a change that no longer validates.
     """
-    return parent.with_changes(decode_changes(recipe.get("changes") or {}), allow_functions=True)
+    changes = decode_changes(recipe.get("changes") or {}, recipe.get("functions") or ())
+    return parent.with_changes(changes, allow_functions=True)
+
+
+def function_keys(changes: Mapping[str, Any]) -> tuple[str, ...]:
+    """The keys of ``changes`` whose value is a function or a list of functions (as given in code)."""
+
+    def is_function(value: Any) -> bool:
+        if isinstance(value, (list, tuple)):
+            return bool(value) and all(callable(v) for v in value)
+        return callable(value)
+
+    return tuple(k for k, v in changes.items() if is_function(v))
 
 
 def encode_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
     """A clone's changes as JSON: a function (or a list of functions, e.g. ``reward_funcs``) is stored by reference,
-    ``{"__function__": "module:qualname"}``, so a restarted kernel can find it again (nothing is pickled)."""
+    ``{"__function__": "module:qualname"}``, so a restarted kernel can find it again (nothing is pickled); the
+    keys that hold them are :func:`function_keys` (stored beside, the only ones decoded again)."""
 
     def one(value: Any) -> Any:
         if callable(value):
@@ -118,28 +148,63 @@ def encode_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
     return {k: one(v) for k, v in changes.items()}
 
 
-def decode_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`encode_changes`: function references are looked up in their (already imported)
-    module — ``__main__`` is the notebook's namespace, so its cells must have been run again.
+def decode_changes(changes: Mapping[str, Any], functions: Iterable[str] = ()) -> dict[str, Any]:
+    """The inverse of :func:`encode_changes` for the keys ``functions`` (the recipe's record of the keys given
+    functions in code): their references are looked up in their (already imported) module — ``__main__`` is the
+    notebook's namespace, so its cells must have been run again. Every other value is data, returned as stored.
 
     Raises:
-        ConfigError: a referenced function is not there (a lambda, a nested function, or a cell not re-run).
+        ConfigError: ``functions`` names a key that takes no function; a function key's value is a reference the
+            recipe does not record as one; a reference that is not a Python function defined under that name
+            (a lambda, a nested function, a cell not re-run, a builtin or an alias such as ``os:system``).
     """
+    recorded = set(functions)
+    for key in sorted(recorded):
+        if key not in FUNCTION_KEYS:
+            raise ConfigError(
+                f"this clone's recipe records {key!r} as a function, but only {', '.join(FUNCTION_KEYS)} take "
+                "functions; the recipe was not written by rapidfire_nb — clone the run again"
+            )
+    out = {}
+    for key, value in changes.items():
+        if key in recorded:
+            out[key] = [_lookup(key, v) for v in value] if isinstance(value, list) else _lookup(key, value)
+        elif key in FUNCTION_KEYS and _has_reference(value):
+            raise ConfigError(
+                f"this clone's {key!r} is a function reference its recipe does not record as given in code; it "
+                "is not looked up — clone the run again with the function"
+            )
+        else:
+            out[key] = value
+    return out
 
-    def one(value: Any) -> Any:
-        if isinstance(value, dict) and set(value) == {"__function__"}:
-            module_name, _, qualname = str(value["__function__"]).partition(":")
-            target: Any = sys.modules.get(module_name)
-            for part in qualname.split("."):
-                target = getattr(target, part, None) if target is not None else None
-            if not callable(target):
-                raise ConfigError(
-                    f"the function {qualname!r} of module {module_name!r} that this clone was given "
-                    "is not defined in this process (define it again, e.g. re-run its cell)"
-                )
-            return target
-        if isinstance(value, list):
-            return [one(v) for v in value]
-        return value
 
-    return {k: one(v) for k, v in changes.items()}
+def _has_reference(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_has_reference(v) for v in value)
+    return isinstance(value, dict) and "__function__" in value
+
+
+def _lookup(key: str, value: Any) -> Any:
+    """The function a ``{"__function__": "module:qualname"}`` reference of change ``key`` names."""
+    if not (
+        isinstance(value, dict) and set(value) == {"__function__"} and isinstance(value["__function__"], str)
+    ):
+        raise ConfigError(f"this clone's {key!r} should be a function reference, got {value!r}")
+    ref = value["__function__"]
+    module_name, _, qualname = ref.partition(":")
+    target: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part, None) if target is not None else None
+    if target is None:
+        raise ConfigError(
+            f"the function {qualname!r} of module {module_name!r} that this clone was given "
+            "is not defined in this process (define it again, e.g. re-run its cell)"
+        )
+    if not inspect.isfunction(target) or f"{target.__module__}:{target.__qualname__}" != ref:
+        raise ConfigError(
+            f"this clone's {key!r} refers to {ref!r}, which is not a Python function defined under that name "
+            f"(it is {type(target).__name__} {getattr(target, '__module__', '?')}:"
+            f"{getattr(target, '__qualname__', '?')}); only functions given in code are looked up again"
+        )
+    return target

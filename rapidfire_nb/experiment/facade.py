@@ -20,6 +20,8 @@ from ..errors import ConfigError, ExperimentError, OpError, storage_error
 from ..frontend import in_kernel, thread_parent_hook
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
 from . import panel_source, registry, tables
+from .arguments import check_flag, check_run_id, check_run_ids, check_wait_args
+from .compat import check_drop_in_args
 from .inputs import check_fit_inputs
 from .ownership import settle_orphan, wipe
 from .reporter import Reporter
@@ -43,7 +45,8 @@ class Experiment:
         quiet: print no ``[rapidfire]`` lines (also settable later: ``experiment.quiet = True``).
 
     In one process there is one object per experiment: ``Experiment(name)`` again (a notebook cell run twice)
-    returns the object that exists already, with its training, panel and history, unless that one was ended.
+    returns the object that exists already, with its training, panel and history, unless that one was ended;
+    either way the experiment created last is the one ``%rapidfire`` addresses.
     Only one process trains an experiment at a time (an OS lock on ``<experiment>/writer.lock``, dropped by the
     system when that process dies); another process sees its state read-only.
 
@@ -64,6 +67,10 @@ class Experiment:
         overwrite: bool = False,
         quiet: bool = False,
     ) -> Experiment:
+        check_flag(
+            overwrite, "overwrite"
+        )  # before anything: overwrite="no" would end and wipe the experiment
+        check_flag(quiet, "quiet")
         live = registry.reuse(experiment_name, experiment_path, overwrite)
         return live if live is not None else super().__new__(cls)
 
@@ -76,6 +83,7 @@ class Experiment:
         quiet: bool = False,
     ) -> None:
         if getattr(self, "_initialised", False):  # the live object of this folder, returned by __new__
+            registry.set_current(self)  # created again: it is the one %rapidfire addresses now
             return
         if mode != "fit":
             raise ConfigError(f"mode={mode!r} is not supported; use mode='fit'")
@@ -116,7 +124,20 @@ class Experiment:
 
     @quiet.setter
     def quiet(self, value: bool) -> None:
-        self._reporter.quiet = bool(value)
+        self._reporter.quiet = check_flag(value, "quiet")
+
+    @property
+    def progress_lines(self) -> bool | None:
+        """Print a ``[rapidfire] run N · chunk k/K ...`` line per finished chunk (and each op's outcome)?
+
+        None (default): yes in scripts and terminals, no while a live panel shows the progress (failures,
+        notes and the final summary are printed either way); True: always; False: never.
+        """
+        return self._reporter.progress_lines
+
+    @progress_lines.setter
+    def progress_lines(self, value: bool | None) -> None:
+        self._reporter.progress_lines = None if value is None else bool(value)
 
     def on_message(self, printer: Callable[[str], None] | None) -> None:
         """Send the ``[rapidfire]`` lines to ``printer(line)`` instead of ``print`` (None: back to ``print``)."""
@@ -154,6 +175,8 @@ class Experiment:
         eval_dataset: Any = None,
         num_chunks: int = 4,
         seed: int = 42,
+        num_gpus: int | None = None,
+        monte_carlo_simulations: int | None = None,
         *,
         background: bool | None = None,
         checkpoint_every: int = 1,
@@ -171,6 +194,9 @@ class Experiment:
                 and at its own ``eval_steps``.
             num_chunks: chunks per epoch (1 .. a run's optimizer steps per epoch).
             seed: the experiment seed (random search, and each run's seed unless its config sets one).
+            num_gpus: GPUs each run trains on (``rapidfireai``'s argument): None or 1; every run trains on one
+                device until one run may span several GPUs (anything else is a ConfigError).
+            monte_carlo_simulations: accepted for ``rapidfireai`` code; no effect here (a note says so once).
             background: train in the background and return once validated. Default: True in a Jupyter kernel,
                 False in a plain script (which then blocks until training ends).
             checkpoint_every: write each run's resumable checkpoint every this many chunks (default 1: at every
@@ -188,7 +214,12 @@ class Experiment:
         Raises:
             ConfigError: bad input, before any training starts.
             ExperimentError: the experiment is training already, or holds a different config group.
+            KeyboardInterrupt: Ctrl-C while a blocking ``run_fit`` trains in a script, once the runs are parked.
         """
+        check_flag(background, "background", allow_none=True)
+        note = check_drop_in_args(num_gpus, monte_carlo_simulations)
+        if note:
+            self._say(note)
         if self._ended:
             raise ExperimentError(
                 f"experiment {self.experiment_name!r} was ended (experiment.end()); to continue it, run "
@@ -277,8 +308,14 @@ class Experiment:
             True when the condition holds, False on timeout.
 
         On Ctrl-C (kernel interrupt) every active run is stopped at the end of its current chunk (STOPPED,
-        resumable) and ``wait`` returns once they are parked; a second Ctrl-C returns at once.
+        resumable) and ``wait`` returns once they are parked; a second Ctrl-C returns at once. In a script (not a
+        kernel) the ``KeyboardInterrupt`` is raised again once the runs are parked (exit status 130), after a line
+        saying how to continue.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C in a script (a blocking ``run_fit`` raises it too).
         """
+        check_wait_args(timeout, chunks)
         if self._session is None:
             return True
         return self._session.wait(timeout, chunks, self._reporter)
@@ -289,34 +326,48 @@ class Experiment:
         The store records that it ended (meta ``ended_at``): from then on the server refuses ops for it (409, saying
         how to continue: re-run ``Experiment(...)`` and ``run_fit``), and the ops it had posted that this kernel
         had not taken yet are answered rejected. A later ``run_fit`` of the experiment opens it again.
+
+        Each live panel gives way to a static copy of its final state (the runs table and the curves, drawn
+        as HTML/SVG), which stays in the saved notebook and shows without a kernel (GitHub, nbviewer).
         """
         if self._ended:
             return
         if self._session is not None:
             self.wait()
             self._session.end()  # meta ended_at: the server refuses ops from now on (409, saying how to continue)
-        for panel in self._panels:
-            try:
-                panel.close()
-            except Exception:
-                pass
-        self._panels.clear()
         self._ended = True
+        panel_source.freeze_panels(self._panels)
+        self._panels.clear()
+        self._reporter.panel_live = False
         self._lock.release()
         if self._session is not None:
-            self._say(f"experiment {self.experiment_name!r} ended")
+            self._say(panel_source.final_summary(self))
 
     # ================================================================== IC Ops
     def stop(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
-        """Stop run(s) at the end of their current chunk (STOPPED, resumable). Returns an OpAck (list for a list)."""
+        """Stop run(s) at the end of their current chunk (STOPPED, resumable). Returns an OpAck (list for a list).
+
+        A later ``resume`` or ``delete`` of the run sent before its chunk ends replaces this stop.
+
+        Raises:
+            TypeError: a run id that is not an int (e.g. ``1.7``, ``True``, ``"two"``).
+        """
         return self._ops(OpKind.STOP, run_id)
 
     def resume(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
-        """Put STOPPED run(s) back into the rotation where they left off."""
+        """Put STOPPED run(s) back into the rotation where they left off (or cancel a stop not yet applied).
+
+        Raises:
+            TypeError: a run id that is not an int.
+        """
         return self._ops(OpKind.RESUME, run_id)
 
     def delete(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
-        """Stop run(s) and mark them DELETED (hidden from listings)."""
+        """Stop run(s) and mark them DELETED (hidden from listings).
+
+        Raises:
+            TypeError: a run id that is not an int.
+        """
         return self._ops(OpKind.DELETE, run_id)
 
     def clone_modify(
@@ -338,12 +389,20 @@ class Experiment:
         Raises:
             OpError: unknown run, or a change that cannot be warm-started (suggests a cold clone).
             ConfigError: unknown field (with the closest valid name) or invalid value.
+            TypeError: a run id that is not an int.
         """
         ack = self.submit_op("clone", run_id, changes=changes, warm_start=warm_start, source=source)
         if ack.state == "rejected":
             raise OpError(ack.message)
-        self._say(f"clone of run {run_id} → run {ack.new_run_id}: {ack.message}")
+        if source != "magic":  # %rapidfire prints its own one line
+            self._say(ack.message)
         assert ack.new_run_id is not None
+        twins = panel_source.same_config(self._session, ack.new_run_id)
+        if twins:
+            self._say(
+                f"note: run {ack.new_run_id} has the same config as run {', '.join(map(str, twins))}"
+                + (" (a warm start from a later step still differs)" if warm_start else "")
+            )
         return ack.new_run_id
 
     def ops(self) -> Any:
@@ -365,15 +424,19 @@ class Experiment:
         Raises:
             ExperimentError: nothing trains in this process (it says what to do), or the experiment was ended.
             ConfigError/OpError: for a clone whose changes are invalid (the op is not queued).
+            TypeError: a run id that is not an int.
         """
+        run_id = check_run_id(run_id)
+        check_flag(warm_start, "warm_start")
         return self._require_session().submit(
             kind, run_id, op_id=op_id, changes=changes, warm_start=warm_start, source=source
         )
 
     def _ops(self, kind: OpKind, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
-        if isinstance(run_id, Iterable) and not isinstance(run_id, (str, bytes)):
-            return [self.submit_op(kind.value, int(r)) for r in run_id]
-        return self.submit_op(kind.value, int(run_id))  # type: ignore[arg-type]
+        ids = check_run_ids(run_id)  # every id checked before any op is sent
+        if isinstance(ids, list):
+            return [self.submit_op(kind.value, r) for r in ids]
+        return self.submit_op(kind.value, ids)
 
     def _require_session(self) -> FitSession:
         if self._read_only is not None and not self._ended:
@@ -419,31 +482,38 @@ class Experiment:
         Raises:
             ExperimentError: nothing was trained in this kernel (run_fit gives it the model function), no such
                 run, the run is training right now, or it has no saved final weights.
+            TypeError: a run id that is not an int.
         """
+        run_id = check_run_id(run_id)
         if self._session is None:
             raise ExperimentError(
                 "no run trained in this kernel yet: call run_fit with the same arguments first (it "
                 "gives this kernel the model function; finished runs are not trained again)"
             )
-        return self._session.load_model(run_id)
+        return self._session.load_model(run_id, self._reporter)
 
     # ================================================================== panel source
     def panel_snapshot(self) -> dict[str, Any]:
         """JSON-able state for the panel (see docs/ARCHITECTURE.md, "Panel source")."""
-        return panel_source.panel_snapshot(self.experiment_name, self.store, self._session)
+        return panel_source.panel_snapshot(self.experiment_name, self.store, self._session, self._ended)
 
     def metrics_since(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
         """Metric points after ``cursor`` (the store's row id) and the new cursor."""
         return panel_source.metrics_since(self.store, cursor)
 
     def panel(self) -> None:
-        """Display the live panel again (full history; any number of views may be open)."""
+        """Display the live panel again (full history; any number of views may be open); after :meth:`end`,
+        its static copy."""
+        if self._ended:
+            panel_source.show_static(self)
+            return
         self._show_panel()
 
     def _show_panel(self) -> None:
         panel = panel_source.show_panel(self, self._reporter)
         if panel is not None:
             self._panels.append(panel)
+            self._reporter.panel_live = self._reporter.panel_live or hasattr(panel, "freeze")
 
     def _flush(self) -> FitSession | None:
         """Let the recorder write what it holds (the tables then show everything reported so far)."""

@@ -1,7 +1,9 @@
 """The recorder: the one place run events and metrics leave the scheduler and the training threads.
 
 It writes the store (the source of truth), feeds the tracker (TensorBoard), prints one compact line per finished
-chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter`, and polls the ops inbox for the scheduler.
+chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter` (only failures while a live panel shows the
+progress), keeps the training clock (:mod:`rapidfire_nb.clock`, written to meta ``clock`` when training starts
+or stops), and polls the ops inbox for the scheduler.
 
 Nothing is written on the thread that reports an event: ``on_metrics`` (a run's training thread, every TRL log
 call), ``on_run`` and ``on_op`` (the scheduler thread; ``on_op`` also from the thread that submitted an op) and
@@ -12,7 +14,7 @@ far is written (``wait()``, ``end()`` and the result tables call it); the panel 
 written, at most a fraction of a second behind.
 
 Thread ownership: the recorder thread owns every store and tracker write made during training, the chunk lines,
-the metric names and the reported-chunk bookkeeping; ``poll_ops`` (the ops inbox, read by the scheduler thread
+the metric names, the training clock and the reported-chunk bookkeeping; ``poll_ops`` (the ops inbox, read by the scheduler thread
 about once a second) is the one store access outside it. Each run's live step (the step it last logged) is written
 by that run's training thread only. The hyperparameter columns are a tuple replaced by the recorder thread.
 """
@@ -30,6 +32,7 @@ from typing import Any
 from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListener
 
 from .._priority import lower_thread_priority
+from ..clock import CLOCK_META_KEY, TrainingClock
 from ..errors import StorageError, storage_error
 from ..redact import is_secret_key, redact
 from ..view import chunk_line
@@ -52,6 +55,10 @@ QUEUE_ITEMS = 100_000
 """Bound of the recorder's queue (items); a producer blocks only if the disk falls this far behind."""
 BATCH_ITEMS = 2_000
 """Items written per batch (one store transaction for the metric rows among them)."""
+BATCH_DELAY_S = 0.2
+"""Seconds the recorder waits after an item arrives before writing, so that one batch takes every item of that
+time: it wakes a few times a second, not once per logged step (each wake-up takes the interpreter lock from the
+training thread). ``flush()`` cuts the wait short."""
 
 
 class Recorder(SchedulerListener):
@@ -91,6 +98,7 @@ class Recorder(SchedulerListener):
         self._thread = threading.Thread(target=self._main, name="rapidfire-recorder", daemon=True)
         self._on_thread_start: Callable[[], None] | None = None
         self._closed = threading.Event()
+        self._hurry = threading.Event()  # set by flush()/close(): write what is queued now
         self._last_beat = 0.0  # scheduler thread
         self._last_inbox = 0.0  # scheduler thread
         self._known_metrics: set[str] | None = None  # recorder thread: metric names in the store's meta
@@ -107,6 +115,9 @@ class Recorder(SchedulerListener):
             None  # called once, on the recorder thread
         )
         self._errors_seen: set[str] = set()
+        beat = store.heartbeat()
+        self._clock = TrainingClock(store.get_meta(CLOCK_META_KEY), beat["beat_at"] if beat else None)
+        self._loop_thread: int | None = None  # the scheduler thread (its on_heartbeat tells)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, on_thread_start: Callable[[], None] | None = None) -> None:
@@ -121,6 +132,7 @@ class Recorder(SchedulerListener):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._queue.all_tasks_done:
             while self._queue.unfinished_tasks:
+                self._hurry.set()
                 left = None if deadline is None else deadline - time.monotonic()
                 if (left is not None and left <= 0) or not self._thread.is_alive():
                     return False
@@ -133,6 +145,7 @@ class Recorder(SchedulerListener):
             self.flush()
             self._closed.set()
             self._queue.put(("stop",))
+            self._hurry.set()
             self._thread.join()
         elif self._thread.ident is None and self._queue.unfinished_tasks:  # never started: write inline
             self._closed.set()
@@ -150,10 +163,12 @@ class Recorder(SchedulerListener):
 
     # ------------------------------------------------------------------ events (any thread: enqueue only)
     def on_run(self, snap: RunSnapshot) -> None:
-        self._put(("run", snap))
+        self._put(("run", snap, time.time()))
 
     def on_op(self, op: Op, ack: OpAck) -> None:
-        self._put(("op", op, ack))
+        # an outcome the scheduler thread decides later (the submitter already got the immediate answer, its ack)
+        later = self._loop_thread is not None and threading.get_ident() == self._loop_thread
+        self._put(("op", op, ack, later))
 
     def on_metrics(self, run_id: int, step: int, samples_seen: int, logs: Mapping[str, Any]) -> None:
         """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows), from its training thread."""
@@ -204,6 +219,7 @@ class Recorder(SchedulerListener):
         return self._inbox()
 
     def on_heartbeat(self) -> None:
+        self._loop_thread = threading.get_ident()
         now = time.monotonic()
         if now - self._last_beat > HEARTBEAT_EVERY_S:
             self._last_beat = now
@@ -230,7 +246,10 @@ class Recorder(SchedulerListener):
         if self._on_thread_start is not None:
             self._on_thread_start()
         while True:
-            items = self._drain(self._queue.get())
+            first = self._queue.get()
+            self._hurry.wait(BATCH_DELAY_S)  # let a batch gather (flush/close cut this short)
+            self._hurry.clear()
+            items = self._drain(first)
             stop = any(item[0] == "stop" for item in items)
             self._write_batch([item for item in items if item[0] != "stop"])
             for _ in items:
@@ -274,9 +293,9 @@ class Recorder(SchedulerListener):
     def _write_one(self, item: tuple[Any, ...]) -> None:
         kind = item[0]
         if kind == "run":
-            self._write_run(item[1])
+            self._write_run(item[1], item[2])
         elif kind == "op":
-            self._write_op(item[1], item[2])
+            self._write_op(item[1], item[2], item[3])
         elif kind == "clone":
             self._write_clone(*item[1:])
         elif kind == "meta":
@@ -288,7 +307,7 @@ class Recorder(SchedulerListener):
         elif kind == "call":
             item[1]()
 
-    def _write_run(self, snap: RunSnapshot) -> None:
+    def _write_run(self, snap: RunSnapshot, at: float) -> None:
         ckpt = self._checkpoint_dir(snap.run_id)
         self.store.upsert_run(
             snap.run_id,
@@ -304,8 +323,12 @@ class Recorder(SchedulerListener):
         )
         if snap.status is RunStatus.DELETED:
             self.tracker.mark_deleted(snap.run_id)  # TensorBoard no longer lists it under its id
-        if self._should_report(snap):
-            self.reporter.say(self.chunk_line(snap))
+        if self._clock.observe(
+            snap.run_id, snap.status, at
+        ):  # training starts or stops (unix s of the event)
+            self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
+        if self._should_report(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
+            self.reporter.say(self.chunk_line(snap))  # under a live panel: failures only (it shows the rest)
 
     def _should_report(self, snap: RunSnapshot) -> bool:
         if snap.run_id not in self._seen_segments and snap.status is RunStatus.NEW:
@@ -321,7 +344,7 @@ class Recorder(SchedulerListener):
             self._reported_end.add(snap.run_id)
         return True
 
-    def _write_op(self, op: Op, ack: OpAck) -> None:
+    def _write_op(self, op: Op, ack: OpAck, later: bool) -> None:
         payload = redact({k: v for k, v in op.payload.items() if k != "spec"})
         added = self.store.add_op(
             op.op_id,
@@ -336,7 +359,8 @@ class Recorder(SchedulerListener):
         if not added:
             applied_at = time.time() if ack.state != "queued" else None
             self.store.update_op(op.op_id, ack.state, ack.message, applied_at=applied_at)
-        if ack.state != "queued" and op.source != "api":
+        # said for ops whose outcome nothing else shows (no live panel with its ops log; not the API's)
+        if ack.state != "queued" and op.source != "api" and later and self.reporter.wants_progress():
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
 
     def _write_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:

@@ -13,17 +13,23 @@ own fields are set once, at construction.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import signal
+import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, Scheduler
+from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus, Scheduler
 from kernel_scheduler.ops import new_op_id
 
 from ..errors import ExperimentError, OpError, StorageError, storage_error
+from ..frontend import in_kernel
 from .clones import prepare_clone
 from .inputs import FitInputs
 from .ownership import other_writer
@@ -121,13 +127,20 @@ class FitSession:
         """Check an op and hand it to the scheduler; returns its acknowledgement at once.
 
         Raises:
-            OpError: unknown op kind, unknown parent run, or a change a warm start cannot take.
+            OpError: unknown op kind, unknown parent run, a change a warm start cannot take, or an ``op_id``
+                already used by another request (another kind or run; the same request again gets its ack).
             ConfigError: a clone whose changes are invalid (the op is not queued).
         """
         try:
             kind_e = OpKind(kind)
         except ValueError:
             raise OpError(f"unknown op {kind!r}; use stop, resume, delete or clone") from None
+        earlier = self.scheduler.ack(op_id) if op_id else None
+        if earlier is not None and (earlier.kind, earlier.run_id) != (kind_e.value, int(run_id)):
+            raise OpError(
+                f"op id {op_id!r} was already used by the {earlier.kind} of run {earlier.run_id} "
+                f"({earlier.state}); an op id names one request: leave op_id out or use a new one"
+            )
         if kind_e is not OpKind.CLONE:
             return self.scheduler.submit(Op(kind_e, int(run_id), op_id=op_id or new_op_id(), source=source))
         request = prepare_clone(self.spec(int(run_id)), int(run_id), changes, warm_start, source)
@@ -179,8 +192,12 @@ class FitSession:
     def wait(self, timeout: float | None, chunks: int | None, reporter: Reporter) -> bool:
         """``Experiment.wait``: block until the condition holds (True) or ``timeout`` seconds pass (False).
 
-        On Ctrl-C every active run is stopped at the end of its current chunk and this returns False once they are
-        parked; a second Ctrl-C returns at once.
+        On Ctrl-C every active run is stopped at the end of its current chunk. In a kernel this returns False once
+        they are parked (a second Ctrl-C returns at once). In a script it then re-raises ``KeyboardInterrupt``
+        (exit status 130) after saying how to continue; a second Ctrl-C raises at once.
+
+        Raises:
+            KeyboardInterrupt: in a script (not a kernel), once the runs are parked.
         """
         sched = self.scheduler
         try:
@@ -191,7 +208,7 @@ class FitSession:
             active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
             reporter.say(
                 f"interrupted: stopping runs {active} at the end of their current chunk "
-                "(press interrupt again to return now)"
+                "(press interrupt again to " + ("return now)" if in_kernel() else "quit now)")
             )
             for rid in active:
                 sched.submit(Op(OpKind.STOP, rid, source="api"))
@@ -199,11 +216,52 @@ class FitSession:
                 sched.wait()
                 self.recorder.flush()
             except KeyboardInterrupt:
-                pass
-            return False
+                if not in_kernel():
+                    raise
+            if in_kernel():
+                return False
+            self.executor.flush()  # the parked runs' checkpoints are on disk before the process ends
+            self.tracker.flush()
+            text = self._how_to_continue(active, reporter)
+            exit_130_if_uncaught()
+            raise KeyboardInterrupt(text) from None
 
-    def load_model(self, run_id: int) -> tuple[Any, Any]:
+    def _how_to_continue(self, active: list[int], reporter: Reporter) -> str:
+        """Say (and return) what a script stopped by Ctrl-C left behind and how to continue it."""
+        snaps = self.snapshots()
+        stopped = [rid for rid in active if snaps[rid].status is RunStatus.STOPPED]
+        if not stopped:
+            text = "interrupted: no run was left training"
+        else:
+            steps = ", ".join(
+                f"run {rid} at step {snaps[rid].step}/{snaps[rid].total_steps}" for rid in stopped
+            )
+            text = (
+                f"interrupted: {steps} STOPPED (checkpoints and weights saved). To continue, run the script "
+                f"again with experiment.resume({stopped}) and experiment.wait() after run_fit (run_fit alone "
+                "keeps STOPPED runs stopped)"
+            )
+        reporter.say(text)
+        return text
+
+    @contextlib.contextmanager
+    def hold_device(self, what: str, reporter: Reporter) -> Iterator[None]:
+        """Hold the device (the process-wide arbiter) on the calling thread for a block that builds or loads
+        models: it waits for the chunk training now (of any experiment of this process) to end, saying so."""
+
+        def waiting(holders: list[str]) -> None:
+            reporter.say(
+                f"waiting for the device to {what}: {', '.join(holders)} holds it (one chunk of any experiment "
+                "of this process trains at a time, so that every run stays exact)"
+            )
+
+        with self.scheduler.arbiter.acquire(f"{self.scheduler.owner} ({what})", on_wait=waiting):
+            yield
+
+    def load_model(self, run_id: int, reporter: Reporter) -> tuple[Any, Any]:
         """``(model, tokenizer)`` with run ``run_id``'s trained weights (see ``Experiment.load_model``).
+
+        Holds the device while it saves and loads (it waits for a chunk in flight to end).
 
         Raises:
             ExperimentError: no such run, it is training right now, or it has no saved final weights.
@@ -214,7 +272,8 @@ class FitSession:
         if self.scheduler.on_device() == run_id:
             raise ExperimentError(f"run {run_id} is training right now; stop it or wait for its chunk to end")
         if self.executor.has_run(run_id):
-            return self.executor.load_model(run_id)  # type: ignore[no-any-return]
+            with self.hold_device(f"load run {run_id}", reporter):
+                return self.executor.load_model(run_id)  # type: ignore[no-any-return]
         row = self.store.get_run(run_id) or {}  # ended in an earlier process: its final weights are on disk
         final = row.get("checkpoint_dir")
         if not final or not Path(final).is_dir():
@@ -222,7 +281,8 @@ class FitSession:
                 f"run {run_id} ({row.get('status', 'unknown')}) has no saved final weights; only "
                 "runs that completed or were stopped have them"
             )
-        return self.executor.load_model(run_id, spec=spec, final_dir=Path(final))  # type: ignore[no-any-return]
+        with self.hold_device(f"load run {run_id}", reporter):
+            return self.executor.load_model(run_id, spec=spec, final_dir=Path(final))  # type: ignore[no-any-return]
 
     def end(self) -> None:
         """``Experiment.end`` after ``wait()``: mark the experiment ended, answer the inbox ops nobody will take, close.
@@ -254,15 +314,25 @@ class FitSession:
 
     def close(self) -> None:
         """Stop the scheduler thread, release every run, write what is recorded, close the tracker (after
-        ``wait()``)."""
+        ``wait()``).
+
+        Releasing unwinds each run's parked ``train()``: it holds the device meanwhile (another experiment's chunk
+        is not trained at the same time). The recorder is flushed first: it hands the last checkpoints to the
+        executor's writer.
+        """
+
+        def close_executor() -> None:
+            with self.scheduler.arbiter.acquire(f"{self.scheduler.owner} (end)"):
+                self.executor.close()
+
         steps = (
             self.scheduler.close,
             self.recorder.flush,
-            self.executor.close,
+            close_executor,
             self.recorder.close,
             self.tracker.close,
         )
-        for close in steps:  # the recorder hands the last checkpoints to the executor's writer: flushed first
+        for close in steps:
             try:
                 close()
             except Exception as exc:  # e.g. a full disk while TensorBoard flushes: said, never raised here
@@ -270,6 +340,33 @@ class FitSession:
                 if failure is None:
                     raise
                 self.recorder.reporter.say(str(failure))
+
+
+def exit_130_if_uncaught() -> None:
+    """Make an uncaught ``KeyboardInterrupt`` end this script the way an interrupted program must: killed by
+    SIGINT (exit status 130 in a shell), once its traceback is printed.
+
+    CPython does this itself at exit, but an exit handler that runs Python code again loses it (torch._dynamo's,
+    imported by transformers, does: such scripts exit 1). A ``KeyboardInterrupt`` the script catches is not
+    affected. Installed once per process; it wraps whatever ``sys.excepthook`` is.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "_rapidfire_exit_130", False):
+        return
+
+    def excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+        previous(tp, value, tb)
+        if not issubclass(tp, KeyboardInterrupt):
+            return
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    excepthook._rapidfire_exit_130 = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
 
 
 def require_session(session: FitSession | None, ended: bool, name: str, lock: Any, store: Any) -> FitSession:

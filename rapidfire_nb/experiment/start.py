@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import RunStatus, Scheduler
+from kernel_scheduler import RunStatus, Scheduler, device_arbiter
 
 from ..errors import ExperimentError
 from ..run_folder import run_dir
@@ -132,21 +132,26 @@ def open_session(
         on_eval_metrics=lambda names: recorder.in_order(lambda: _note_eval_metrics(store, names)),
     )
     late["executor"] = executor
-    session = FitSession(Scheduler(executor, listener=recorder), executor, recorder, tracker, inputs, store)
+    scheduler = Scheduler(
+        executor, listener=recorder, arbiter=device_arbiter(), owner=f"experiment {exp_dir.name!r}"
+    )
+    session = FitSession(scheduler, executor, recorder, tracker, inputs, store)
     late["session"] = session
     recorder.on_storage_error = session.storage_failed
     resumed: list[str] = []
     try:
-        for run_id, spec in enumerate(inputs.specs, start=1):
-            _register(
-                session,
-                run_id,
-                spec,
-                plan_restore(run_id, existing.get(run_id), run_dir(exp_dir, run_id)),
-                resumed,
-                reporter,
-            )
-        _register_clones(session, store, exp_dir, resumed, reporter)
+        # building trainers reseeds and draws from the process-wide RNG: not while another experiment trains
+        with session.hold_device("build its runs", reporter):
+            for run_id, spec in enumerate(inputs.specs, start=1):
+                _register(
+                    session,
+                    run_id,
+                    spec,
+                    plan_restore(run_id, existing.get(run_id), run_dir(exp_dir, run_id)),
+                    resumed,
+                    reporter,
+                )
+            _register_clones(session, store, exp_dir, resumed, reporter)
     except BaseException:
         executor.close()
         recorder.close()

@@ -17,6 +17,7 @@ from typing import Any
 
 from kernel_scheduler import (
     ChunkPlan,
+    DeviceArbiter,
     Executor,
     Op,
     OpAck,
@@ -29,7 +30,7 @@ from kernel_scheduler import (
     plan_chunks,
 )
 
-__all__ = ["TIMEOUT", "FakeExecutor", "FakeSpec", "Harness", "Recorder"]
+__all__ = ["TIMEOUT", "FakeDevice", "FakeExecutor", "FakeSpec", "Harness", "Recorder"]
 
 TIMEOUT = 5.0  # seconds; every wait in these tests is bounded
 
@@ -62,6 +63,38 @@ class FakeSpec:
         return plan_chunks(self.rows, num_chunks, self.batch, total)
 
 
+class FakeDevice:
+    """One device shared by several fake executors (experiments of one process).
+
+    Records every breach of "one segment of any experiment at a time, and no executor call of another
+    experiment while a segment trains" in ``violations``, and the order of all segments in ``segments``
+    (``(executor name, run id, stop step)``).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.busy: tuple[str, int] | None = None  # (executor name, run id) of the segment in flight
+        self.violations: list[str] = []
+        self.segments: list[tuple[str, int, int]] = []
+
+    def call(self, name: str, what: str) -> None:
+        """An executor call of ``name``: a breach if another executor's segment is in flight."""
+        with self.lock:
+            if self.busy is not None and self.busy[0] != name:
+                self.violations.append(f"{name}: {what} while {self.busy[0]} trains run {self.busy[1]}")
+
+    def begin(self, name: str, run_id: int, stop: int) -> None:
+        self.call(name, f"run_segment({run_id})")
+        with self.lock:
+            self.busy = (name, run_id)
+            self.segments.append((name, run_id, stop))
+
+    def end(self, name: str) -> None:
+        with self.lock:
+            if self.busy is not None and self.busy[0] == name:
+                self.busy = None
+
+
 class FakeExecutor(Executor):
     """A deterministic Executor.
 
@@ -73,11 +106,21 @@ class FakeExecutor(Executor):
     It records every call in ``events`` (``("add_run", id, warm_from)``, ``("segment", id, stop)``,
     ``("on_status", id, status)``, ``("has_boundary", id)``) and every protocol breach in ``violations``: an
     executor call other than ``run_segment`` while a segment is in flight, two segments at once, a segment for
-    an unknown run or past its plan.
+    an unknown run or past its plan. With a shared ``device`` (:class:`FakeDevice`), calls made while another
+    executor's segment trains are recorded there.
     """
 
-    def __init__(self, num_chunks: int = 2, mode: str = "auto", delay: float = 0.002) -> None:
+    def __init__(
+        self,
+        num_chunks: int = 2,
+        mode: str = "auto",
+        delay: float = 0.002,
+        device: FakeDevice | None = None,
+        name: str = "fake",
+    ) -> None:
         assert mode in ("auto", "thread", "manual")
+        self.device = device
+        self.name = name
         self.num_chunks = num_chunks
         self.mode = mode
         self.delay = delay
@@ -134,7 +177,7 @@ class FakeExecutor(Executor):
             plan = self.plans.get(run_id)
             if plan is None:
                 self.violations.append(f"run_segment for unknown run {run_id}")
-            elif stop_step not in plan.boundaries or stop_step <= self.steps[run_id]:
+            elif not plan.is_boundary(stop_step) or stop_step <= self.steps[run_id]:
                 self.violations.append(
                     f"run_segment({run_id}, {stop_step}): not the next boundary of "
                     f"{plan.boundaries} from step {self.steps[run_id]}"
@@ -142,6 +185,8 @@ class FakeExecutor(Executor):
             self.calls.append((run_id, stop_step))
             self.events.append(("segment", run_id, stop_step))
             self.inflight = (run_id, stop_step, fut)
+        if self.device is not None:
+            self.device.begin(self.name, run_id, stop_step)
         if self.on_segment is not None:
             self.on_segment(run_id, stop_step)
         with self.cond:
@@ -172,6 +217,8 @@ class FakeExecutor(Executor):
 
     # ---------------------------------------------------------------- test controls
     def _guard(self, name: str, run_id: int) -> None:
+        if self.device is not None:
+            self.device.call(self.name, f"{name}({run_id})")
         with self.cond:
             if self.inflight is not None:
                 self.violations.append(f"{name}({run_id}) called while run {self.inflight[0]} is training")
@@ -202,6 +249,8 @@ class FakeExecutor(Executor):
                     step=stop, samples_seen=plan.samples_seen(stop), finished=stop >= plan.total_steps
                 )
             self.inflight = None  # cleared before the scheduler can see the Future done
+            if self.device is not None:
+                self.device.end(self.name)
             self.cond.notify_all()
         if raise_exc is not None:
             fut.set_exception(raise_exc)
@@ -296,10 +345,20 @@ class Harness:
         mode: str = "auto",
         idle_poll_s: float = 0.002,
         start: bool = True,
+        arbiter: DeviceArbiter | None = None,
+        device: FakeDevice | None = None,
+        name: str = "fake",
     ) -> None:
-        self.fake = FakeExecutor(num_chunks=num_chunks, mode=mode)
+        self.fake = FakeExecutor(num_chunks=num_chunks, mode=mode, device=device, name=name)
         self.rec = Recorder()
-        self.sched = Scheduler(self.fake, listener=self.rec, idle_poll_s=idle_poll_s)
+        # its own arbiter unless told to share one: a harness left open cannot hold up the next test
+        self.sched = Scheduler(
+            self.fake,
+            listener=self.rec,
+            idle_poll_s=idle_poll_s,
+            arbiter=arbiter or DeviceArbiter(),
+            owner=name,
+        )
         items = specs.items() if isinstance(specs, dict) else enumerate(specs, start=1)
         for run_id, spec in items:
             self.sched.add_run(run_id, spec)

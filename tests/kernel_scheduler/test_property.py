@@ -11,6 +11,9 @@ step by step. Properties checked on every example:
 * the order rule: each ``run_segment`` goes to the run whose position ``(epoch, chunk)`` is smallest among the
   runs in rotation and ready at that moment, ties by run id;
 * the executor is never called (add_run, on_status, has_boundary) while a segment is in flight;
+* the later request wins: a stop / resume / delete sent while a stop or delete of another kind for the same run
+  waits for that run's chunk boundary (the same segment in flight) cancels it (rejected, "cancelled by op
+  <id>"), and such a resume is applied at once;
 * at the end nothing is left in NEW or ONGOING, COMPLETED runs made all their steps.
 """
 
@@ -43,7 +46,31 @@ run_ids = st.integers(0, 7)  # 0 and ids past the last run are unknown
 simple_ops = st.tuples(st.sampled_from(["stop", "resume", "delete"]), run_ids, st.booleans())
 clone_ops = st.tuples(st.just("clone"), run_ids, st.booleans(), clone_specs, st.booleans())
 segment = st.tuples(st.just("seg"), st.sampled_from(["ok", "ok", "ok", "ok", "error"]))
-actions = st.one_of(segment, segment, simple_ops, clone_ops, st.tuples(st.just("dup"), st.integers(0, 50)))
+# a stop / resume / delete of whichever run is training when the action runs (its ops wait for the boundary),
+# or two of them in a row (the second one must win)
+live_kinds = st.sampled_from(["stop", "resume", "delete"])
+live_ops = st.tuples(st.just("live"), live_kinds, st.booleans())
+live_pairs = st.tuples(st.just("live2"), live_kinds, live_kinds, st.booleans())
+actions = st.one_of(
+    segment,
+    segment,
+    simple_ops,
+    clone_ops,
+    live_ops,
+    live_pairs,
+    st.tuples(st.just("dup"), st.integers(0, 50)),
+)
+
+
+def expand(script: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``("live2", a, b, settle)`` -> ``("live", a, settle), ("live", b, True)``."""
+    out: list[tuple[Any, ...]] = []
+    for action in script:
+        if action[0] == "live2":
+            out += [("live", action[1], action[3]), ("live", action[2], True)]
+        else:
+            out.append(action)
+    return out
 
 
 class Checks:
@@ -126,6 +153,23 @@ def make_hooks(h: Harness, checks: Checks) -> None:
     h.fake.on_add_run = on_add_run
 
 
+def later_wins(h: Harness, history: list[tuple[Op, int, int | None]], op: Op, resolved: int) -> list[str]:
+    """The earlier stop/delete ops of ``op``'s run (another kind) still waiting for the boundary of the segment
+    in flight now (sent during that same segment): ``op`` must cancel them."""
+    out = []
+    for earlier, seg, inflight in history:
+        if (
+            earlier.run_id == op.run_id
+            and earlier.kind in (OpKind.STOP, OpKind.DELETE)
+            and earlier.kind is not op.kind
+            and (seg, inflight) == (resolved, op.run_id)
+        ):
+            ack = h.sched.ack(earlier.op_id)
+            if ack is not None and ack.state == "queued":
+                out.append(earlier.op_id)
+    return out
+
+
 @settings(
     max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
@@ -143,8 +187,11 @@ def test_random_ops_and_completions(
         make_hooks(h, checks)
         spec_of: dict[int, FakeSpec] = dict(enumerate(initial, start=1))
         submitted: list[Op] = []
+        history: list[tuple[Op, int, int | None]] = []  # (op, segments resolved before it, run in flight)
+        cancelled_by: dict[str, str] = {}  # op id -> the later op that must cancel it
+        resolved = 0
         try:
-            for i, action in enumerate(before_start + [("start",)] + script):
+            for i, action in enumerate(before_start + [("start",)] + expand(script)):
                 if action[0] == "start":
                     h.sched.start()
                     h.settle()
@@ -154,6 +201,7 @@ def test_random_ops_and_completions(
                 if kind == "seg":
                     if h.fake.inflight is not None:
                         h.fake.resolve(error="boom" if action[1] == "error" else None)
+                        resolved += 1
                     h.settle()
                     continue
                 if kind == "dup":
@@ -168,11 +216,25 @@ def test_random_ops_and_completions(
                     op = Op(
                         OpKind.CLONE, rid, payload={"spec": parent_spec if warm else spec, "warm_start": warm}
                     )
+                elif kind == "live":
+                    _, kind, settle = action
+                    op = Op(OpKind(kind), h.fake.inflight[0] if h.fake.inflight is not None else 1)
                 else:
                     _, rid, settle = action
                     op = Op(OpKind(kind), rid)
+                inflight = h.fake.inflight[0] if h.fake.inflight is not None else None
+                waiting = (
+                    []
+                    if kind in ("dup", "clone") or inflight != op.run_id
+                    else later_wins(h, history, op, resolved)
+                )
                 ack = h.sched.submit(op)
+                for earlier in waiting:
+                    cancelled_by[earlier] = op.op_id
+                if waiting and op.kind is OpKind.RESUME:
+                    assert ack.state == "applied", (op, ack)
                 if kind != "dup":
+                    history.append((op, resolved, inflight))
                     submitted.append(op)
                     if ack.new_run_id is not None:
                         spec_of[ack.new_run_id] = op.payload["spec"]
@@ -196,6 +258,12 @@ def test_random_ops_and_completions(
         assert states and states[-1] == ack.state, (op, states)
         assert sum(s in ("applied", "rejected") for s in states) == 1, (op, states)
     assert {op.op_id for op in submitted} == {e[0] for e in h.rec.op_events}
+
+    # the later request won
+    for earlier, later in cancelled_by.items():
+        ack = h.sched.ack(earlier)
+        assert ack is not None and ack.state == "rejected", ack
+        assert f"cancelled by op {later}" in ack.message, ack
 
     # nothing left to train; runs that completed made all their steps; no chunk trained twice
     for snap in h.sched.snapshot():

@@ -165,7 +165,7 @@ def test_progress_text_for_each_trainer() -> None:
 def test_chunk_line() -> None:
     snap = _snap(2, RunStatus.ONGOING, step=6)
     assert view.chunk_line(snap, {"loss": 0.812345, "eval_loss": math.nan}, 4) == (
-        "run 2 · chunk 2/4 of epoch 1 done · step 6/12 · loss 0.8123"
+        "run 2 · chunk 2/4 of epoch 1 done · step 6/12 · loss 0.8123 · eval_loss nan"
     )
     done = _snap(2, RunStatus.COMPLETED, step=12)
     assert view.chunk_line(done, {"loss": 1.5e-4}, 4) == "run 2 · completed · step 12/12 · loss 1.5e-4"
@@ -295,3 +295,15 @@ def test_view_imports_no_torch() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_queued_stop_makes_resume_legal_it_cancels_the_stop() -> None:
+    ops = [
+        {"op_id": "a", "run_id": 1, "kind": "stop", "state": "queued"},
+        {"op_id": "b", "run_id": 2, "kind": "stop", "state": "applied"},
+        {"op_id": "c", "run_id": 1, "kind": "clone", "state": "queued"},
+    ]
+    pending = view.pending_ops(ops, 1)
+    assert [p.op_id for p in pending] == ["a"]
+    assert view.legal_ops("ONGOING", pending=pending) == ["stop", "resume", "delete", "clone"]
+    assert view.legal_ops("ONGOING", pending=view.pending_ops(ops, 2)) == ["stop", "delete", "clone"]

@@ -122,3 +122,17 @@ def test_the_inbox_is_read_at_most_once_a_second(tmp_path: Path) -> None:
     for _ in range(20):
         rec.poll_ops()
     assert len(reads) == 1
+
+
+def test_log_calls_while_training_are_batched_not_written_one_by_one(tmp_path: Path) -> None:
+    import time
+
+    rec, store, _ = _recorder(tmp_path)
+    rec.start()
+    for step in range(1, 41):  # 40 log calls within ~0.1 s, as fast steps log them
+        rec.on_metrics(1, step, step, {"loss": 1.0})
+        time.sleep(0.0025)
+    assert rec.flush(5)
+    assert sum(store.metric_batches) == 40
+    assert len(store.metric_batches) <= 3, store.metric_batches  # one wake-up per ~0.2 s, not one per step
+    rec.close()

@@ -1,0 +1,66 @@
+"""``rapidfireai``'s ``run_fit`` arguments that mean nothing different here, or cannot be honoured yet.
+
+``rapidfireai.Experiment.run_fit(..., seed=42, num_gpus=1, monte_carlo_simulations=1000)``: code written for it
+passes them, often positionally. ``num_gpus`` is the number of GPUs one run trains on: here every run trains
+on one device (the runs take turns on it), so only 1 is honoured and anything else is refused before training
+(it would silently compute something else). ``monte_carlo_simulations`` tunes rapidfireai's multi-GPU schedule
+search: it has no effect here, and says so once per process. Torch-free.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["check_drop_in_args"]
+
+_NOTED: set[str] = set()  # the notes already said in this process
+
+
+def check_drop_in_args(num_gpus: Any, monte_carlo_simulations: Any) -> str | None:
+    """Check ``run_fit``'s ``num_gpus`` and ``monte_carlo_simulations``.
+
+    Args:
+        num_gpus: GPUs per run; None or 1.
+        monte_carlo_simulations: None, or a positive int (accepted, no effect).
+
+    Returns:
+        The note to show the first time ``monte_carlo_simulations`` is given in this process, else None.
+
+    Raises:
+        ConfigError: ``num_gpus`` other than None or 1 (one run cannot span several GPUs yet), or a value of
+            the wrong type.
+    """
+    if num_gpus is not None:
+        if isinstance(num_gpus, bool) or not isinstance(num_gpus, numbers.Integral):
+            raise ConfigError(
+                f"num_gpus must be an int (the number of GPUs each run trains on), got "
+                f"{type(num_gpus).__name__} {num_gpus!r}; leave it out or pass num_gpus=1"
+            )
+        if num_gpus != 1:
+            raise ConfigError(
+                f"num_gpus={num_gpus}: num_gpus is the number of GPUs each run trains on, and rapidfire_nb trains "
+                "each run on one device (the GPU when there is one, else the CPU; the runs take turns on it) until "
+                "one run may span several GPUs. Leave num_gpus out or pass num_gpus=1"
+            )
+    if monte_carlo_simulations is None:
+        return None
+    if (
+        isinstance(monte_carlo_simulations, bool)
+        or not isinstance(monte_carlo_simulations, numbers.Integral)
+        or monte_carlo_simulations < 1
+    ):
+        raise ConfigError(
+            f"monte_carlo_simulations must be a positive int, got {monte_carlo_simulations!r} (it has no effect "
+            "in rapidfire_nb; leave it out)"
+        )
+    if "monte_carlo_simulations" in _NOTED:
+        return None
+    _NOTED.add("monte_carlo_simulations")
+    return (
+        f"monte_carlo_simulations={monte_carlo_simulations} has no effect in rapidfire_nb: the runs take turns "
+        "on one device in a fixed fairness order (the run furthest behind trains next), so there is no "
+        "schedule to simulate"
+    )

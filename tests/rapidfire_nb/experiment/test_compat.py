@@ -1,0 +1,74 @@
+"""``rapidfireai``'s ``run_fit(..., num_gpus, monte_carlo_simulations)``: accepted with their meaning, or refused
+before anything is built (one run on several GPUs is not supported yet). No training here: every call ends at a
+check (``num_chunks=0`` stops an accepted call right after the two arguments passed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.experiment import compat
+
+
+@pytest.fixture
+def exp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from rapidfire_nb import Experiment
+
+    monkeypatch.setattr(compat, "_NOTED", set())  # this test's process has said nothing yet
+    e = Experiment("compat", experiment_path=tmp_path)
+    said: list[str] = []
+    e.on_message(said.append)
+    e.said = said
+    yield e
+    e.end()
+
+
+def _fit(exp: Any, *args: Any, **kwargs: Any) -> None:
+    """run_fit with stand-ins for the group, the model function and the rows: every call here ends at a check
+    made before any of them is used."""
+    exp.run_fit(object(), lambda config: None, [{"text": "row"}], None, *args, background=True, **kwargs)
+
+
+def test_rapidfireai_positional_arguments_are_accepted(exp: Any) -> None:
+    with pytest.raises(ConfigError, match="num_chunks must be an integer >= 1"):
+        _fit(exp, 0, 42, 1, 1000)  # num_chunks, seed, num_gpus, monte_carlo_simulations
+    assert exp.said == [
+        "[rapidfire] monte_carlo_simulations=1000 has no effect in rapidfire_nb: the runs take turns on one "
+        "device in a fixed fairness order (the run furthest behind trains next), so there is no schedule to "
+        "simulate"
+    ]
+    with pytest.raises(ConfigError, match="num_chunks"):
+        _fit(exp, 0, num_gpus=None, monte_carlo_simulations=50)
+    assert len(exp.said) == 1  # said once
+
+
+@pytest.mark.parametrize("num_gpus", [0, 2, 8, -1])
+def test_num_gpus_other_than_one_is_refused_before_training(exp: Any, num_gpus: int) -> None:
+    with pytest.raises(ConfigError) as err:
+        _fit(exp, 2, 42, num_gpus)
+    text = str(err.value)
+    assert text.startswith(f"num_gpus={num_gpus}: num_gpus is the number of GPUs each run trains on")
+    assert "until one run may span several GPUs. Leave num_gpus out or pass num_gpus=1" in text
+    assert exp.store.runs() == [] and exp.session is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"num_gpus": "1"},
+            r"num_gpus must be an int \(the number of GPUs each run trains on\), got str '1'",
+        ),
+        ({"num_gpus": True}, "num_gpus must be an int .* got bool True"),
+        ({"num_gpus": 1.0}, "num_gpus must be an int .* got float 1.0"),
+        ({"monte_carlo_simulations": 0}, "monte_carlo_simulations must be a positive int, got 0"),
+        ({"monte_carlo_simulations": "many"}, "monte_carlo_simulations must be a positive int, got 'many'"),
+    ],
+)
+def test_wrong_types_name_the_argument(exp: Any, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _fit(exp, 2, **kwargs)
+    assert exp.said == []
