@@ -103,7 +103,10 @@ def test_a_stored_absurd_clone_fails_on_reopen_instead_of_hanging() -> None:
             r"eval_generation_samples must be a positive integer \(eval rows to generate for, the same seeded sample "
             r"for every run\) or None \(every eval row\), got 0",
         ),
-        ({"eval_generation_samples": True}, r"eval_generation_samples must be a positive integer .* got True"),
+        (
+            {"eval_generation_samples": True},
+            r"eval_generation_samples must be a positive integer .* got True",
+        ),
         ({"eval_generation_samples": 2.5}, r"eval_generation_samples must be a positive integer .* got 2.5"),
     ],
 )
