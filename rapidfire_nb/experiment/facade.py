@@ -179,6 +179,7 @@ class Experiment:
         *,
         background: bool | None = None,
         checkpoint_every: int = 1,
+        eval_generation_samples: int | None = None,
     ) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
@@ -200,6 +201,10 @@ class Experiment:
             checkpoint_every: write each run's resumable checkpoint every this many chunks (default 1: at every
                 chunk boundary). Larger values write less; a crashed kernel then continues a run from up to
                 ``checkpoint_every - 1`` chunks further back (exactly, as ever). Warm clones are unaffected.
+            eval_generation_samples: runs with both ``compute_metrics`` and ``generation_config`` generate, at
+                every evaluation, for this many eval rows: a fixed sample drawn with ``seed``, the same rows for
+                every run (default None: every eval row). Their metrics are logged as ``eval_<name>`` with
+                ``eval_generation_seconds`` (seconds spent generating).
 
         In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
         goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
@@ -218,6 +223,7 @@ class Experiment:
                 "monte_carlo_simulations": monte_carlo_simulations,
                 "background": background,
                 "checkpoint_every": checkpoint_every,
+                "eval_generation_samples": eval_generation_samples,
             },
         )
 
@@ -360,8 +366,10 @@ class Experiment:
 
         Returns:
             pandas DataFrame with columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
-            chunks_done, epoch, loss, eval_loss, checkpoint_dir, error``. DELETED runs are left out unless
-            ``include_deleted``.
+            chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error``; the generation
+            metrics are the ``eval_<name>`` values of ``compute_metrics`` with ``generation_config`` (e.g.
+            ``eval_rougeL``) and GRPO's ``eval_reward``/``eval_rewards/<function>/mean``, each run's latest.
+            DELETED runs are left out unless ``include_deleted``.
         """
         session = self._flush()
         return tables.runs_table(

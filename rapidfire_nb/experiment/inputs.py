@@ -39,6 +39,7 @@ class FitInputs:
         create_model_fn, train_dataset, eval_dataset: as given.
         num_chunks: chunks per epoch; seed: the experiment seed.
         checkpoint_every: write boundary checkpoints every this many chunks.
+        eval_generation_samples: eval rows generated for by runs that evaluate by generating (None: all).
     """
 
     specs: tuple[Any, ...]
@@ -50,6 +51,7 @@ class FitInputs:
     num_chunks: int
     seed: int
     checkpoint_every: int = 1
+    eval_generation_samples: int | None = None
 
     def meta(self) -> dict[str, Any]:
         """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against)."""
@@ -58,6 +60,7 @@ class FitInputs:
             "seed": self.seed,
             "train_data": dataset_fingerprint(self.train_dataset),
             "eval_data": dataset_fingerprint(self.eval_dataset),
+            "eval_generation_samples": self.eval_generation_samples,
         }
 
 
@@ -69,6 +72,7 @@ def check_fit_inputs(
     num_chunks: Any,
     seed: Any,
     checkpoint_every: Any = 1,
+    eval_generation_samples: Any = None,
 ) -> FitInputs:
     """Check ``run_fit``'s arguments and expand the config group (nothing is built or loaded).
 
@@ -80,6 +84,15 @@ def check_fit_inputs(
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
         raise ConfigError(
             f"checkpoint_every must be an integer >= 1 (chunks between two checkpoints), got {checkpoint_every!r}"
+        )
+    if eval_generation_samples is not None and (
+        not isinstance(eval_generation_samples, int)
+        or isinstance(eval_generation_samples, bool)
+        or eval_generation_samples < 1
+    ):
+        raise ConfigError(
+            "eval_generation_samples must be a positive integer (eval rows to generate for, the same seeded sample "
+            f"for every run) or None (every eval row), got {eval_generation_samples!r}"
         )
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= schema.MAX_SEED:
         raise ConfigError(
@@ -107,6 +120,7 @@ def check_fit_inputs(
         num_chunks=num_chunks,
         seed=seed,
         checkpoint_every=checkpoint_every,
+        eval_generation_samples=eval_generation_samples,
     )
 
 
@@ -150,6 +164,7 @@ def check_same_inputs(
     train_dataset: Any,
     eval_dataset: Any,
     unfinished: list[int],
+    eval_generation_samples: int | None = None,
 ) -> None:
     """Continuing runs from their checkpoints needs the inputs they were started with.
 
@@ -160,12 +175,14 @@ def check_same_inputs(
         unfinished: the run ids that would continue (for the message).
 
     Raises:
-        ExperimentError: ``num_chunks``, ``seed``, the train or the eval dataset differ from the stored ones
-            (datasets compared by :func:`dataset_fingerprint`: row count plus a hash of sampled rows).
+        ExperimentError: ``num_chunks``, ``seed``, ``eval_generation_samples``, the train or the eval dataset
+            differ from the stored ones (datasets compared by :func:`dataset_fingerprint`: row count plus a hash of
+            sampled rows).
     """
     checks = [
         ("num_chunks", "num_chunks", num_chunks),
         ("seed", "seed", seed),
+        ("eval_generation_samples", "eval_generation_samples", eval_generation_samples),
         ("train_dataset", "train_data", dataset_fingerprint(train_dataset)),
         ("eval_dataset", "eval_data", dataset_fingerprint(eval_dataset)),
     ]
@@ -175,13 +192,13 @@ def check_same_inputs(
         raise ExperimentError(
             f"experiment {experiment_name!r} has unfinished runs {unfinished} to continue from their "
             f"checkpoints, and run_fit got {_difference(field, meta[key], given)}. Continuing needs the same "
-            "num_chunks, seed and datasets; pass those, or use a new experiment name (or "
+            "num_chunks, seed, eval_generation_samples and datasets; pass those, or use a new experiment name (or "
             "Experiment(name, overwrite=True)) to start afresh"
         )
 
 
 def _difference(field: str, stored: Any, given: Any) -> str:
-    if field in ("num_chunks", "seed"):
+    if field in ("num_chunks", "seed", "eval_generation_samples"):
         return f"{field}={given!r}, but it was started with {field}={stored!r}"
     if given is None or stored is None:
         return f"a different {field}: " + (

@@ -61,7 +61,8 @@ def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> Non
     Args:
         exp: the experiment.
         fit_args: ``(param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed)``.
-        options: ``num_gpus``, ``monte_carlo_simulations``, ``background``, ``checkpoint_every``.
+        options: ``num_gpus``, ``monte_carlo_simulations``, ``background``, ``checkpoint_every``,
+            ``eval_generation_samples``.
 
     Raises:
         ConfigError: bad input, before any training starts.
@@ -81,7 +82,9 @@ def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> Non
             exp._session = None
         if not held_before and exp._session is None:
             settle_orphan(exp._lock, exp.store)  # its writer may have died since this opened it read-only
-        inputs = check_fit_inputs(*fit_args, options["checkpoint_every"])
+        inputs = check_fit_inputs(
+            *fit_args, options["checkpoint_every"], options.get("eval_generation_samples")
+        )
         existing = check_group(exp.experiment_name, exp.store, inputs, trained_here=exp._session is not None)
         if existing is None:
             exp._say(

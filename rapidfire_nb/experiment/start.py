@@ -57,6 +57,7 @@ def check_group(
             inputs.train_dataset,
             inputs.eval_dataset,
             unfinished,
+            inputs.eval_generation_samples,
         )
     return existing
 
@@ -133,6 +134,8 @@ def open_session(
         checkpoint_every=inputs.checkpoint_every,
         on_storage_error=lambda failure: late["session"].storage_failed(failure),
         in_record_order=recorder.in_order,
+        eval_generation_samples=inputs.eval_generation_samples,
+        on_eval_metrics=lambda names: recorder.in_order(lambda: _note_eval_metrics(store, names)),
     )
     late["executor"] = executor
     scheduler = Scheduler(
@@ -305,6 +308,14 @@ def _continue_from(
         )
     elif int(prior.get("completed_steps") or 0) > 0:
         resumed.append(f"run {run_id} from step 0 ({plan.restart_reason})")
+
+
+def _note_eval_metrics(store: Any, names: list[str]) -> None:
+    """Add generation metric names to meta ``eval_metric_names`` (the result tables' columns); recorder thread."""
+    known = list(store.get_meta("eval_metric_names", []) or [])
+    added = [n for n in names if n not in known]
+    if added:
+        store.set_meta("eval_metric_names", known + added)
 
 
 def _record_group(session: FitSession, store: Any, existing: Mapping[int, Mapping[str, Any]]) -> None:

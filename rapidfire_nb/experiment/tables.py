@@ -13,23 +13,18 @@ from kernel_scheduler import RunSnapshot, RunStatus
 
 __all__ = ["ops_table", "results_table", "runs_table"]
 
-_TAIL_COLUMNS = [
-    "completed_steps",
-    "total_steps",
-    "chunks_done",
-    "epoch",
-    "loss",
-    "eval_loss",
-    "checkpoint_dir",
-    "error",
-]
+_PROGRESS_COLUMNS = ["completed_steps", "total_steps", "chunks_done", "epoch", "loss", "eval_loss"]
 
 
 def runs_table(
     store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[str], include_deleted: bool
 ) -> Any:
     """``get_runs_info()``: columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
-    chunks_done, epoch, loss, eval_loss, checkpoint_dir, error``.
+    chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error``.
+
+    The generation metrics are those in the store's meta ``eval_metric_names`` (``compute_metrics``' values of
+    runs that evaluate by generating, e.g. ``eval_rougeL``; GRPO's ``eval_reward`` and
+    ``eval_rewards/<function>/mean``): each run's latest value, missing (NaN) where a run logged none.
 
     Args:
         live: the scheduler's snapshots by run id (empty when nothing trains in this process).
@@ -38,7 +33,8 @@ def runs_table(
     """
     import pandas as pd
 
-    latest = store.latest_metrics(["loss", "eval_loss"])
+    generated = [str(n) for n in store.get_meta("eval_metric_names", []) or [] if n not in _PROGRESS_COLUMNS]
+    latest = store.latest_metrics(["loss", "eval_loss", *generated])
     cols = list(store.get_meta("hparam_columns", []) or [])
     cols += [c for c in columns if c not in cols]
     rows = []
@@ -67,11 +63,12 @@ def runs_table(
             epoch=r.get("epoch"),
             loss=m.get("loss"),
             eval_loss=m.get("eval_loss"),
-            checkpoint_dir=r.get("checkpoint_dir"),
-            error=r.get("error"),
         )
+        row.update({name: m.get(name) for name in generated})
+        row.update(checkpoint_dir=r.get("checkpoint_dir"), error=r.get("error"))
         rows.append(row)
-    return pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *_TAIL_COLUMNS])
+    tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error"]
+    return pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *tail])
 
 
 def results_table(store: Any, live: Mapping[int, RunSnapshot], include_deleted: bool) -> Any:

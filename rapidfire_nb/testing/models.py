@@ -196,8 +196,9 @@ def tiny_create_model(
         model_config: optional dict; only these keys are read:
             ``model_name``: one of :data:`TINY_MODEL_NAMES` or ``None`` (``"tiny-qwen2"`` builds a Qwen2);
             ``model_kwargs``: ``dtype``/``torch_dtype`` (a ``torch.dtype`` or its name; the model is cast
-            to it), ``attn_implementation`` (set on the config), ``device_map`` and ``low_cpu_mem_usage``
-            (loading hints, ignored: the model is built on the CPU). Other keys are ignored.
+            to it), ``attn_implementation`` (set on the config), ``use_cache`` (set on the config, as
+            ``from_pretrained`` does), ``device_map`` and ``low_cpu_mem_usage`` (loading hints, ignored: the model
+            is built on the CPU). Other keys are ignored.
 
     Returns:
         ``(model, tokenizer)`` from :func:`tiny_model` and :func:`tiny_tokenizer`.
@@ -218,14 +219,17 @@ def tiny_create_model(
     torch_dtype = kwargs.pop("torch_dtype", None)
     dtype = dtype if dtype is not None else torch_dtype
     attn = kwargs.pop("attn_implementation", None)
+    use_cache = kwargs.pop("use_cache", None)
     kwargs.pop("device_map", None)
     kwargs.pop("low_cpu_mem_usage", None)
     if kwargs:
         raise TypeError(
             f"tiny_create_model does not support model_kwargs {sorted(kwargs)}; supported: dtype, "
-            "torch_dtype, attn_implementation, device_map, low_cpu_mem_usage."
+            "torch_dtype, attn_implementation, use_cache, device_map, low_cpu_mem_usage."
         )
     model = tiny_model(seed=0, arch=arch)
+    if use_cache is not None:
+        model.config.use_cache = bool(use_cache)
     if attn is not None:
         model.set_attn_implementation(attn)
     if dtype is not None and dtype != "auto":

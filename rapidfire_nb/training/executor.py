@@ -36,6 +36,7 @@ from .checkpoint import (
 )
 from .data import prepare_dataset, rows_dropped
 from .device import DeviceThread
+from .generation_spec import check_generation_eval, generation_enabled
 from .kinds import TrainerKind, get_kind
 from .malloc import tune_malloc
 from .models import BaseModels, SharedBase, attach_run_model, load_trained_weights
@@ -93,6 +94,11 @@ class TorchExecutor(Executor):
             the steps up to a boundary) is recorded; boundary checkpoints are handed to the writer through it, so
             a checkpoint on disk is never ahead of the metrics in the store (a resume then loses no step).
             Default: at once.
+        eval_generation_samples: runs that evaluate by generating (``compute_metrics`` and ``generation_config``
+            both set) generate for this many eval rows, a fixed sample drawn with ``seed`` (the same rows for
+            every run); ``None``: every eval row.
+        on_eval_metrics: ``on_eval_metrics(names)`` with the names of generation metrics (``eval_<name>`` from
+            ``compute_metrics``, GRPO's eval rewards) as runs first log them (device thread).
     """
 
     def __init__(
@@ -110,6 +116,8 @@ class TorchExecutor(Executor):
         checkpoint_every: int = 1,
         on_storage_error: Callable[[StorageError], None] | None = None,
         in_record_order: Callable[[Callable[[], None]], None] | None = None,
+        eval_generation_samples: int | None = None,
+        on_eval_metrics: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.kind = get_kind(trainer_type)
         self.create_model_fn = create_model_fn
@@ -132,6 +140,9 @@ class TorchExecutor(Executor):
         self.handoffs = HandoffClock()  # our own time between two segments (benchmark)
         self.switch_seconds = 0.0  # time spent in activations + snapshots (benchmark)
         self._noted: set[str] = set()
+        self.eval_generation_samples = eval_generation_samples
+        self._on_eval_metrics = on_eval_metrics or (lambda names: None)
+        self._eval_metric_names: set[str] = set()
 
     # ------------------------------------------------------------------ Executor API
     def add_run(
@@ -297,6 +308,10 @@ class TorchExecutor(Executor):
             note = rows_dropped(what, given, kept, args)  # TRL drops rows whose prompt fills max_length
             if note:
                 self._note(f"run {run_id}: {note}")
+        if eval_ds is not None:
+            self._eval_metrics_seen(self.kind.eval_metric_names(trainer))  # e.g. GRPO's eval rewards
+            if generation_enabled(spec.compute_metrics, spec.generation_config):
+                self._install_generation(run_id, spec, trainer, base.tokenizer, eval_ds)
         initial_rng = capture_rng()
         plan = self._plan(run_id, trainer)
         resume, start = self._start_position(run_id, trainer, adapter, plan, run_dir, warm_from, resume_from)
@@ -344,6 +359,8 @@ class TorchExecutor(Executor):
             if self.eval_dataset is not None
             else None
         )
+        for n in check_generation_eval(spec, eval_ds):  # compute_metrics + generation_config
+            self._note(n)
         return args, train_ds, eval_ds, build_lora_config(spec)
 
     def _plan(self, run_id: int, trainer: Any) -> ChunkPlan:
@@ -451,7 +468,10 @@ class TorchExecutor(Executor):
                 "eval_dataset": eval_ds,
                 "processing_class": tokenizer,
             }
-            if spec.compute_metrics is not None:
+            if (
+                spec.compute_metrics is not None
+                and not generation_enabled(spec.compute_metrics, spec.generation_config)
+            ):  # alone it goes to the TRL trainer (as in rapidfireai); with generation_config it scores generations
                 kwargs["compute_metrics"] = spec.compute_metrics
             kwargs.update(kind.trainer_kwargs(spec, model, args, self.models))  # reward_funcs, DPO ref_model
             try:
@@ -468,6 +488,41 @@ class TorchExecutor(Executor):
             trainer.remove_callback(ProgressCallback)
         kind.after_build(trainer)  # remember the forward this trainer patched in (per-run settings)
         return trainer
+
+    def _install_generation(
+        self, run_id: int, spec: LeafConfig, trainer: Any, tokenizer: Any, eval_ds: Any
+    ) -> None:
+        """Make the run's evaluations generate for the (sampled) eval rows and log ``compute_metrics``' values."""
+        from .generation_eval import GenerationEvaluator, install
+        from .generation_spec import eval_examples, resolve_settings, sample_indices
+
+        examples, _ = eval_examples(eval_ds)
+        picked = [examples[i] for i in sample_indices(len(examples), self.eval_generation_samples, self.seed)]
+        tok = getattr(tokenizer, "tokenizer", None) or tokenizer
+        settings = resolve_settings(
+            spec.generation_config,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            eos_token_id=tok.eos_token_id,
+            model_max_length=getattr(tok, "model_max_length", None),
+            batch_size=trainer.args.per_device_eval_batch_size,
+            seed=self.seed,
+        )
+        evaluator = GenerationEvaluator(tok, picked, settings, spec.compute_metrics, self._eval_metrics_seen)
+        if evaluator.truncated:
+            self._note(
+                f"run {run_id}: {evaluator.truncated} of {len(picked)} eval prompts are longer than "
+                f"max_input_length={settings.max_input_length} tokens and are cut on the {settings.truncation_side} "
+                "for generation (set generation_config['max_input_length'] to change it)"
+            )
+        install(trainer, evaluator)
+
+    def _eval_metrics_seen(self, names: list[str]) -> None:
+        from .generation_spec import GENERATION_SECONDS
+
+        new = [n for n in names if n not in self._eval_metric_names and not n.endswith(GENERATION_SECONDS)]
+        if new:
+            self._eval_metric_names.update(new)
+            self._on_eval_metrics(new)
 
     def _activate(self, run_id: int) -> None:
         t0 = time.perf_counter()

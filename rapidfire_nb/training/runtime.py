@@ -26,6 +26,8 @@ def make_executor(
     checkpoint_every: int = 1,
     on_storage_error: Callable[[Any], None] | None = None,
     in_record_order: Callable[[Callable[[], None]], None] | None = None,
+    eval_generation_samples: int | None = None,
+    on_eval_metrics: Callable[[list[str]], None] | None = None,
 ) -> TorchExecutor:
     return TorchExecutor(
         trainer_type,
@@ -41,4 +43,6 @@ def make_executor(
         checkpoint_every=checkpoint_every,
         on_storage_error=on_storage_error,
         in_record_order=in_record_order,
+        eval_generation_samples=eval_generation_samples,
+        on_eval_metrics=on_eval_metrics,
     )

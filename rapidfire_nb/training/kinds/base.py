@@ -200,6 +200,17 @@ class TrainerKind(abc.ABC):
         hooks.record_forward(trainer)
         hooks.resume_sampler_epochs(trainer)
 
+    def eval_metric_names(self, trainer: Any) -> list[str]:
+        """Eval metrics of this kind worth a column in ``get_runs_info`` (besides ``eval_loss``).
+
+        Args:
+            trainer: The run's TRL trainer (built with an eval set).
+
+        Returns:
+            TRL's names as logged (``eval_<name>``); none by default.
+        """
+        return []
+
     def on_activate(self, trainer: Any) -> None:
         """On every handover to the run (in its worker thread, after its adapter is set).
 

@@ -76,6 +76,11 @@ class GRPOKind(TrainerKind):
     ) -> dict[str, Any]:
         return {"reward_funcs": wrap_reward_funcs(spec.reward_funcs)}
 
+    def eval_metric_names(self, trainer: Any) -> list[str]:
+        """GRPO's eval reward: the mean total reward and each reward function's mean over eval completions."""
+        names = list(getattr(trainer, "reward_func_names", []) or [])
+        return ["eval_reward", *(f"eval_rewards/{n}/mean" for n in names)]
+
     def building(self, model: Any, adapter: str | None) -> AbstractContextManager[None]:
         return hooks.reference_free_build(model, adapter)
 

@@ -92,7 +92,7 @@ def test_generate_mode_falls_back_when_reply_is_gold_or_empty(tmp_path, monkeypa
     monkeypatch.setattr(
         preferences,
         "generate_replies",
-        lambda model, tok, questions, max_new_tokens: {q: fake[q] for q in questions},
+        lambda model, tok, questions, max_new_tokens, **kwargs: {q: fake[q] for q in questions},
     )
     model, tok = tiny_model_fn(None)
     kwargs = {

@@ -98,6 +98,16 @@ def test_a_stored_absurd_clone_fails_on_reopen_instead_of_hanging() -> None:
             r"seed must be an integer from 0 to 4,294,967,295 \(numpy's range\), got 1099511627776",
         ),
         ({"seed": -1}, r"seed must be an integer from 0 to 4,294,967,295"),
+        (
+            {"eval_generation_samples": 0},
+            r"eval_generation_samples must be a positive integer \(eval rows to generate for, the same seeded sample "
+            r"for every run\) or None \(every eval row\), got 0",
+        ),
+        (
+            {"eval_generation_samples": True},
+            r"eval_generation_samples must be a positive integer .* got True",
+        ),
+        ({"eval_generation_samples": 2.5}, r"eval_generation_samples must be a positive integer .* got 2.5"),
     ],
 )
 def test_run_fit_bounds_num_chunks_and_the_seed(kwargs: dict[str, Any], match: str) -> None:
