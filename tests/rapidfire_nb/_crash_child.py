@@ -29,6 +29,16 @@ import torch
 torch.set_num_threads(1)  # same arithmetic in every process (reference and restarts)
 
 
+def _records_written() -> None:
+    """Let the recorder thread write what it holds (run statuses), as it would have within ~0.2 s, so that a kill
+    early in training finds the runs ONGOING in the store even on a loaded machine (its thread runs at nice +10)."""
+    from rapidfire_nb.experiment.registry import current_experiment
+
+    session = getattr(current_experiment(), "session", None)
+    if session is not None:
+        session.recorder.flush(30)
+
+
 def _freeze(marker: str, info: dict) -> None:
     with open(marker + ".tmp", "w") as f:
         json.dump(info, f)
@@ -53,6 +63,8 @@ def _install(mode: str, k: int, marker: str) -> None:
         def compute_loss(self, *a, **kw):
             out = orig(self, *a, **kw)
             if self.model.training:  # not the chunk-end evaluation, which also calls compute_loss
+                if count[0] + 1 == k:
+                    _records_written()
                 hit({"global_step": int(self.state.global_step), "lr": self.args.learning_rate})
             return out
 

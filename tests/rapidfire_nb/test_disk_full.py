@@ -102,7 +102,7 @@ def test_the_store_filling_up_interrupts_the_runs_and_run_fit_continues_exactly(
 
         def add_metrics(rows: Any) -> int:
             calls["n"] += 1
-            if calls["n"] > 6:  # a few batches go through, then the disk is full
+            if calls["n"] > 2:  # a batch or two go through, then the disk is full
                 raise sqlite3.OperationalError("database or disk is full")
             return original(rows)
 
@@ -111,7 +111,9 @@ def test_the_store_filling_up_interrupts_the_runs_and_run_fit_continues_exactly(
     with caplog.at_level(logging.WARNING):
         exp, said = _run_until_the_disk_fills(tmp_path, monkeypatch, break_it)
     snaps = {s.run_id: s for s in exp.run_snapshots()}
-    assert {s.status.value for s in snaps.values()} <= {"INTERRUPTED", "NEW"}
+    # a run may have ended in memory before the recorder thread (behind training on a loaded machine) met the
+    # full disk; every run still training then is INTERRUPTED
+    assert {s.status.value for s in snaps.values()} <= {"INTERRUPTED", "NEW", "COMPLETED"}
     assert "INTERRUPTED" in {s.status.value for s in snaps.values()}
     failures = [line for line in said if "failed" in line]
     assert len(failures) == 1, said
