@@ -69,6 +69,14 @@ class ChunkPlan:
         """``(epoch, chunk)`` of segment ``segment`` (0-based); past the end, the last label."""
         return self.labels[min(segment, len(self.labels) - 1)]
 
+    def chunks_at(self, segments: int) -> int:
+        """Chunks done over all epochs once ``segments`` segments are complete (``(epoch - 1) * K + chunk`` of the
+        last one's label; a segment merged by ``step_multiple`` counts the chunks it covers). 0 for 0 segments."""
+        if segments <= 0:
+            return 0
+        epoch, chunk = self.label(segments - 1)
+        return (epoch - 1) * self.num_chunks + chunk
+
     def epoch_at(self, step: int) -> float:
         """Fractional epoch after ``step`` optimizer steps (TRL's ``epoch`` convention)."""
         return step / self.steps_per_epoch
