@@ -569,7 +569,7 @@ class Scheduler:
                 done = False
                 if run.status is RunStatus.NEW:
                     self._set_status(run, RunStatus.ONGOING)
-                stop = run.plan.boundaries[run.segments_done]
+                stop = run.plan.boundary(run.segments_done)
                 self._busy = True
         if done:
             self._emit(run)
@@ -796,7 +796,11 @@ class Scheduler:
             )
             child.waiting_clone = None
             child.pending = False
-        how = f"warm from run {op.run_id} at step {start.step}" if warm else "from scratch"
+        how = "from scratch"
+        if warm:  # a warm start begins at the parent's latest chunk boundary, which may lie behind its step
+            parent_step = self._runs[op.run_id].step
+            how = f"warm from run {op.run_id}'s latest chunk boundary, step {start.step}"
+            how += f"; run {op.run_id} is at step {parent_step}" if parent_step > start.step else ""
         self._resolved(op, f"run {child_id} created ({how})")
         self._emit(child)
 

@@ -357,9 +357,11 @@ for question in questions:
         """\
 ## 9. End the experiment
 
-`experiment.end()` waits for any run still training, writes the final weights and closes the experiment
-(and its live panel). Everything stays in the experiment's folder: `Experiment("sft-customer-support")` in a
-new kernel shows the runs again, and `%rapidfire list` lists the experiments under `RF_HOME`.""",
+`experiment.end()` waits for any run still training, writes the final weights and closes the experiment.
+Its live panel gives way to a static copy of the final state (the runs table and the curves), which stays in the
+saved notebook and shows without a kernel, e.g. on GitHub. Everything stays in the experiment's folder:
+`Experiment("sft-customer-support")` in a new kernel shows the runs again, and `%rapidfire list` lists the
+experiments under `RF_HOME`.""",
     ),
     (
         "code",
@@ -546,8 +548,8 @@ final.sort_values(["eval_rewards/accuracies", "eval_rewards/margins"], ascending
         """\
 ## 7. End the experiment
 
-`experiment.end()` closes the experiment (and its live panel); the runs, their metrics and their final
-adapters stay in the experiment's folder. `experiment.load_model(run_id)` (before `end()`) returns a run's
+`experiment.end()` closes the experiment; its live panel gives way to a static copy of the final state that
+stays in the saved notebook. The runs, their metrics and their final adapters stay in the experiment's folder. `experiment.load_model(run_id)` (before `end()`) returns a run's
 trained model, as in the SFT notebook.""",
     ),
     (
@@ -766,8 +768,8 @@ for name, model in [("base model", base_model), (f"run {best_id} ({labels[best_i
         """\
 ## 8. End the experiment
 
-`experiment.end()` closes the experiment (and its live panel); runs, metrics and final adapters stay in the
-experiment's folder under `RF_HOME`.""",
+`experiment.end()` closes the experiment; its live panel gives way to a static copy of the final state that
+stays in the saved notebook. Runs, metrics and final adapters stay in the experiment's folder under `RF_HOME`.""",
     ),
     (
         "code",

@@ -12,7 +12,8 @@ The rules the widget modules (``widgets/*.js``) follow, checked here:
 
 Each imported module becomes ``const __rf_name = (() => { <its text>; return { <its exports> }; })();``
 (its own scope, evaluated once, in dependency order) and each import a destructuring
-``const { a, b: c } = __rf_name;``.
+``const { a, b: c } = __rf_name;``. Comments that start a line (``//`` lines, ``/* ... */`` blocks) and leading
+indentation are left out of the bundle: it is saved with a notebook's widget state, so it stays small.
 Standard library only.
 """
 
@@ -22,13 +23,27 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["EsmBundleError", "bundle_esm"]
+__all__ = ["EsmBundleError", "bundle_esm", "strip_comments"]
 
 _IMPORT = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"\./([A-Za-z0-9_-]+\.js)"\s*;?[ \t]*$', re.M)
 _ANY_IMPORT = re.compile(r"^import\b(?!\s*\()", re.M)
 _EXPORT_DECL = re.compile(r"^export\s+((?:async\s+)?function\*?|class|const|let)\s+([A-Za-z_$][\w$]*)", re.M)
 _ANY_EXPORT = re.compile(r"^export\b.*$", re.M)
 _NAME = re.compile(r"^[A-Za-z_$][\w$]*$")
+_BLOCK_COMMENT = re.compile(r"^([ \t]*)/\*[\s\S]*?\*/[ \t]*", re.M)
+_LINE_COMMENT = re.compile(r"^[ \t]*//.*\n", re.M)
+
+
+def strip_comments(text: str) -> str:
+    """``text`` without the comments that start a line (``//`` lines, ``/* ... */`` blocks; code after a block on
+    its last line stays) and without leading indentation, except on lines that may continue a template literal
+    (after a line with an odd number of backticks). Comments inside a line are kept (``//`` may be in a string)."""
+    lines, inside = [], False
+    for line in _LINE_COMMENT.sub("", _BLOCK_COMMENT.sub(lambda m: m.group(1), text)).split("\n"):
+        lines.append(line if inside else line.lstrip(" \t"))
+        if line.count("`") % 2:
+            inside = not inside
+    return "\n".join(lines)
 
 
 class EsmBundleError(ValueError):
@@ -101,7 +116,7 @@ def bundle_esm(entry: Path) -> str:
         if name in active:
             raise EsmBundleError(f"import cycle: {' -> '.join([*active, name])}")
         active.append(name)
-        text = _rewrite_imports((folder / name).read_text(encoding="utf-8"), name, visit)
+        text = _rewrite_imports(strip_comments((folder / name).read_text(encoding="utf-8")), name, visit)
         var = "__rf_" + re.sub(r"\W", "_", name.removesuffix(".js"))
         parts.append(_wrap(text, name, var))
         active.pop()
@@ -109,5 +124,5 @@ def bundle_esm(entry: Path) -> str:
         return var
 
     active.append(entry.name)
-    main = _rewrite_imports(entry.read_text(encoding="utf-8"), entry.name, visit)
+    main = _rewrite_imports(strip_comments(entry.read_text(encoding="utf-8")), entry.name, visit)
     return "".join(parts) + main

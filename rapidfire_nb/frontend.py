@@ -5,11 +5,14 @@ Standard library only (IPython is looked up in ``sys.modules``, never imported h
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["in_colab", "in_kernel", "ipython", "thread_parent_hook"]
+__all__ = ["in_colab", "in_kernel", "ipython", "on_kernel_shutdown", "thread_parent_hook"]
+
+_log = logging.getLogger(__name__)
 
 
 def ipython() -> Any:
@@ -50,3 +53,40 @@ def thread_parent_hook() -> Callable[[], None] | None:
     if not parent or not hasattr(ip, "set_thread_parent"):
         return None
     return lambda: ip.set_thread_parent(parent)
+
+
+def on_kernel_shutdown(callback: Callable[[], None]) -> bool:
+    """Call ``callback()`` when the front end shuts the kernel down or restarts it cleanly.
+
+    It runs in ipykernel's ``do_shutdown`` (on the kernel's control thread, before the shutdown reply), while
+    messages still reach the front end. A callback is registered once; an exception in it is logged. Killed
+    kernels run nothing.
+
+    Args:
+        callback: a function of no arguments.
+
+    Returns:
+        False outside a kernel (nothing registered).
+    """
+    kernel = getattr(ipython(), "kernel", None)
+    if kernel is None or not hasattr(kernel, "do_shutdown"):
+        return False
+    hooks: list[Callable[[], None]] | None = getattr(kernel, "_rapidfire_shutdown_hooks", None)
+    if hooks is None:
+        hooks = []
+        original = kernel.do_shutdown
+        registered = hooks
+
+        def do_shutdown(restart: bool) -> Any:
+            for hook in list(registered):
+                try:
+                    hook()
+                except Exception:  # noqa: BLE001 - the kernel must shut down whatever a hook does
+                    _log.exception("rapidfire: a kernel shutdown hook failed")
+            return original(restart)
+
+        kernel.do_shutdown = do_shutdown
+        kernel._rapidfire_shutdown_hooks = hooks
+    if callback not in hooks:
+        hooks.append(callback)
+    return True

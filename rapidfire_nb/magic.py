@@ -110,7 +110,10 @@ class RapidfireMagics(Magics):
                 new_id = exp.clone_modify(
                     parent, parse_changes(a.args[1:]), warm_start=a.warm, source="magic"
                 )
-                print(f"[rapidfire] run {new_id} created from run {parent}")
+                how = "warm start from its latest chunk boundary" if a.warm else "from scratch"
+                print(
+                    f"[rapidfire] run {new_id} created from run {parent} ({how}); it joins the rotation at the next chunk boundary"
+                )
                 return None
             if cmd == "tensorboard":
                 return _tensorboard(exp)
@@ -180,9 +183,25 @@ def _find_experiment(name: str | None) -> Any:
         return experiment_mod.Experiment(name)
 
 
+#: The status table's first columns (what fits a ~1000 px output); the hyperparameters follow.
+_STATUS_FIRST = ["status", "loss", "eval_loss", "step", "chunks_done", "epoch"]
+
+
 def _status(exp: Any) -> Any:
+    """``get_runs_info()`` for reading: indexed by run id, metrics first, steps as ``done/total``, no config
+    or checkpoint path (the API's table has them), the error column only when a run failed."""
     df = exp.get_runs_info()
-    return df.drop(columns=["config"], errors="ignore")
+    df = df.drop(columns=["config", "checkpoint_dir"], errors="ignore")
+    if "error" in df.columns and df["error"].isna().all():
+        df = df.drop(columns=["error"])
+    if {"completed_steps", "total_steps"} <= set(df.columns):
+        df.insert(
+            1, "step", [f"{int(c or 0)}/{int(t or 0)}" for c, t in zip(df.completed_steps, df.total_steps)]
+        )
+        df = df.drop(columns=["completed_steps", "total_steps"])
+    first = [c for c in _STATUS_FIRST if c in df.columns]
+    rest = [c for c in df.columns if c not in first and c != "run_id"]
+    return df.set_index("run_id")[first + rest]
 
 
 def _list_experiments() -> Any:
@@ -206,12 +225,20 @@ def _list_experiments() -> Any:
                 "runs": len(runs),
                 "trainer_type": meta.get("trainer_type"),
                 "statuses": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-                "created_at": pd.to_datetime(meta.get("created_at"), unit="s")
-                if meta.get("created_at")
-                else None,
+                "created_at": _local_time(pd, meta.get("created_at")),
             }
         )
     return pd.DataFrame(rows, columns=["experiment", "runs", "trainer_type", "statuses", "created_at"])
+
+
+def _local_time(pd: Any, unix_s: Any) -> Any:
+    """A unix time as a pandas Timestamp in the local time zone, to the second (None when missing)."""
+    if not isinstance(unix_s, (int, float)):
+        return None
+    from datetime import datetime
+
+    local = datetime.now().astimezone().tzinfo
+    return pd.to_datetime(unix_s, unit="s", utc=True).tz_convert(local).floor("s")
 
 
 def _tensorboard(exp: Any) -> Any:

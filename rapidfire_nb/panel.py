@@ -23,9 +23,17 @@ Messages (Python -> front end, all ``{"type": ...}``):
 * ``update``: ``{"snapshot": <panel_snapshot()> | None, "points": <encoded> | None, "now": float}``; the
   snapshot is sent only when it changed, and without its ``ops`` key when the ops log did not change.
 * ``ack``: ``{"ack": <OpAck.to_dict()>}``; ``plotly`` (with one buffer); ``error``: ``{"message": str}``.
+* ``frozen``: ``{"html": str}``, the static copy (:mod:`rapidfire_nb.static_panel`), sent by :meth:`RunPanel.freeze`
+  just before the widget closes: a view whose output the display update did not reach shows it in place.
 
 Encoded points are columnar: ``{"names": [metric names], "run": [...], "step": [...], "samples": [...],
-"name": [index into names], "value": [...]}`` (non-finite values become ``null``).
+"name": [index into names], "value": [...], "wall": [...]}`` (non-finite values become ``null``; ``wall`` is the
+point's wall time in unix seconds).
+
+The static copy: :func:`display_panel` displays the widget with a display id. :meth:`RunPanel.freeze`
+(``experiment.end()``, and a clean kernel shutdown or restart through :func:`rapidfire_nb.frontend.on_kernel_shutdown`)
+replaces that output by the panel's final state as ``text/html`` (tables and inline SVG images) + ``text/plain``,
+which the saved notebook keeps and GitHub / nbviewer display, then closes the widget.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -47,8 +56,9 @@ import traitlets
 from kernel_scheduler import RunStatus
 
 from .esm_bundle import bundle_esm
-from .frontend import in_colab, in_kernel
+from .frontend import in_colab, in_kernel, on_kernel_shutdown
 from .progress import PanelSource, Pump, TextProgress, print_chunk_line
+from .static_panel import static_bundle
 from .view import format_chunk_line
 from .wire import clean_json, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
 
@@ -61,6 +71,7 @@ __all__ = [
     "TextProgress",
     "bundle_esm",
     "display_panel",
+    "display_static",
     "format_chunk_line",
     "plotly_js_path",
     "print_chunk_line",
@@ -72,6 +83,8 @@ _log = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.2
 #: Points per message when a full snapshot is sent (keeps each websocket frame a few MB at most).
 _POINTS_PER_MESSAGE = 20_000
+#: Snapshot keys that move with the clock alone: not a change to send (the front end extrapolates the clock).
+_CLOCK_KEYS = ("now", "elapsed_s", "stats")
 #: Acks remembered for de-duplicating op_ids.
 _MAX_REMEMBERED_ACKS = 10_000
 
@@ -174,6 +187,8 @@ class RunPanel(anywidget.AnyWidget):
         self._acks: dict[str, dict[str, Any]] = {}
         self._last_error: str | None = None
         self._closed = False
+        self._frozen = False
+        self._display_handles: list[Any] = []  # IPython DisplayHandles of this panel's outputs
         self.on_msg(self._on_frontend_msg)
         self._pump = Pump(self.pump_once, poll_interval, name="rapidfire-panel-pump")
         if start:
@@ -278,7 +293,7 @@ class RunPanel(anywidget.AnyWidget):
 
     def _push_state(self, full: bool) -> bool:
         snapshot = clean_json(self._source.panel_snapshot())
-        key = json.dumps({k: v for k, v in snapshot.items() if k != "now"}, sort_keys=True)
+        key = json.dumps({k: v for k, v in snapshot.items() if k not in _CLOCK_KEYS}, sort_keys=True)
         now = time.time()
         if full:
             points, cursor = self._source.metrics_since(0)
@@ -347,6 +362,43 @@ class RunPanel(anywidget.AnyWidget):
         )
 
     # -- lifecycle --------------------------------------------------------------------------------------
+    def static_bundle(self, note: str | None = None) -> dict[str, str]:
+        """The panel's current state as ``{"text/html", "text/plain"}`` (:func:`~.static_panel.static_bundle`)."""
+        snapshot = clean_json(self._source.panel_snapshot())
+        points, _ = self._source.metrics_since(0)
+        return static_bundle(snapshot, points, note=note)
+
+    def add_display_handle(self, handle: Any) -> None:
+        """Remember an IPython ``DisplayHandle`` of this panel: :meth:`freeze` replaces that output."""
+        self._display_handles.append(handle)
+
+    def freeze(self, note: str | None = None) -> None:
+        """Replace every output of this panel by its static copy, then stop the pump and close the widget.
+
+        The outputs displayed by :func:`display_panel` are updated in place (``update_display_data``), so the
+        notebook keeps the final state as ``text/html``; views that update does not reach (a page reloaded
+        since) get a ``frozen`` message and show the copy themselves. Idempotent; never raises (a failure is
+        logged and the widget is closed as before).
+        """
+        if self._frozen:
+            return
+        self._frozen = True
+        self._pump.stop()
+        try:
+            bundle = self.static_bundle(note)
+            for handle in self._display_handles:
+                handle.update(bundle, raw=True)
+            self._emit({"type": "frozen", "html": bundle["text/html"]})
+        except Exception:  # noqa: BLE001 - a panel that cannot be drawn is still closed
+            _log.exception("rapidfire panel: could not draw the static copy")
+        _LIVE_PANELS.discard(self)
+        self.close()
+
+    @property
+    def frozen(self) -> bool:
+        """True once :meth:`freeze` ran."""
+        return self._frozen
+
     @property
     def pump_alive(self) -> bool:
         """Whether the pump thread is running."""
@@ -381,11 +433,24 @@ COLAB_FALLBACK_HINT = (
 )
 
 
+#: Panels displayed in this kernel and not frozen yet (frozen at a clean kernel shutdown).
+_LIVE_PANELS: weakref.WeakSet[RunPanel] = weakref.WeakSet()
+SHUTDOWN_NOTE = (
+    "The kernel shut down: a static copy of the live panel at that moment, readable without a kernel."
+)
+
+
+def _freeze_live_panels() -> None:
+    for panel in list(_LIVE_PANELS):
+        panel.freeze(note=SHUTDOWN_NOTE)
+
+
 def display_panel(source: PanelSource, *, file: IO[str] | None = None) -> RunPanel | TextProgress:
     """Show the experiment where the user looks: the widget in a kernel, text progress elsewhere.
 
-    * In an IPython kernel (JupyterLab, Notebook 7, VS Code, Colab): displays a :class:`RunPanel`, returns it.
-      In Colab it also prints one line naming ``%rapidfire tensorboard`` as the fallback.
+    * In an IPython kernel (JupyterLab, Notebook 7, VS Code, Colab): displays a :class:`RunPanel` with a
+      display id (:meth:`RunPanel.freeze` replaces that output by the static copy; so does a clean kernel
+      shutdown), returns it. In Colab it also prints one line naming ``%rapidfire tensorboard`` as the fallback.
     * Outside a kernel (scripts, terminal IPython): returns a started :class:`TextProgress`.
 
     The caller should not also return the panel as a cell's last value (it would be displayed twice).
@@ -397,5 +462,22 @@ def display_panel(source: PanelSource, *, file: IO[str] | None = None) -> RunPan
     panel = RunPanel(source)
     if in_colab():
         print(COLAB_FALLBACK_HINT, file=file if file is not None else sys.stdout)
-    display(panel)
+    handle = display(panel, display_id=True)
+    if handle is not None:
+        panel.add_display_handle(handle)
+    _LIVE_PANELS.add(panel)
+    on_kernel_shutdown(_freeze_live_panels)
     return panel
+
+
+def display_static(source: PanelSource, *, note: str | None = None) -> dict[str, str]:
+    """Display the static copy of ``source``'s panel (e.g. after ``experiment.end()``) and return its bundle."""
+    points, _ = source.metrics_since(0)
+    bundle = static_bundle(clean_json(source.panel_snapshot()), points, note=note)
+    if in_kernel():
+        from IPython.display import display
+
+        display(bundle, raw=True)
+    else:
+        print(bundle["text/plain"])
+    return bundle

@@ -148,8 +148,9 @@ class TextProgress:
             )
             self._header_done = True
             printed = True
-        started = snap.get("started_at")
-        elapsed = (snap.get("now") or time.time()) - started if started else None
+        elapsed = snap.get("elapsed_s")  # training time (frozen while nothing trains)
+        if elapsed is None and snap.get("started_at"):  # a source without a training clock
+            elapsed = (snap.get("now") or time.time()) - snap["started_at"]
         for run in snap.get("runs") or []:
             key = (run.get("chunks_done"), run.get("status"))
             old = self._seen.get(run.get("run_id"), (0, RunStatus.NEW.value))

@@ -31,6 +31,12 @@ from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.redact import REDACTED, is_secret_key
 
 __all__ = [
+    "MAX_EPOCHS",
+    "MAX_GENERATIONS",
+    "MAX_ROWS",
+    "MAX_SEED",
+    "MAX_STEPS",
+    "MAX_TOKENS",
     "MODEL_KWARGS_RENAMES",
     "RENAMES",
     "TRAINER_TYPES",
@@ -41,8 +47,10 @@ __all__ = [
     "find_model_kwargs_rename",
     "find_rename",
     "lora_config_class",
+    "none_means",
     "normalize_trainer_type",
     "trainer_config_class",
+    "value_bound",
     "warn_user",
 ]
 
@@ -232,6 +240,108 @@ _VALUE_RULES: dict[tuple[str, str], tuple[Callable[[Any], bool], str]] = {
     ),
 }
 
+MAX_STEPS = 10**9
+"""The most optimizer steps a run may make (``max_steps``, or epochs x steps per epoch): ~12 days at 1 ms a step."""
+MAX_EPOCHS = 10**6
+"""The largest ``num_train_epochs``."""
+MAX_ROWS = 2**20
+"""The largest batch, generation batch or accumulation count (1,048,576 rows or micro-batches)."""
+MAX_TOKENS = 2**20
+"""The largest sequence, prompt or completion length (1,048,576 tokens)."""
+MAX_GENERATIONS = 2**16
+"""The largest ``num_generations`` / ``num_iterations`` (GRPO)."""
+MAX_SEED = 2**32 - 1
+"""The largest seed numpy (hence ``transformers.set_seed``) accepts."""
+
+_STEPS = (0, MAX_STEPS, "optimizer steps")
+_ROWS = (1, MAX_ROWS, "rows")
+_TOKENS = (1, MAX_TOKENS, "tokens")
+
+# (library, field) -> (lowest, highest, unit): what a config or a clone may set, so that an absurd number (a typo,
+# or a POSTed clone) is refused at once instead of planning, allocating or generating for days. Optional fields
+# keep None. The highest values are far above what one machine trains; they only guard against nonsense.
+_BOUNDS: dict[tuple[str, str], tuple[float, float, str]] = {
+    ("trl", "max_steps"): (-1, MAX_STEPS, "optimizer steps; -1: use num_train_epochs"),
+    ("trl", "num_train_epochs"): (0, MAX_EPOCHS, "epochs"),
+    ("trl", "warmup_steps"): _STEPS,
+    ("trl", "per_device_train_batch_size"): _ROWS,
+    ("trl", "per_device_eval_batch_size"): _ROWS,
+    ("trl", "generation_batch_size"): _ROWS,
+    ("trl", "gradient_accumulation_steps"): (1, MAX_ROWS, "micro-batches"),
+    ("trl", "eval_accumulation_steps"): (1, MAX_ROWS, "micro-batches"),
+    ("trl", "steps_per_generation"): (1, MAX_ROWS, "micro-batches"),
+    ("trl", "max_length"): _TOKENS,
+    ("trl", "max_prompt_length"): _TOKENS,
+    ("trl", "max_completion_length"): _TOKENS,
+    ("trl", "num_generations"): (1, MAX_GENERATIONS, "completions per prompt"),
+    ("trl", "num_generations_eval"): (1, MAX_GENERATIONS, "completions per prompt"),
+    ("trl", "num_iterations"): (1, MAX_GENERATIONS, "iterations per generation"),
+    ("trl", "seed"): (0, MAX_SEED, "numpy's seed range"),
+    ("trl", "data_seed"): (0, MAX_SEED, "numpy's seed range"),
+    ("trl", "dataloader_num_workers"): (0, 256, "worker processes"),
+    ("trl", "dataloader_prefetch_factor"): (1, 1024, "batches per worker"),
+    ("trl", "learning_rate"): (0, math.inf, "a finite learning rate"),
+    ("peft", "r"): (1, MAX_GENERATIONS, "the LoRA rank"),
+}
+
+
+def value_bound(cls: type, name: str) -> tuple[float, float, str] | None:
+    """The range rapidfire_nb accepts for a numeric field, if it bounds it.
+
+    Args:
+        cls: The wrapped dataclass (``trl.SFTConfig``, ``peft.LoraConfig``, ...).
+        name: A field of ``cls``.
+
+    Returns:
+        ``(lowest, highest, unit)`` (inclusive; ``highest`` may be ``inf`` for "any finite number"), or ``None``.
+    """
+    return _BOUNDS.get((_library(cls), name))
+
+
+def _out_of_bounds(cls: type, name: str, value: Any) -> str | None:
+    bound = value_bound(cls, name)
+    if bound is None or not isinstance(value, numbers.Real) or _is_bool(value):
+        return None
+    lo, hi, unit = bound
+    if isinstance(value, numbers.Integral):
+        if lo <= int(value) <= hi:  # ints compared exactly (10**400 does not fit a float)
+            return None
+    elif math.isfinite(float(value)) and lo <= float(value) <= hi:
+        return None
+    if math.isinf(hi):
+        return f"{cls.__name__}.{name}={value!r} is not allowed: give {unit} >= {lo:g}"
+    return (
+        f"{cls.__name__}.{name}={value!r} is out of range: rapidfire_nb accepts {lo:,} to {hi:,} ({unit}); "
+        f"give a value in that range"
+    )
+
+
+_NONE_MEANS: dict[tuple[str, str], tuple[Any, str]] = {
+    # transformers 4 read max_grad_norm=None as "do not clip"; transformers 5 compares it with 0 at the first
+    # step (TypeError: '>' not supported between NoneType and int), although the config accepts it
+    ("trl", "max_grad_norm"): (0.0, "no gradient clipping, as transformers 4 read None"),
+}
+
+
+def none_means(cls: type, name: str) -> tuple[Any, str] | None:
+    """For a field typed without ``None`` whose ``None`` had a meaning: ``(the value meaning it, the meaning)``.
+
+    ``check_value`` accepts ``None`` for such a field and ``rapidfire_nb.spec.build`` passes the value instead,
+    with a note. Fields whose annotation accepts ``None`` keep it (and are not listed).
+
+    Args:
+        cls: The wrapped dataclass.
+        name: A field of ``cls``.
+
+    Returns:
+        ``(value, meaning)``, or ``None`` when ``None`` needs no translation for this field.
+    """
+    entry = _NONE_MEANS.get((_library(cls), name))
+    tp = _type_hints(cls).get(name)
+    if entry is None or name not in field_names(cls) or (tp is not None and _matches(None, tp)):
+        return None
+    return entry
+
 
 def _library(cls: type) -> str:
     return "peft" if cls.__module__.split(".")[0] == "peft" else "trl"
@@ -243,7 +353,9 @@ def check_value(cls: type, name: str, value: Any) -> str | None:
     Checks the scalar part of the field's annotation (``bool``, ``int``, ``float``, ``str``, ``None``,
     ``Literal``, enums, ``list[...]`` of those) and a few value rules the libraries only enforce later
     (LoRA ``r > 0``, ``0 <= lora_dropout <= 1``, ``learning_rate >= 0``, positive batch size and
-    gradient accumulation). Fields annotated with library classes are left to the library.
+    gradient accumulation), and the ranges of ``value_bound`` (steps, epochs, batch sizes, lengths, generations,
+    seeds: an absurd number is refused here, before anything plans or allocates for it). Fields annotated with
+    library classes are left to the library.
 
     Args:
         cls: The wrapped dataclass (``trl.SFTConfig``, ``peft.LoraConfig``, ...).
@@ -255,6 +367,8 @@ def check_value(cls: type, name: str, value: Any) -> str | None:
         and the value.
     """
     tp = _type_hints(cls).get(name)
+    if value is None and none_means(cls, name) is not None:
+        return None  # what None meant before the library typed the field (build_training_args maps it)
     if tp is not None and not _matches(value, tp):
         shown = REDACTED if is_secret_key(name) else repr(value)  # a mistyped hub_token is still a secret
         return f"{cls.__name__}.{name} expects {_type_text(tp)}, got {shown} ({type(value).__name__})"
@@ -263,7 +377,7 @@ def check_value(cls: type, name: str, value: Any) -> str | None:
         check, message = rule
         if (isinstance(value, float) and math.isnan(value)) or not check(value):
             return f"{cls.__name__}.{name}: " + message.format(value=value)
-    return None
+    return _out_of_bounds(cls, name, value)
 
 
 # ----------------------------------------------------------------------------------------------

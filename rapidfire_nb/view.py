@@ -9,8 +9,9 @@ fake panel source (:mod:`rapidfire_nb.testing.fake_source`) build their snapshot
 
 The snapshot's shape is the "Panel source" contract of ``docs/ARCHITECTURE.md``. Legal ops come from
 :func:`kernel_scheduler.ops.decide` (the rules the scheduler applies), statuses from
-:class:`kernel_scheduler.RunStatus`. Numbers and progress are formatted once, here (the front end's
-``fmtNum`` in ``widgets/format.js`` follows :func:`fmt_num`).
+:class:`kernel_scheduler.RunStatus`. Numbers and progress lines are formatted once, in
+:mod:`rapidfire_nb.view_text` (re-exported here); training time and tqdm-like numbers come from
+:mod:`rapidfire_nb.clock`.
 
 Standard library + :mod:`kernel_scheduler` + :mod:`rapidfire_nb.wire` only: no torch, no store import (a store
 is read duck-typed by :meth:`StoreRows.read`), so the server extension may import it.
@@ -18,7 +19,6 @@ is read duck-typed by :meth:`StoreRows.read`), so the server extension may impor
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,21 +26,38 @@ from typing import Any, Protocol
 
 from kernel_scheduler import OpKind, PendingOp, RunSnapshot, RunStatus, decide
 
+from .clock import CLOCK_META_KEY, is_training, progress_stats, training_seconds
+from .view_text import (
+    best_run,
+    chunk_line,
+    chunk_position,
+    final_summary,
+    fmt_metric,
+    fmt_num,
+    format_chunk_line,
+    position_text,
+)
 from .wire import json_type_name
 
 __all__ = [
+    "ENDED_HINT",
     "FIELD_TYPES",
     "KernelState",
     "OP_FIELDS",
+    "NO_KERNEL_HINT",
     "StoreRows",
+    "best_run",
     "chunk_line",
     "chunk_position",
     "device_status",
     "editable_fields",
+    "final_summary",
+    "fmt_metric",
     "fmt_num",
     "format_chunk_line",
     "kernel_snapshot",
     "legal_ops",
+    "op_hints",
     "pending_ops",
     "parse_status",
     "position_text",
@@ -114,6 +131,7 @@ class KernelState:
         runs: the scheduler's frozen snapshots; None when nothing trains in this kernel (no scheduler).
         on_device: run id training right now, or None.
         live_steps: latest logged optimizer step per run (the run on the device moves within a chunk).
+        accepting: False once the experiment was ended (no op would be applied: no legal op).
     """
 
     started_at: float | None
@@ -122,6 +140,7 @@ class KernelState:
     runs: Sequence[RunSnapshot] | None = None
     on_device: int | None = None
     live_steps: Mapping[int, int] = field(default_factory=dict)
+    accepting: bool = True
 
 
 # ------------------------------------------------------------------------------------------------ rules
@@ -186,6 +205,42 @@ def pending_ops(ops: Iterable[Mapping[str, Any]], run_id: Any) -> list[PendingOp
     ]
 
 
+#: Why no op applies to any run: the experiment was ended in this kernel, or no kernel trains it (server).
+ENDED_HINT = (
+    "the experiment was ended; to continue: Experiment(name), then run_fit(...) with the same arguments"
+)
+NO_KERNEL_HINT = (
+    "no kernel is running this experiment; ops are applied by the kernel that trains it: re-run its notebook "
+    "(Experiment(name), then run_fit(...) with the same arguments)"
+)
+
+
+def op_hints(
+    status: RunStatus | str | None, *, closed: str | None = None, pending: Sequence[PendingOp] = ()
+) -> dict[str, str]:
+    """Why each op a run's buttons offer is disabled: ``{op kind: reason}`` for the ops that are not legal.
+
+    Args:
+        status: the run's status (member or value).
+        closed: the reason no op applies at all (e.g. :data:`ENDED_HINT`), or None.
+        pending: the run's queued stop / resume / delete ops (as in :func:`legal_ops`).
+
+    Returns:
+        Op kind -> sentence (the reason :func:`kernel_scheduler.ops.decide` gives, or ``closed``).
+    """
+    st = parse_status(status)
+    legal = set(legal_ops(st, pending=pending))
+    out = {}
+    for k in OpKind:
+        if closed is not None:
+            out[k.value] = closed
+            continue
+        decision = decide(k, st, False, 0)
+        if decision.verdict == "reject" and k.value not in legal:
+            out[k.value] = decision.reason.replace("run 0 is", "the run is").replace("run 0 ", "the run ")
+    return out
+
+
 def editable_fields(described: Any, run_id: int, hparams: Any) -> dict[str, str] | None:
     """The fields a clone of a run may change from the panel, the magic or the server: name -> JSON type.
 
@@ -248,40 +303,6 @@ def device_status(statuses: Iterable[RunStatus | str], writer_alive: bool, ended
 # ------------------------------------------------------------------------------------------------ formatting
 
 
-def fmt_num(value: Any) -> str:
-    """One number as the panel, the text lines and the front end (``fmtNum``) show it.
-
-    4 significant digits; below 1e-3 or from 1e5 on (in absolute value) as ``1e-4`` / ``2.5e6``; ints,
-    non-finite floats and non-numbers unchanged (``str``); None as ``-``.
-    """
-    if value is None:
-        return "-"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int) or not math.isfinite(value):
-        return str(value)
-    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
-        mantissa, exp = f"{value:.3e}".split("e")
-        mantissa = mantissa.rstrip("0").rstrip(".")
-        return f"{mantissa}e{int(exp)}"
-    return f"{value:.4g}"
-
-
-def chunk_position(index: int, num_chunks: int) -> tuple[int, int]:
-    """``(epoch, chunk)``, both 1-based, of the chunk with 0-based ``index`` over all epochs.
-
-    Args:
-        index: chunks before it (over all epochs).
-        num_chunks: chunks per epoch (>= 1).
-    """
-    return index // num_chunks + 1, index % num_chunks + 1
-
-
-def position_text(epoch: int, chunk: int, num_chunks: int) -> str:
-    """E.g. ``"chunk 3/4 of epoch 1"``."""
-    return f"chunk {chunk}/{num_chunks} of epoch {epoch}"
-
-
 def progress_text(
     runs: Iterable[tuple[RunStatus | None, tuple[int, int] | None]], num_chunks: int, trainer: str
 ) -> str:
@@ -320,92 +341,6 @@ def progress_text(
     return f"idle — {text}"
 
 
-def chunk_line(snap: RunSnapshot, latest: Mapping[str, Any], num_chunks: int) -> str:
-    """The line the kernel prints into the ``run_fit`` cell when a run ends a chunk, fails or completes.
-
-    Args:
-        snap: the run's snapshot after the chunk.
-        latest: its latest ``loss`` / ``eval_loss`` (missing or NaN ones are left out).
-        num_chunks: chunks per epoch.
-
-    Returns:
-        E.g. ``"run 2 · chunk 3/4 of epoch 1 done · step 60/80 · loss 0.8123"``.
-    """
-    parts = [f"run {snap.run_id}"]
-    if snap.status is RunStatus.FAILED:
-        parts.append(f"FAILED: {snap.error}")
-        return " · ".join(parts)
-    if snap.status is RunStatus.COMPLETED:
-        parts.append("completed")
-    elif snap.segments_done and num_chunks:
-        parts.append(position_text(*chunk_position(snap.segments_done - 1, num_chunks), num_chunks) + " done")
-    parts.append(f"step {snap.step}/{snap.total_steps}")
-    for key in _LATEST:
-        value = latest.get(key)
-        if value is not None and not (isinstance(value, float) and math.isnan(value)):
-            parts.append(f"{key} {fmt_num(value)}")
-    return " · ".join(parts)
-
-
-_SHORT_COLUMNS = {
-    "learning_rate": "lr",
-    "per_device_train_batch_size": "bs",
-    "gradient_accumulation_steps": "ga",
-    "num_train_epochs": "epochs",
-    "lora.r": "r",
-    "lora.lora_alpha": "alpha",
-    "lora.lora_dropout": "dropout",
-}
-
-
-def _short_col(name: str) -> str:
-    return _SHORT_COLUMNS.get(name) or name.split(".")[-1]
-
-
-def format_chunk_line(
-    run: Mapping[str, Any],
-    *,
-    num_chunks: int | None = None,
-    hparam_columns: Iterable[str] = (),
-    experiment: str = "",
-    elapsed: float | None = None,
-) -> str:
-    """One compact text-progress line for a snapshot run after a chunk (or a status change).
-
-    Args:
-        run: one entry of a snapshot's ``runs``.
-        num_chunks: chunks per epoch.
-        hparam_columns: hyperparameters to show (short names: ``lr``, ``r``, ...).
-        experiment: the name in the prefix.
-        elapsed: seconds since ``run_fit`` (shown as ``h:mm:ss``).
-
-    Returns:
-        E.g. ``[demo 0:01:23]  run 2  chunk 3/4  step 60/80  loss 0.8123  eval_loss 0.9012  lr=1e-4``.
-    """
-    prefix = experiment
-    if elapsed is not None:
-        secs = int(elapsed)
-        prefix = f"{prefix} {secs // 3600}:{secs % 3600 // 60:02d}:{secs % 60:02d}".strip()
-    parts = [f"[{prefix}]" if prefix else "", f"run {run.get('run_id')}"]
-    status = run.get("status")
-    if status == RunStatus.FAILED.value:
-        parts.append(f"FAILED: {run.get('error') or 'unknown error'}")
-        return "  ".join(p for p in parts if p)
-    if status not in (RunStatus.ONGOING.value, RunStatus.NEW.value, None):
-        parts.append(str(status))
-    chunks = run.get("chunks_done")
-    if chunks is not None:
-        parts.append(f"chunk {chunks}/{num_chunks}" if num_chunks else f"chunks {chunks}")
-    if run.get("total_steps"):
-        parts.append(f"step {run.get('completed_steps', 0)}/{run.get('total_steps')}")
-    parts += [f"{key} {fmt_num(run.get(key))}" for key in _LATEST if run.get(key) is not None]
-    if run.get("samples_seen") is not None:
-        parts.append(f"samples {run.get('samples_seen')}")
-    hparams = run.get("hparams") or {}
-    parts += [f"{_short_col(col)}={fmt_num(hparams[col])}" for col in hparam_columns if col in hparams]
-    return "  ".join(p for p in parts if p)
-
-
 # ------------------------------------------------------------------------------------------------ snapshots
 
 
@@ -433,11 +368,14 @@ def _run_entry(
     snap: RunSnapshot | None = None,
     live_step: int | None = None,
     accepting: bool = True,
+    closed_hint: str = NO_KERNEL_HINT,
 ) -> dict[str, Any]:
     run_id = row["run_id"]
     hp = row.get("hparams")
     hp = hp if isinstance(hp, Mapping) else {}
     latest = rows.latest.get(run_id, {})
+    closed = None if accepting else closed_hint
+    pending = pending_ops(rows.ops, run_id)
     return {
         "run_id": run_id,
         "status": status,
@@ -450,7 +388,8 @@ def _run_entry(
         "error": snap.error if snap is not None else row.get("error"),
         "parent_id": row.get("parent_id"),
         "warm_start": bool(row.get("warm_start")),
-        "legal_ops": legal_ops(status, accepting=accepting, pending=pending_ops(rows.ops, run_id)),
+        "legal_ops": legal_ops(status, accepting=accepting, pending=pending),
+        "op_hints": op_hints(status, closed=closed, pending=pending),
     }
 
 
@@ -465,6 +404,20 @@ def _common(
         "hparam_columns": list(columns),
         "ops": [{k: o.get(k) for k in OP_FIELDS} for o in rows.ops],
         "metric_names": list(rows.meta.get("metric_names") or []),
+    }
+
+
+def _timing(
+    rows: StoreRows, out: Mapping[str, Any], alive: bool, last_beat: float | None = None
+) -> dict[str, Any]:
+    """Training time (``elapsed_s``, frozen while nothing trains), ``training`` and the tqdm-like ``stats``."""
+    clock = rows.meta.get(CLOCK_META_KEY)
+    elapsed = training_seconds(clock, float(out["now"]), writer_alive=alive, last_beat=last_beat)
+    training = is_training(clock, alive)
+    return {
+        "elapsed_s": elapsed,
+        "training": training,
+        "stats": progress_stats(out["runs"], elapsed, training),
     }
 
 
@@ -487,9 +440,11 @@ def kernel_snapshot(
     for row in rows.runs:
         snap = live.get(row["run_id"])
         status = snap.status.value if snap is not None else str(row.get("status"))
-        runs.append(
-            _run_entry(row, rows, kernel.hparam_columns, status, snap, kernel.live_steps.get(row["run_id"]))
+        live_step = kernel.live_steps.get(row["run_id"])
+        entry = _run_entry(
+            row, rows, kernel.hparam_columns, status, snap, live_step, kernel.accepting, ENDED_HINT
         )
+        runs.append(entry)
     if kernel.runs is None:
         progress = progress_text(
             ((parse_status(r.get("status")), None) for r in rows.runs), kernel.num_chunks, NOT_HERE
@@ -500,7 +455,8 @@ def kernel_snapshot(
         )
     started = kernel.started_at or rows.meta.get("created_at")
     out = _common(name, rows, started, kernel.num_chunks, kernel.hparam_columns, now)
-    return {**out, "progress": progress, "on_device": kernel.on_device, "runs": runs}
+    out = {**out, "progress": progress, "on_device": kernel.on_device, "runs": runs}
+    return {**out, **_timing(rows, out, kernel.runs is not None), "ended": not kernel.accepting}
 
 
 def store_snapshot(
@@ -536,11 +492,12 @@ def store_snapshot(
     trainer = ENDED if ended else ALIVE if writer_alive else GONE
     progress = progress_text(zip(statuses, positions, strict=True), num_chunks, trainer)
     out = _common(name, rows, rows.meta.get("created_at"), num_chunks, columns, now)
+    out = {**out, "runs": runs}
     return {
         **out,
+        **_timing(rows, out, writer_alive, last_beat),
         "progress": progress,
         "on_device": None,
-        "runs": runs,
         "writer_alive": writer_alive,
         "ended": ended,
         "last_beat": last_beat,

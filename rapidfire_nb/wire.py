@@ -55,7 +55,12 @@ def clean_json(value: Any) -> Any:
 
 
 def encode_points(points: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
-    """Columnar encoding of metric points (see the module docstring); keeps the order of ``points``."""
+    """Columnar encoding of metric points; keeps the order of ``points``.
+
+    Returns:
+        ``{"names": [metric names], "run", "step", "samples", "name" (index into names), "value", "wall"}``:
+        one list entry per point; ``wall`` is the point's ``wall_time`` (unix s) or null.
+    """
     names: list[str] = []
     index: dict[str, int] = {}
     out: dict[str, list[Any]] = {
@@ -65,6 +70,7 @@ def encode_points(points: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
         "samples": [],
         "name": [],
         "value": [],
+        "wall": [],
     }
     for p in points:
         name = str(p["name"])
@@ -77,20 +83,27 @@ def encode_points(points: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
         out["samples"].append(clean_json(p.get("samples_seen")))
         out["name"].append(i)
         out["value"].append(clean_json(p.get("value")))
+        wall = p.get("wall_time")
+        out["wall"].append(clean_json(wall) if isinstance(wall, (int, float)) else None)
     return out
 
 
 def decode_points(encoded: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
-    """Inverse of :func:`encode_points` (used by tests and tools)."""
+    """Inverse of :func:`encode_points` (used by tests and tools); ``wall_time`` only where it was encoded."""
     names = encoded["names"]
-    return [
-        {"run_id": r, "step": s, "samples_seen": x, "name": names[n], "value": v}
-        for r, s, x, n, v in zip(
-            encoded["run"],
-            encoded["step"],
-            encoded["samples"],
-            encoded["name"],
-            encoded["value"],
-            strict=True,
-        )
-    ]
+    walls = encoded.get("wall") or [None] * len(encoded["run"])
+    out = []
+    for r, s, x, n, v, w in zip(
+        encoded["run"],
+        encoded["step"],
+        encoded["samples"],
+        encoded["name"],
+        encoded["value"],
+        walls,
+        strict=True,
+    ):
+        point = {"run_id": r, "step": s, "samples_seen": x, "name": names[n], "value": v}
+        if w is not None:
+            point["wall_time"] = w
+        out.append(point)
+    return out

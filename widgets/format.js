@@ -11,9 +11,9 @@ export const STATUSES = ["NEW", "ONGOING", "STOPPED", "COMPLETED", "FAILED", "DE
 export const OPS = /** @type {const} */ (["stop", "resume", "delete", "clone"]);
 /** The metrics shown first (and in the two plots at start). */
 export const DEFAULT_METRICS = ["loss", "eval_loss"];
-/** Tableau 10: distinct, readable on light and dark backgrounds. Run n gets colour n-1 (stable). */
-export const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-  "#9c755f", "#bab0ac"];
+/** TensorBoard's default run palette, so that a run has one colour in the panel, the page, the static copy
+ * (rapidfire_nb.static_panel.PALETTE) and TensorBoard (runs in creation order). Run n gets colour n-1. */
+export const PALETTE = ["#ff7043", "#0077bb", "#cc3311", "#33bbee", "#ee3377", "#009988", "#bbbbbb"];
 const HPARAM_SHORT = /** @type {Record<string, string>} */ ({
   learning_rate: "lr", per_device_train_batch_size: "batch", gradient_accumulation_steps: "grad acc",
   num_train_epochs: "epochs", max_steps: "max steps", "lora.r": "lora r", "lora.lora_alpha": "lora α",
@@ -33,6 +33,37 @@ export function fmtNum(v) {
     return `${m.replace(/\.?0+$/, "")}e${Number(e)}`;
   }
   return String(Number(v.toPrecision(4)));
+}
+
+/** A metric value as the tables show it (rapidfire_nb.view.fmt_metric): 4 significant digits with trailing
+ * zeros kept, so a column reads evenly (3.510 beside 3.136); exponent form as fmtNum; "–" for a missing or
+ * non-finite value (a NaN is never shown as a number). @param {any} v */
+export function fmtMetric(v) {
+  if (v === null || v === undefined || v === "" || (typeof v === "number" && !Number.isFinite(v))) return "–";
+  if (typeof v !== "number") return String(v);
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return fmtNum(v);
+  return v.toPrecision(4).replace(/\.$/, "");
+}
+
+/** Seconds as a short duration: 0:42, 12:05, 1:02:05 (fmtElapsed), "–" when unknown. @param {any} s */
+export function fmtDuration(s) {
+  return typeof s === "number" && Number.isFinite(s) ? fmtElapsed(s) : "–";
+}
+
+/**
+ * The header's tqdm-like line (rapidfire_nb.clock.stats_text): "45% · 3.2 steps/s · 12 s/chunk · 1:23 left".
+ * @param {any} stats the snapshot's `stats` @returns {string}
+ */
+export function statsText(stats) {
+  if (!stats) return "";
+  const parts = [];
+  if (typeof stats.percent === "number") parts.push(`${Math.round(stats.percent)}%`);
+  const rate = stats.steps_per_s;
+  if (rate) parts.push(rate >= 1 ? `${Number(rate.toPrecision(3))} steps/s` : `${Number((1 / rate).toPrecision(3))} s/step`);
+  if (stats.s_per_chunk) parts.push(`${Number(stats.s_per_chunk.toPrecision(3))} s/chunk`);
+  if (stats.training && typeof stats.eta_s === "number") parts.push(`${fmtElapsed(stats.eta_s)} left`);
+  return parts.join(" · ");
 }
 
 /** An integer with thousands separators (1,234). @param {any} v */

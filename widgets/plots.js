@@ -1,9 +1,13 @@
 // @ts-check
 /**
  * The panel's curves: plotly.js loaded once per page (from bytes the kernel sends, never inlined in the module),
- * and the plot cards of one view, drawn from the model's series store (widgets/state.js).
+ * and the plot cards of one view, drawn from the model's series store (widgets/state.js) through the pure
+ * trace data of widgets/curves.js: x axis step / samples seen / wall time, EMA smoothing (the raw curve stays,
+ * faint, as in TensorBoard), log scale, a warm clone joined to its parent, identical curves dashed, whole-number
+ * step ticks, and the value of every run at the hovered step.
  */
 
+import { curve, duplicateCurves, integerDtick, parentSeries } from "./curves.js";
 import { h } from "./dom.js";
 import { DEFAULT_METRICS, runColor } from "./format.js";
 import { metricOrder } from "./state.js";
@@ -17,8 +21,9 @@ const PLOT_CONFIG = { displaylogo: false, responsive: false, displayModeBar: "ho
  * @typedef {{promise: Promise<any>, resolve: (p: any) => void, reject: (e: any) => void,
  *   requestedAt: number, loading: boolean, done: boolean, askedBy: WeakSet<object>}} PlotlyLoader
  * @typedef {{metric: string, card: HTMLElement, div: HTMLElement, select: HTMLSelectElement,
- *   empty: HTMLElement, traceKey: string, drawn: Map<number, number>, initialized: boolean}} PlotSlot
- * @typedef {{xAxis: "step"|"samples", showDeleted: boolean, hiddenRuns: Set<number>, themeKey: string}} PlotView
+ *   empty: HTMLElement, initialized: boolean}} PlotSlot
+ * @typedef {{xAxis: "step"|"samples"|"wall", showDeleted: boolean, hiddenRuns: Set<number>, themeKey: string,
+ *   smoothing: number, logScale: boolean}} PlotView
  * @typedef {import("./state.js").State} State
  * @typedef {import("./state.js").Series} Series
  */
@@ -77,6 +82,7 @@ function themeColors(root) {
 }
 
 /** The plot cards of one view (two metric pickers over the model's series store). */
+/** The plot cards of one view (two metric pickers over the model's series store). */
 export class PlotArea {
   /** @param {State} state @param {() => void} onChange called when a picker changes */
   constructor(state, onChange) {
@@ -95,19 +101,14 @@ export class PlotArea {
     const card = h("div", { class: "rf-card", "data-metric": metric },
       h("div", { class: "rf-card-head" }, select), h("div", { class: "rf-plot-box" }, div, empty));
     /** @type {PlotSlot} */
-    const slot = { metric, card, div, select, empty, traceKey: "", drawn: new Map(), initialized: false };
-    select.addEventListener("change", () => {
-      slot.metric = select.value; card.dataset.metric = slot.metric; slot.traceKey = ""; onChange();
-    });
+    const slot = { metric, card, div, select, empty, initialized: false };
+    select.addEventListener("change", () => { slot.metric = select.value; card.dataset.metric = slot.metric; onChange(); });
     this.el.append(card);
     return slot;
   }
 
-  /** Next draw redraws every trace (structure, axis or theme changed). @param {boolean} [points] also forget
-   * what was drawn (the series store was replaced) */
-  invalidate(points = false) {
-    for (const s of this.slots) { s.traceKey = ""; if (points) s.drawn = new Map(); }
-  }
+  /** Kept for the views' calls: every draw re-renders the traces (Plotly.react diffs them). */
+  invalidate() {}
 
   refreshMetricOptions() {
     const names = metricOrder(this.state);
@@ -129,83 +130,89 @@ export class PlotArea {
     this.el.dataset.points = String(total);
   }
 
-  /** @param {PlotSlot} slot @param {PlotView} view @returns {number} points plotted in this slot */
-  drawSlot(slot, view) {
+  /** The curves of one card. @param {PlotSlot} slot @param {PlotView} view */
+  curves(slot, view) {
     const byRun = this.state.series.get(slot.metric) || new Map();
     const runInfo = new Map((this.state.snapshot?.runs || []).map((r) => [r.run_id, r]));
     const deleted = (/** @type {number} */ id) => runInfo.get(id)?.status === "DELETED";
-    const runIds = [...byRun.keys()].filter((id) => (view.showDeleted || !deleted(id)) && !view.hiddenRuns.has(id))
+    const ids = [...byRun.keys()].filter((id) => (view.showDeleted || !deleted(id)) && !view.hiddenRuns.has(id))
       .sort((a, b) => a - b);
-    // markers for sparse series (eval metrics, or the first points of a run); the mode is part of the key
-    const markers = (/** @type {number} */ id) => slot.metric.startsWith("eval_") || byRun.get(id).value.length < 3;
-    const traceKey = `${view.xAxis}|${slot.metric}|${view.themeKey}|` + runIds.map((id) =>
-      `${id}:${deleted(id) ? "d" : ""}:${markers(id) ? "m" : ""}`).join(",");
+    /** @type {Map<number, import("./curves.js").Curve>} */ const curves = new Map();
+    for (const id of ids) {
+      curves.set(id, curve(byRun.get(id), { xAxis: view.xAxis, weight: view.smoothing, log: view.logScale,
+        parent: parentSeries(runInfo.get(id), byRun) }));
+    }
+    return { curves, deleted };
+  }
+
+  /** @param {PlotSlot} slot @param {PlotView} view @returns {number} points plotted in this slot */
+  drawSlot(slot, view) {
+    const { curves, deleted } = this.curves(slot, view);
+    const dups = duplicateCurves(curves);
     let total = 0;
-    for (const id of runIds) total += byRun.get(id).value.length;
+    /** @type {any[]} */ const raw = [], data = [];
+    for (const [id, c] of curves) {
+      total += c.raw.length - (c.joined ? 1 : 0);
+      if (view.smoothing > 0) raw.push(this.rawTrace(c, id));
+      data.push(this.trace(slot, c, id, deleted(id), dups.get(id), view));
+    }
     slot.empty.textContent = `no ${slot.metric} points yet`;
     slot.empty.hidden = total > 0;
-    if (traceKey === slot.traceKey && slot.initialized) {
-      this.extend(slot, byRun, runIds, view.xAxis);
-      return total;
-    }
-    const data = runIds.map((id) => this.trace(slot, byRun.get(id), id, view.xAxis, deleted(id), markers(id)));
-    this.Plotly.react(slot.div, data, this.layout(slot.metric, view.xAxis), PLOT_CONFIG);
+    slot.card.dataset.smoothed = String(view.smoothing > 0);
+    this.Plotly.react(slot.div, [...raw, ...data], this.layout(slot.metric, view, curves, total > 0), PLOT_CONFIG);
     slot.initialized = true;
-    slot.traceKey = traceKey;
     return total;
   }
 
-  /** Append only what is new (Plotly.extendTraces). @param {PlotSlot} slot @param {Map<number, Series>} byRun
-   * @param {number[]} runIds @param {"step"|"samples"} xAxis */
-  extend(slot, byRun, runIds, xAxis) {
-    /** @type {any} */ const upd = { x: [], y: [], customdata: [] };
-    const idx = /** @type {number[]} */ ([]);
-    runIds.forEach((id, i) => {
-      const s = /** @type {Series} */ (byRun.get(id));
-      const from = slot.drawn.get(id) || 0;
-      if (s.value.length > from) {
-        upd.x.push(s[xAxis].slice(from)); upd.y.push(s.value.slice(from));
-        upd.customdata.push(s.step.slice(from).map((st, j) => [st, s.samples[from + j]]));
-        idx.push(i);
-        slot.drawn.set(id, s.value.length);
-      }
-    });
-    if (idx.length) this.Plotly.extendTraces(slot.div, upd, idx);
+  /** The faint unsmoothed curve under a smoothed one. @param {import("./curves.js").Curve} c @param {number} id */
+  rawTrace(c, id) {
+    return { type: "scatter", mode: "lines", x: c.x, y: c.raw, name: `run ${id} (raw)`, hoverinfo: "skip",
+      showlegend: false, line: { color: runColor(id), width: 1 }, opacity: 0.25, meta: { run: id, raw: true } };
   }
 
-  /** One run's trace. @param {PlotSlot} slot @param {Series} s @param {number} id @param {"step"|"samples"} xAxis
-   * @param {boolean} deleted @param {boolean} markers */
-  trace(slot, s, id, xAxis, deleted, markers) {
-    slot.drawn.set(id, s.value.length);
-    const fmtY = slot.metric === "learning_rate" ? ".2~e" : ".4~g";
+  /** One run's trace. @param {PlotSlot} slot @param {import("./curves.js").Curve} c @param {number} id
+   * @param {boolean} deleted @param {number|undefined} dupOf @param {PlotView} view */
+  trace(slot, c, id, deleted, dupOf, view) {
+    const sparse = slot.metric.startsWith("eval_") || c.y.length < 3;
+    const name = deleted ? `run ${id} (deleted)` : dupOf ? `run ${id} (= run ${dupOf})` : `run ${id}`;
     return {
-      type: "scatter", mode: markers ? "lines+markers" : "lines", name: deleted ? `run ${id} (deleted)` : `run ${id}`,
-      x: s[xAxis].slice(), y: s.value.slice(), customdata: s.step.map((st, j) => [st, s.samples[j]]),
-      line: { color: runColor(id), width: 2, dash: deleted ? "dot" : "solid" },
+      type: "scatter", mode: sparse ? "lines+markers" : "lines", name, x: c.x, y: c.y,
+      customdata: c.step.map((st, j) => [st, c.samples[j], c.raw[j]]),
+      line: { color: runColor(id), width: 2, dash: deleted ? "dot" : dupOf ? "dash" : "solid" },
       marker: { size: 5, color: runColor(id) }, opacity: deleted ? 0.35 : 1, connectgaps: true,
-      hoverlabel: { bordercolor: runColor(id) },
-      hovertemplate: `<b>run ${id}</b><br>step %{customdata[0]:,}` +
-        (xAxis === "samples" ? " · %{customdata[1]:,} samples" : "") +
-        `<br>${slot.metric} %{y:${fmtY}}<extra></extra>`,
+      meta: { run: id, joined: c.joined },
+      hovertemplate: `<b>run ${id}</b> %{y:.4r}` + (view.smoothing > 0 ? " (raw %{customdata[2]:.4r})" : "") +
+        (view.xAxis !== "step" ? " · step %{customdata[0]:,}" : "") + "<extra></extra>",
     };
   }
 
+  /** The x axis of a card. @param {PlotView} view @param {Map<number, any>} curves @param {any} t */
+  xaxis(view, curves, t) {
+    const base = { gridcolor: t.grid, zeroline: false, linecolor: t.border, automargin: true,
+      title: { text: view.xAxis === "step" ? "optimizer step" : view.xAxis === "samples" ? "samples seen"
+        : "wall time", font: { size: 11, color: t.muted }, standoff: 4 } };
+    if (view.xAxis === "wall") return { ...base, type: "date" };
+    const xs = [...curves.values()].flatMap((c) => c.x).filter((x) => Number.isFinite(x));
+    const lo = xs.length ? Math.min(...xs) : 0, hi = xs.length ? Math.max(...xs) : 1;
+    return { ...base, type: "linear", tickmode: "linear", tick0: 0, dtick: integerDtick(lo, hi),
+      tickformat: view.xAxis === "samples" ? "~s" : ",d", hoverformat: ",d" };
+  }
+
   /** The layout of a card (Plotly.react keeps zoom through uirevision). @param {string} metric
-   * @param {"step"|"samples"} xAxis */
-  layout(metric, xAxis) {
+   * @param {PlotView} view @param {Map<number, any>} curves @param {boolean} hasData */
+  layout(metric, view, curves, hasData) {
     const t = themeColors(this.el);
-    const fmtY = metric === "learning_rate" ? ".2~e" : ".4~g";
+    const lr = metric === "learning_rate";
     return {
-      height: PLOT_HEIGHT, autosize: true, margin: { l: 48, r: 14, t: 10, b: 38 },
+      height: PLOT_HEIGHT, autosize: true, margin: { l: 52, r: 14, t: 10, b: 38 },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
       font: { family: t.font, size: 11, color: t.fg },
-      xaxis: { title: { text: xAxis === "step" ? "optimizer step" : "samples seen", font: { size: 11, color: t.muted },
-        standoff: 4 }, gridcolor: t.grid, zeroline: false, linecolor: t.border,
-      tickformat: xAxis === "samples" ? "~s" : "", automargin: true },
-      yaxis: { gridcolor: t.grid, zeroline: false, linecolor: t.border, tickformat: fmtY, automargin: true },
-      showlegend: false, hovermode: "closest",
+      xaxis: { ...this.xaxis(view, curves, t), visible: hasData },
+      yaxis: { gridcolor: t.grid, zeroline: false, linecolor: t.border, automargin: true, visible: hasData,
+        type: view.logScale ? "log" : "linear", exponentformat: lr ? "e" : "B", tickformat: lr ? "" : undefined },
+      showlegend: false, hovermode: "x unified",
       hoverlabel: { bgcolor: t.bg, bordercolor: t.border, font: { color: t.fg, family: t.font, size: 11 } },
-      uirevision: `${metric}|${xAxis}`,
+      uirevision: `${metric}|${view.xAxis}|${view.logScale}`,
     };
   }
 

@@ -14,21 +14,25 @@ import { DEFAULT_METRICS } from "./format.js";
  * @typedef {{run_id: number, status: string, on_device: boolean, hparams: Record<string, any>,
  *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number, epoch?: number,
  *   samples_seen: number, loss: number|null, eval_loss: number|null, error: string|null, parent_id: number|null,
- *   warm_start: boolean, legal_ops: string[]}} Run
+ *   warm_start: boolean, legal_ops: string[], op_hints?: Record<string, string>,
+ *   editable?: Record<string, any>}} Run
  * @typedef {{op_id: string, run_id: number, kind: string, state: string, message: string,
  *   requested_at: number, applied_at: number|null, new_run_id?: number|null}} OpRecord
  * @typedef {{experiment: string, started_at: number, now?: number, progress: string, on_device: number|null,
  *   num_chunks: number, hparam_columns: string[], runs: Run[], ops: OpRecord[], metric_names: string[],
- *   device_status?: string}} Snapshot
+ *   device_status?: string, elapsed_s?: number, training?: boolean, ended?: boolean, writer_alive?: boolean,
+ *   source?: string, stats?: Stats}} Snapshot
+ * @typedef {{percent: number|null, steps_per_s: number|null, s_per_chunk: number|null, eta_s: number|null,
+ *   training: boolean}} Stats
  * @typedef {{names: string[], run: number[], step: number[], samples: number[], name: number[],
- *   value: (number|null)[]}} EncodedPoints
- * @typedef {{step: number[], samples: number[], value: (number|null)[]}} Series
+ *   value: (number|null)[], wall?: (number|null)[]}} EncodedPoints
+ * @typedef {{step: number[], samples: number[], value: (number|null)[], wall: (number|null)[]}} Series
  * @typedef {{text: string, state: string, serial: number, fading: boolean}} Notice
  * @typedef {{snapshot: Snapshot|null, series: Map<string, Map<number, Series>>, metricNames: Set<string>,
  *   live: boolean, clockOffset: number, notices: Map<string, Notice>, pending: Map<string, string>,
- *   acked: Set<string>, serial: number}} State
+ *   acked: Set<string>, serial: number, frozenHtml: string|null}} State
  * @typedef {{redraw?: boolean, snapshot?: boolean, full?: boolean, points?: boolean, notices?: boolean,
- *   table?: boolean, plotly?: any}} Change
+ *   table?: boolean, plotly?: any, frozen?: boolean}} Change
  */
 
 /** Notices shown at once (the oldest goes first). */
@@ -38,7 +42,7 @@ export const MAX_NOTICES = 4;
 export function createState() {
   return {
     snapshot: null, series: new Map(), metricNames: new Set(DEFAULT_METRICS), live: false, clockOffset: 0,
-    notices: new Map(), pending: new Map(), acked: new Set(), serial: 0,
+    notices: new Map(), pending: new Map(), acked: new Set(), serial: 0, frozenHtml: null,
   };
 }
 
@@ -86,6 +90,9 @@ export function reduce(state, msg, nowMs, buffers = []) {
     case "error":
       notice(state, `error:${msg.message}`, `panel: ${msg.message}`, "rejected");
       return { notices: true };
+    case "frozen": // the experiment ended: the static copy replaces the live view
+      state.frozenHtml = typeof msg.html === "string" ? msg.html : "";
+      return { frozen: true };
     default:
       return {};
   }
@@ -100,8 +107,9 @@ export function ingest(state, enc) {
     if (!byRun) { byRun = new Map(); state.series.set(name, byRun); }
     const rid = enc.run[i];
     let s = byRun.get(rid);
-    if (!s) { s = { step: [], samples: [], value: [] }; byRun.set(rid, s); }
+    if (!s) { s = { step: [], samples: [], value: [], wall: [] }; byRun.set(rid, s); }
     s.step.push(enc.step[i]); s.samples.push(enc.samples[i]); s.value.push(enc.value[i]);
+    s.wall.push(enc.wall ? enc.wall[i] : null);
     state.metricNames.add(name);
   }
 }

@@ -119,9 +119,7 @@ class Decisions:
     notes: tuple[str, ...] = ()
 
     def __add__(self, other: Decisions) -> Decisions:
-        return Decisions(
-            self.stops + other.stops, self.new_runs + other.new_runs, self.notes + other.notes
-        )
+        return Decisions(self.stops + other.stops, self.new_runs + other.new_runs, self.notes + other.notes)
 
     def __bool__(self) -> bool:
         return bool(self.stops or self.new_runs or self.notes)
@@ -145,6 +143,7 @@ class EarlyStoppingPolicy(ABC):
 
     def on_added(self, run_id: int, new_run: NewRun) -> None:
         """The scheduler added ``new_run`` (one this policy returned) as run ``run_id``."""
+        return None
 
     def progress(self) -> dict[str, Any]:
         """What the panel's header shows about the policy (``{"label": ...}``; searches add ``trials``/``budget``)."""

@@ -59,7 +59,9 @@ class MedianStopping(RungPolicy):
         )
 
     def describe(self) -> str:
-        return f"MedianStopping({self.metric}, {self.mode}, grace {self.grace_chunks}, min {self.min_runs} runs)"
+        return (
+            f"MedianStopping({self.metric}, {self.mode}, grace {self.grace_chunks}, min {self.min_runs} runs)"
+        )
 
     def __repr__(self) -> str:
         return (

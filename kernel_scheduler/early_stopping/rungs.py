@@ -142,7 +142,9 @@ class RungPolicy(EarlyStoppingPolicy):
         self._missing_said = True
         logged = sorted(k for k in result.metrics if result.value(k) is not None)
         hint = (
-            f"it logged {', '.join(logged)}" if logged else "it logged no metric (give run_fit an eval_dataset)"
+            f"it logged {', '.join(logged)}"
+            if logged
+            else "it logged no metric (give run_fit an eval_dataset)"
         )
         return (
             f"early stopping: run {result.run_id} logged no {self.metric!r} in chunk {result.chunk} ({hint}); "

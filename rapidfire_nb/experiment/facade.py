@@ -126,6 +126,19 @@ class Experiment:
     def quiet(self, value: bool) -> None:
         self._reporter.quiet = check_flag(value, "quiet")
 
+    @property
+    def progress_lines(self) -> bool | None:
+        """Print a ``[rapidfire] run N · chunk k/K ...`` line per finished chunk (and each op's outcome)?
+
+        None (default): yes in scripts and terminals, no while a live panel shows the progress (failures,
+        notes and the final summary are printed either way); True: always; False: never.
+        """
+        return self._reporter.progress_lines
+
+    @progress_lines.setter
+    def progress_lines(self, value: bool | None) -> None:
+        self._reporter.progress_lines = None if value is None else bool(value)
+
     def on_message(self, printer: Callable[[str], None] | None) -> None:
         """Send the ``[rapidfire]`` lines to ``printer(line)`` instead of ``print`` (None: back to ``print``)."""
         self._reporter.printer = printer or print
@@ -301,22 +314,22 @@ class Experiment:
         The store records that it ended (meta ``ended_at``): from then on the server refuses ops for it (409, saying
         how to continue: re-run ``Experiment(...)`` and ``run_fit``), and the ops it had posted that this kernel
         had not taken yet are answered rejected. A later ``run_fit`` of the experiment opens it again.
+
+        Each live panel gives way to a static copy of its final state (the runs table and the curves, drawn
+        as HTML/SVG), which stays in the saved notebook and shows without a kernel (GitHub, nbviewer).
         """
         if self._ended:
             return
         if self._session is not None:
             self.wait()
             self._session.end()  # meta ended_at: the server refuses ops from now on (409, saying how to continue)
-        for panel in self._panels:
-            try:
-                panel.close()
-            except Exception:
-                pass
-        self._panels.clear()
         self._ended = True
+        panel_source.freeze_panels(self._panels)
+        self._panels.clear()
+        self._reporter.panel_live = False
         self._lock.release()
         if self._session is not None:
-            self._say(f"experiment {self.experiment_name!r} ended")
+            self._say(panel_source.final_summary(self))
 
     # ================================================================== IC Ops
     def stop(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
@@ -369,8 +382,15 @@ class Experiment:
         ack = self.submit_op("clone", run_id, changes=changes, warm_start=warm_start, source=source)
         if ack.state == "rejected":
             raise OpError(ack.message)
-        self._say(f"clone of run {run_id} → run {ack.new_run_id}: {ack.message}")
+        if source != "magic":  # %rapidfire prints its own one line
+            self._say(ack.message)
         assert ack.new_run_id is not None
+        twins = panel_source.same_config(self._session, ack.new_run_id)
+        if twins:
+            self._say(
+                f"note: run {ack.new_run_id} has the same config as run {', '.join(map(str, twins))}"
+                + (" (a warm start from a later step still differs)" if warm_start else "")
+            )
         return ack.new_run_id
 
     def ops(self) -> Any:
@@ -461,20 +481,25 @@ class Experiment:
     # ================================================================== panel source
     def panel_snapshot(self) -> dict[str, Any]:
         """JSON-able state for the panel (see docs/ARCHITECTURE.md, "Panel source")."""
-        return panel_source.panel_snapshot(self.experiment_name, self.store, self._session)
+        return panel_source.panel_snapshot(self.experiment_name, self.store, self._session, self._ended)
 
     def metrics_since(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
         """Metric points after ``cursor`` (the store's row id) and the new cursor."""
         return panel_source.metrics_since(self.store, cursor)
 
     def panel(self) -> None:
-        """Display the live panel again (full history; any number of views may be open)."""
+        """Display the live panel again (full history; any number of views may be open); after :meth:`end`,
+        its static copy."""
+        if self._ended:
+            panel_source.show_static(self)
+            return
         self._show_panel()
 
     def _show_panel(self) -> None:
         panel = panel_source.show_panel(self, self._reporter)
         if panel is not None:
             self._panels.append(panel)
+            self._reporter.panel_live = self._reporter.panel_live or hasattr(panel, "freeze")
 
     def _flush(self) -> FitSession | None:
         """Let the recorder write what it holds (the tables then show everything reported so far)."""

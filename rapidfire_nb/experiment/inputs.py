@@ -12,9 +12,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import schema
 from ..errors import ConfigError, ExperimentError
 
-__all__ = ["FitInputs", "check_fit_inputs", "check_same_inputs", "column_names", "dataset_fingerprint"]
+__all__ = [
+    "MAX_CHUNKS",
+    "FitInputs",
+    "check_fit_inputs",
+    "check_same_inputs",
+    "column_names",
+    "dataset_fingerprint",
+]
+
+MAX_CHUNKS = 10_000
+"""The most chunks per epoch ``run_fit`` accepts (each chunk ends with an evaluation and a checkpoint)."""
 
 
 @dataclass(frozen=True)
@@ -64,14 +75,16 @@ def check_fit_inputs(
     Raises:
         ConfigError: a bad argument, naming it and what it should be.
     """
-    if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
-        raise ConfigError(f"num_chunks must be an integer >= 1, got {num_chunks!r}")
+    if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or not 1 <= num_chunks <= MAX_CHUNKS:
+        raise ConfigError(f"num_chunks must be an integer from 1 to {MAX_CHUNKS:,}, got {num_chunks!r}")
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
         raise ConfigError(
             f"checkpoint_every must be an integer >= 1 (chunks between two checkpoints), got {checkpoint_every!r}"
         )
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= schema.MAX_SEED:
+        raise ConfigError(
+            f"seed must be an integer from 0 to {schema.MAX_SEED:,} (numpy's range), got {seed!r}"
+        )
     if train_dataset is None or len(train_dataset) == 0:
         raise ConfigError("train_dataset is empty: pass a datasets.Dataset with at least one row")
     if not callable(create_model_fn):

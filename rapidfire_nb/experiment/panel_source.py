@@ -2,21 +2,37 @@
 
 ``panel_snapshot`` hands the store's rows and the live session's state to :func:`rapidfire_nb.view.kernel_snapshot`
 (the one snapshot builder, shared with the server); ``metrics_since`` pages through the store's metric rows.
+``show_panel`` / ``freeze_panels`` / ``show_static`` display the live panel, turn it into its static copy at
+``end()``, or show that copy (:mod:`rapidfire_nb.static_panel`).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from typing import Any
 
+from .. import view
 from ..view import KernelState, StoreRows, kernel_snapshot
 
-__all__ = ["metrics_since", "panel_snapshot", "show_panel"]
+__all__ = [
+    "final_summary",
+    "freeze_panels",
+    "metrics_since",
+    "panel_snapshot",
+    "same_config",
+    "show_panel",
+    "show_static",
+]
+
+_log = logging.getLogger(__name__)
 
 
-def panel_snapshot(name: str, store: Any, session: Any) -> dict[str, Any]:
-    """JSON-able state for the panel; ``session`` is the live :class:`~.session.FitSession` or None."""
+def panel_snapshot(name: str, store: Any, session: Any, ended: bool = False) -> dict[str, Any]:
+    """JSON-able state for the panel; ``session`` is the live :class:`~.session.FitSession` or None; after
+    ``end()`` (``ended``) no op is legal and each run's ``op_hints`` say how to continue."""
     if session is None:
-        kernel = KernelState(started_at=None, num_chunks=0, hparam_columns=[])
+        kernel = KernelState(started_at=None, num_chunks=0, hparam_columns=[], accepting=not ended)
     else:
         snaps = session.scheduler.snapshot()
         kernel = KernelState(
@@ -26,14 +42,61 @@ def panel_snapshot(name: str, store: Any, session: Any) -> dict[str, Any]:
             runs=snaps,
             on_device=session.scheduler.on_device(),
             live_steps={s.run_id: session.recorder.live_step(s.run_id) for s in snaps},
+            accepting=not ended,
         )
     return kernel_snapshot(name, StoreRows.read(store), kernel)
 
 
 def metrics_since(store: Any, cursor: int) -> tuple[list[dict[str, Any]], int]:
-    """Metric points after ``cursor`` (the store's row id) and the new cursor."""
+    """Metric points after ``cursor`` (the store's row id) and the new cursor (points carry ``wall_time``)."""
     points, new = store.metrics_since(cursor)
-    return [{k: p[k] for k in ("run_id", "step", "samples_seen", "name", "value")} for p in points], new
+    keys = ("run_id", "step", "samples_seen", "name", "value", "wall_time")
+    return [{k: p.get(k) for k in keys} for p in points], new
+
+
+def freeze_panels(panels: Iterable[Any]) -> None:
+    """Turn each live panel into its static copy (``RunPanel.freeze``; a text progress is just closed)."""
+    for panel in panels:
+        try:
+            freeze = getattr(panel, "freeze", None)
+            if freeze is not None:
+                freeze()
+            else:
+                panel.close()
+        except Exception:  # a panel that cannot be frozen must not keep end() from finishing
+            _log.exception("rapidfire: could not freeze a panel")
+
+
+def show_static(source: Any) -> None:
+    """Display the static copy of ``source``'s panel (runs table and curves, no kernel needed)."""
+    from ..panel import display_static
+
+    display_static(source)
+
+
+def final_summary(source: Any) -> str:
+    """The line printed by ``end()``: runs by status, the best run, the training time."""
+    return view.final_summary(source.panel_snapshot())
+
+
+def same_config(session: Any, run_id: int) -> list[int]:
+    """The other runs (not DELETED) whose config equals run ``run_id``'s (its spec's ``fingerprint()``)."""
+    if session is None:
+        return []
+    snaps = {s.run_id: s for s in session.scheduler.snapshot()}
+    mine = snaps.get(run_id)
+    fingerprint = getattr(mine.spec if mine else None, "fingerprint", None)
+    if fingerprint is None:
+        return []
+    key = fingerprint()
+    return [
+        rid
+        for rid, s in sorted(snaps.items())
+        if rid != run_id
+        and s.status.value != "DELETED"
+        and getattr(s.spec, "fingerprint", None) is not None
+        and s.spec.fingerprint() == key
+    ]
 
 
 def show_panel(source: Any, reporter: Any) -> Any:

@@ -1,7 +1,9 @@
 """The recorder: the one place run events and metrics leave the scheduler and the training threads.
 
 It writes the store (the source of truth), feeds the tracker (TensorBoard), prints one compact line per finished
-chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter`, and polls the ops inbox for the scheduler.
+chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter` (only failures while a live panel shows the
+progress), keeps the training clock (:mod:`rapidfire_nb.clock`, written to meta ``clock`` when training starts
+or stops), and polls the ops inbox for the scheduler.
 
 Nothing is written on the thread that reports an event: ``on_metrics`` (a run's training thread, every TRL log
 call), ``on_run`` and ``on_op`` (the scheduler thread; ``on_op`` also from the thread that submitted an op) and
@@ -12,7 +14,7 @@ far is written (``wait()``, ``end()`` and the result tables call it); the panel 
 written, at most a fraction of a second behind.
 
 Thread ownership: the recorder thread owns every store and tracker write made during training, the chunk lines,
-the metric names and the reported-chunk bookkeeping; ``poll_ops`` (the ops inbox, read by the scheduler thread
+the metric names, the training clock and the reported-chunk bookkeeping; ``poll_ops`` (the ops inbox, read by the scheduler thread
 about once a second) is the one store access outside it. Each run's live step (the step it last logged) is written
 by that run's training thread only. The hyperparameter columns are a tuple replaced by the recorder thread.
 """
@@ -30,6 +32,7 @@ from typing import Any
 from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListener
 
 from .._priority import lower_thread_priority
+from ..clock import CLOCK_META_KEY, TrainingClock
 from ..errors import StorageError, storage_error
 from ..redact import is_secret_key, redact
 from ..view import chunk_line
@@ -112,6 +115,9 @@ class Recorder(SchedulerListener):
             None  # called once, on the recorder thread
         )
         self._errors_seen: set[str] = set()
+        beat = store.heartbeat()
+        self._clock = TrainingClock(store.get_meta(CLOCK_META_KEY), beat["beat_at"] if beat else None)
+        self._loop_thread: int | None = None  # the scheduler thread (its on_heartbeat tells)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, on_thread_start: Callable[[], None] | None = None) -> None:
@@ -157,10 +163,12 @@ class Recorder(SchedulerListener):
 
     # ------------------------------------------------------------------ events (any thread: enqueue only)
     def on_run(self, snap: RunSnapshot) -> None:
-        self._put(("run", snap))
+        self._put(("run", snap, time.time()))
 
     def on_op(self, op: Op, ack: OpAck) -> None:
-        self._put(("op", op, ack))
+        # an outcome the scheduler thread decides later (the submitter already got the immediate answer, its ack)
+        later = self._loop_thread is not None and threading.get_ident() == self._loop_thread
+        self._put(("op", op, ack, later))
 
     def on_metrics(self, run_id: int, step: int, samples_seen: int, logs: Mapping[str, Any]) -> None:
         """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows), from its training thread."""
@@ -211,6 +219,7 @@ class Recorder(SchedulerListener):
         return self._inbox()
 
     def on_heartbeat(self) -> None:
+        self._loop_thread = threading.get_ident()
         now = time.monotonic()
         if now - self._last_beat > HEARTBEAT_EVERY_S:
             self._last_beat = now
@@ -284,9 +293,9 @@ class Recorder(SchedulerListener):
     def _write_one(self, item: tuple[Any, ...]) -> None:
         kind = item[0]
         if kind == "run":
-            self._write_run(item[1])
+            self._write_run(item[1], item[2])
         elif kind == "op":
-            self._write_op(item[1], item[2])
+            self._write_op(item[1], item[2], item[3])
         elif kind == "clone":
             self._write_clone(*item[1:])
         elif kind == "meta":
@@ -298,7 +307,7 @@ class Recorder(SchedulerListener):
         elif kind == "call":
             item[1]()
 
-    def _write_run(self, snap: RunSnapshot) -> None:
+    def _write_run(self, snap: RunSnapshot, at: float) -> None:
         ckpt = self._checkpoint_dir(snap.run_id)
         self.store.upsert_run(
             snap.run_id,
@@ -314,8 +323,12 @@ class Recorder(SchedulerListener):
         )
         if snap.status is RunStatus.DELETED:
             self.tracker.mark_deleted(snap.run_id)  # TensorBoard no longer lists it under its id
-        if self._should_report(snap):
-            self.reporter.say(self.chunk_line(snap))
+        if self._clock.observe(
+            snap.run_id, snap.status, at
+        ):  # training starts or stops (unix s of the event)
+            self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
+        if self._should_report(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
+            self.reporter.say(self.chunk_line(snap))  # under a live panel: failures only (it shows the rest)
 
     def _should_report(self, snap: RunSnapshot) -> bool:
         if snap.run_id not in self._seen_segments and snap.status is RunStatus.NEW:
@@ -331,7 +344,7 @@ class Recorder(SchedulerListener):
             self._reported_end.add(snap.run_id)
         return True
 
-    def _write_op(self, op: Op, ack: OpAck) -> None:
+    def _write_op(self, op: Op, ack: OpAck, later: bool) -> None:
         payload = redact({k: v for k, v in op.payload.items() if k != "spec"})
         added = self.store.add_op(
             op.op_id,
@@ -346,7 +359,8 @@ class Recorder(SchedulerListener):
         if not added:
             applied_at = time.time() if ack.state != "queued" else None
             self.store.update_op(op.op_id, ack.state, ack.message, applied_at=applied_at)
-        if ack.state != "queued" and op.source != "api":
+        # said for ops whose outcome nothing else shows (no live panel with its ops log; not the API's)
+        if ack.state != "queued" and op.source != "api" and later and self.reporter.wants_progress():
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
 
     def _write_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:

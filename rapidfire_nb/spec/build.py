@@ -143,6 +143,8 @@ def build_training_args(
     Rules, applied on top of the user's arguments (``leaf.training``):
 
     * ``seed``: the user's if set, else ``default_seed``.
+    * A ``None`` the installed library no longer reads becomes what it meant (``schema.none_means``:
+      ``max_grad_norm=None`` -> ``0.0``, no clipping), with a note.
     * No CUDA (or the user set ``use_cpu=True``): ``use_cpu=True``, ``fp16=False``, ``bf16=False`` (and the
       ``*_full_eval``/``tf32`` flags off); each flag the user had turned on gets a note. TRL's default
       gradient checkpointing is switched off (it only slows CPU training) unless the user set it; noted.
@@ -174,6 +176,7 @@ def build_training_args(
     _check_user_values(cls, user)
     a = _Args(cls, user, dict(user))
     a.kwargs["seed"] = user["seed"] if "seed" in user else int(default_seed)
+    _none_meanings(a)
     if cuda_available is None:
         cuda_available = detect_cuda()
     if not cuda_available or user.get("use_cpu") is True:
@@ -187,6 +190,15 @@ def build_training_args(
     except Exception as exc:
         raise _rejected(cls, a.kwargs, user, exc) from exc
     return config, a.notes
+
+
+def _none_meanings(a: _Args) -> None:
+    """A ``None`` the installed library no longer reads (``max_grad_norm=None``) becomes what it meant, noted."""
+    for name, value in a.user.items():
+        meaning = schema.none_means(a.cls, name) if value is None else None
+        if meaning is not None:
+            a.kwargs[name] = meaning[0]
+            a.notes.append(f"{name}=None read as {name}={meaning[0]!r} ({meaning[1]})")
 
 
 def _cpu_rules(a: _Args, reason: str) -> None:

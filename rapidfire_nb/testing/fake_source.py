@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kernel_scheduler import DeviceArbiter, Op, OpAck, OpKind, RunStatus, Scheduler, new_op_id
+from rapidfire_nb.clock import CLOCK_META_KEY, TrainingClock
 from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec, Recorder
 from rapidfire_nb.view import KernelState, StoreRows, kernel_snapshot
 
@@ -81,6 +82,7 @@ class FakeSource:
         self._latest: dict[int, dict[str, float]] = {}
         self._live: dict[int, int] = {}  # latest logged step per run
         self._start_loss: dict[int, float] = {}  # a warm clone starts from its parent's loss
+        self._clock = TrainingClock()  # training time, as the kernel's recorder keeps it
         self._fake = FakeExecutor(num_chunks=num_chunks, mode="manual")
         self._log = Recorder()  # the ops log, and the scheduler loop turns
         # its own device: a source left open (its fake segment never resolved) holds up no other scheduler
@@ -137,7 +139,7 @@ class FakeSource:
     # -- the contract ---------------------------------------------------------------------------------------
     def panel_snapshot(self) -> dict[str, Any]:
         """The panel's snapshot: :func:`rapidfire_nb.view.kernel_snapshot` of the scheduler's state."""
-        snaps = self._sched.snapshot()
+        snaps = self._observe()
         rows = [
             {
                 "run_id": s.run_id,
@@ -163,9 +165,10 @@ class FakeSource:
             on_device=self._sched.on_device(),
             live_steps=dict(self._live),
         )
-        rows_ = StoreRows(
-            meta={"created_at": self.started_at, "metric_names": names}, runs=rows, latest=latest, ops=ops
-        )
+        with self._points_lock:
+            clock = self._clock.to_meta()
+        meta = {"created_at": self.started_at, "metric_names": names, CLOCK_META_KEY: clock}
+        rows_ = StoreRows(meta=meta, runs=rows, latest=latest, ops=ops)
         return kernel_snapshot(self.experiment, rows_, kernel)
 
     def metrics_since(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
@@ -235,8 +238,18 @@ class FakeSource:
             self._wait_turns(target)
             flight = self._fake.inflight
             if (flight is not None and self._sched.on_device() == flight[0]) or self._sched.is_idle():
+                self._observe()
                 return
             target = self._log.beats + 1
+
+    def _observe(self) -> list[Any]:
+        """The scheduler's snapshots, fed to the training clock (as the recorder does on every run event)."""
+        snaps = self._sched.snapshot()
+        now = time.time()
+        with self._points_lock:
+            for snap in snaps:
+                self._clock.observe(snap.run_id, snap.status, now)
+        return snaps
 
     def _wait_turns(self, target: int) -> None:
         with self._log.cond:
@@ -264,6 +277,7 @@ class FakeSource:
         if step % self.eval_every == 0 or step == self.total_steps:
             values["eval_loss"] = loss + 0.08 + abs(rng.gauss(0, 0.015))
             values["eval_mean_token_accuracy"] = min(0.99, 0.32 + 0.48 * (1 - math.exp(-speed * frac)))
+        now = time.time()
         with self._points_lock:
             self._points += [
                 {
@@ -272,6 +286,7 @@ class FakeSource:
                     "samples_seen": step * spec.batch,
                     "name": k,
                     "value": float(v),
+                    "wall_time": now,
                 }
                 for k, v in values.items()
             ]

@@ -187,7 +187,7 @@ class FakeExecutor(Executor):
             plan = self.plans.get(run_id)
             if plan is None:
                 self.violations.append(f"run_segment for unknown run {run_id}")
-            elif stop_step not in plan.boundaries or stop_step <= self.steps[run_id]:
+            elif not plan.is_boundary(stop_step) or stop_step <= self.steps[run_id]:
                 self.violations.append(
                     f"run_segment({run_id}, {stop_step}): not the next boundary of "
                     f"{plan.boundaries} from step {self.steps[run_id]}"

@@ -205,21 +205,34 @@ class CheckpointWriter:
     """Writes boundary snapshots in a background thread (training does not wait for the disk).
 
     ``submit(snap, run_dir)`` returns at once; ``flush()`` waits for everything queued; ``close()`` joins.
-    After a successful write of ``checkpoint-<step>``, older checkpoints of that run are removed.
+    After a successful write of ``checkpoint-<step>``, older checkpoints of that run are removed. A run has at
+    most one snapshot waiting: a newer one replaces the one not yet written (which would be removed right after
+    being written), so memory stays bounded when chunk switches outpace the disk (measured on the tiny model:
+    8 runs switching every ~30 ms queued snapshots faster than they were written, +9 MB in use over 64 rounds).
     """
 
     def __init__(self, on_error: Callable[[BaseException, Path], None] | None = None) -> None:
         self.on_error = on_error  # ``on_error(exc, folder)`` on the writer thread when a write fails
-        self._queue: queue.Queue[tuple[BoundarySnapshot, Path] | None] = queue.Queue()
+        self._queue: queue.Queue[int | None] = queue.Queue()  # run ids with a snapshot waiting (once each)
+        self._lock = threading.Lock()
+        self._waiting: dict[int, tuple[BoundarySnapshot, Path]] = {}
         self._thread = threading.Thread(target=self._main, name="rapidfire-checkpoints", daemon=True)
         self._thread.start()
         self.last_error: str | None = None
         self.written: dict[int, Path] = {}
+        self.replaced = 0  # snapshots replaced by a newer one of their run before being written
 
     def submit(self, snap: BoundarySnapshot, run_dir: Path) -> Path:
         target = run_dir / f"checkpoint-{snap.step}"
-        if self._thread.is_alive():
-            self._queue.put((snap, run_dir))
+        if not self._thread.is_alive():
+            return target
+        with self._lock:
+            queued = snap.run_id in self._waiting
+            self._waiting[snap.run_id] = (snap, run_dir)
+            if queued:
+                self.replaced += 1
+        if not queued:
+            self._queue.put(snap.run_id)
         return target
 
     def flush(self) -> None:
@@ -236,20 +249,24 @@ class CheckpointWriter:
             try:
                 if item is None:
                     return
-                snap, run_dir = item
-                target = run_dir / f"checkpoint-{snap.step}"
-                try:
-                    run_dir.mkdir(parents=True, exist_ok=True)
-                    write_snapshot(snap, target)
-                    self.written[snap.run_id] = target
-                    for old in run_dir.glob("checkpoint-*"):
-                        if old != target and not old.name.startswith("."):
-                            shutil.rmtree(old, ignore_errors=True)
-                except Exception as exc:  # a disk error: the previous checkpoint stays (atomic writes)
-                    self.last_error = f"checkpoint of run {snap.run_id} at step {snap.step} failed: {exc}"
-                    if self.on_error is not None:
-                        self.on_error(exc, target)
-                    else:
-                        log.error(self.last_error)
+                with self._lock:
+                    snap, run_dir = self._waiting.pop(item)
+                self._write(snap, run_dir)
             finally:
                 self._queue.task_done()
+
+    def _write(self, snap: BoundarySnapshot, run_dir: Path) -> None:
+        target = run_dir / f"checkpoint-{snap.step}"
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_snapshot(snap, target)
+            self.written[snap.run_id] = target
+            for old in run_dir.glob("checkpoint-*"):
+                if old != target and not old.name.startswith("."):
+                    shutil.rmtree(old, ignore_errors=True)
+        except Exception as exc:  # a disk error: the previous checkpoint stays (atomic writes)
+            self.last_error = f"checkpoint of run {snap.run_id} at step {snap.step} failed: {exc}"
+            if self.on_error is not None:
+                self.on_error(exc, target)
+            else:
+                log.error(self.last_error)

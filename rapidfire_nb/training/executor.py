@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult
+from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError, StorageError, storage_error
 from rapidfire_nb.spec import LeafConfig, build_lora_config, build_training_args
 
@@ -33,10 +34,11 @@ from .checkpoint import (
     Snapshotter,
     restore_counters,
 )
-from .data import prepare_dataset
+from .data import prepare_dataset, rows_dropped
 from .device import DeviceThread
 from .kinds import TrainerKind, get_kind
-from .models import BaseModels, SharedBase, attach_run_model
+from .malloc import tune_malloc
+from .models import BaseModels, SharedBase, attach_run_model, load_trained_weights
 from .quiet import quiet_libraries
 from .rng import capture_rng
 from .worker import HandoffClock, RunWorker
@@ -122,7 +124,7 @@ class TorchExecutor(Executor):
         self.checkpoint_every = checkpoint_every
         self.models = BaseModels(create_model_fn, self._note)  # create_model_fn calls, shared bases
         self._runs: dict[int, _Run] = {}
-        _limit_malloc_arenas()
+        tune_malloc()  # glibc: few arenas, a fixed mmap threshold (flat memory over many chunk switches)
         self.on_storage_error = on_storage_error
         self._in_record_order = in_record_order or (lambda fn: fn())
         self._writer = CheckpointWriter(on_error=self._write_failed)
@@ -253,18 +255,16 @@ class TorchExecutor(Executor):
             if run.final_dir is None:
                 self._save_final(run_id)
             assert run.final_dir is not None
-            spec, final_dir, lora = run.spec, run.final_dir, run.adapter is not None
-        else:
-            if spec is None or final_dir is None or not Path(final_dir).is_dir():
-                raise ConfigError(f"run {run_id} has no saved final weights to load")
-            lora = (Path(final_dir) / "adapter_config.json").is_file()
+            spec, final_dir = run.spec, run.final_dir
+        elif spec is None or final_dir is None or not Path(final_dir).is_dir():
+            raise ConfigError(f"run {run_id} has no saved final weights to load")
         model, tok = self.models.create(spec.model_config_dict())
-        if lora:
+        if spec.lora is not None:  # the run's own adapter on a fresh base
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, str(final_dir))
-        else:
-            model = type(model).from_pretrained(str(final_dir))
+        else:  # full fine-tuning, also of a model carrying the user's own adapter layers
+            model = load_trained_weights(model, Path(final_dir))
         model.eval()
         return model, tok
 
@@ -287,9 +287,16 @@ class TorchExecutor(Executor):
     ) -> RunStart:
         run_dir = self.run_dir(run_id)
         args, train_ds, eval_ds, lora = self._inputs(spec, run_dir)
-        base = self.models.base_for(spec, args)
+        base = self.models.base_for(spec, args, run_id)
         model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
         trainer = self._build_trainer(spec, model, adapter, base.tokenizer, args, train_ds, eval_ds)
+        for what, given, kept in (
+            ("train_dataset", train_ds, trainer.train_dataset),
+            ("eval_dataset", eval_ds, trainer.eval_dataset),
+        ):
+            note = rows_dropped(what, given, kept, args)  # TRL drops rows whose prompt fills max_length
+            if note:
+                self._note(f"run {run_id}: {note}")
         initial_rng = capture_rng()
         plan = self._plan(run_id, trainer)
         resume, start = self._start_position(run_id, trainer, adapter, plan, run_dir, warm_from, resume_from)
@@ -331,9 +338,9 @@ class TorchExecutor(Executor):
         args, notes = build_training_args(spec, output_dir=str(run_dir / "trainer"), default_seed=self.seed)
         for n in notes:
             self._note(n)
-        train_ds = prepare_dataset(self.train_dataset, spec.formatting_func, self.kind, "train_dataset")
+        train_ds = prepare_dataset(self.train_dataset, spec.formatting_func, self.kind, "train_dataset", spec)
         eval_ds = (
-            prepare_dataset(self.eval_dataset, spec.formatting_func, self.kind, "eval_dataset")
+            prepare_dataset(self.eval_dataset, spec.formatting_func, self.kind, "eval_dataset", spec)
             if self.eval_dataset is not None
             else None
         )
@@ -341,6 +348,14 @@ class TorchExecutor(Executor):
 
     def _plan(self, run_id: int, trainer: Any) -> ChunkPlan:
         geo = self.kind.step_geometry(trainer)
+        if (
+            geo.total_steps > schema.MAX_STEPS
+        ):  # max_steps is bounded by the schema; epochs x data is known here
+            raise ConfigError(
+                f"num_train_epochs={trainer.args.num_train_epochs:g} x {geo.steps_per_epoch} optimizer steps per "
+                f"epoch = {geo.total_steps:,} steps (run {run_id}), more than the {schema.MAX_STEPS:,} rapidfire_nb "
+                "accepts; lower num_train_epochs or set max_steps"
+            )
         try:
             return self.kind.plan_chunks(geo, self.num_chunks)  # GRPO: boundaries on generation rounds
         except ChunkPlanError as exc:
@@ -478,23 +493,6 @@ class TorchExecutor(Executor):
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:
         run = self._runs[run_id]
         self.metric_sink(run_id, step, run.plan.samples_seen(step), logs)
-
-
-def _limit_malloc_arenas() -> None:
-    """Cap glibc's per-thread malloc arenas (Linux): each run's worker thread would otherwise keep its own pool at
-    its peak size (measured on SmolLM2: 4 runs +771 MB over 1 run, +368 MB with 2 arenas). No-op elsewhere or when
-    ``MALLOC_ARENA_MAX`` is set by the user."""
-    import ctypes
-    import os
-    import sys
-
-    if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-8, 2)  # M_ARENA_MAX = -8
-    except (OSError, AttributeError):
-        pass
 
 
 def _checkpoint_step(folder: Path) -> int:

@@ -13,12 +13,21 @@ import copy
 import json
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.spec import LeafConfig
 
-__all__ = ["SHARED_MODEL_FIELDS", "BaseModels", "ModelProvider", "SharedBase"]
+__all__ = [
+    "SHARED_MODEL_FIELDS",
+    "BaseModels",
+    "ModelProvider",
+    "SharedBase",
+    "adapter_layer_names",
+    "load_trained_weights",
+    "own_base_reason",
+]
 
 SHARED_MODEL_FIELDS: tuple[str, ...] = (
     "gradient_checkpointing",
@@ -52,6 +61,27 @@ class SharedBase:
     adapters: list[str] = field(default_factory=list)
 
 
+def own_base_reason(spec: LeafConfig) -> str | None:
+    """Why a LoRA run cannot share its base model with other runs, or ``None``.
+
+    ``lora.bias`` other than ``"none"`` trains bias terms of the model itself, and PEFT allows only one adapter
+    with bias per model ("LoraModel supports only 1 adapter with bias").
+
+    Args:
+        spec: The run's spec.
+
+    Returns:
+        A sentence for the user's note, or ``None`` when the run can share its base.
+    """
+    bias = (spec.lora or {}).get("bias", "none")
+    if spec.lora is not None and bias not in (None, "none"):
+        return (
+            f"lora.bias={bias!r} trains bias terms of the base model itself (PEFT allows one adapter with bias "
+            "per model)"
+        )
+    return None
+
+
 class ModelProvider(abc.ABC):
     """How trainer kinds and the executor get models. One per executor; called from its (one) calling thread."""
 
@@ -71,12 +101,14 @@ class ModelProvider(abc.ABC):
         """
 
     @abc.abstractmethod
-    def base_for(self, spec: LeafConfig, args: Any) -> SharedBase:
+    def base_for(self, spec: LeafConfig, args: Any, run_id: int | None = None) -> SharedBase:
         """The shared base of a run (created with ``create`` on first use).
 
         Args:
             spec: The run's spec.
             args: Its built TRL config (the ``SHARED_MODEL_FIELDS`` are read from it).
+            run_id: The run's id; a run whose LoRA settings act on the whole model (``own_base_reason``) gets a
+                base of its own, keyed by it.
 
         Returns:
             The base shared by every run with equal model settings.
@@ -130,14 +162,16 @@ class BaseModels(ModelProvider):
             )
         return out
 
-    def base_for(self, spec: LeafConfig, args: Any) -> SharedBase:
+    def base_for(self, spec: LeafConfig, args: Any, run_id: int | None = None) -> SharedBase:
         shared = {f: getattr(args, f, None) for f in SHARED_MODEL_FIELDS}
+        own = own_base_reason(spec)
         key = json.dumps(
             {
                 "model_name": spec.model_name,
                 "model_kwargs": repr(sorted(spec.model_kwargs.items())),
                 "tokenizer": repr(spec.tokenizer),
                 "shared": repr(shared),
+                "zown": None if own is None else run_id,  # "z": sorts after "shared" (see the split below)
             },
             sort_keys=True,
         )
@@ -146,7 +180,9 @@ class BaseModels(ModelProvider):
             model, tok = self.create(spec.model_config_dict())
             base = SharedBase(key=key, model=model, tokenizer=tok)
             self._bases[key] = base
-            if len({b.key.split('"shared"')[0] for b in self._bases.values()}) < len(self._bases):
+            if own is not None:
+                self._note(f"{own}: such runs get their own base copy (create_model_fn is called for each)")
+            elif len({b.key.split('"shared"')[0] for b in self._bases.values()}) < len(self._bases):
                 self._note(
                     "runs on the same base model disagree on settings that act on the shared model "
                     f"({', '.join(SHARED_MODEL_FIELDS)}); they get their own base copy"
@@ -183,9 +219,19 @@ def attach_run_model(
     if lora is None:
         if base.peft:
             raise ConfigError("mixing LoRA and full fine-tuning runs on one base is not supported")
+        if not any(p.requires_grad for p in base.model.parameters()):
+            raise ConfigError(
+                f"create_model_fn returned a model with no trainable parameters for {spec.model_name!r} (every "
+                "parameter has requires_grad=False, e.g. a peft.PeftModel loaded with PeftModel.from_pretrained(..., "
+                "is_trainable=False), the default), and RFModelConfig has no peft_config: load the adapter with "
+                "is_trainable=True, or return the base model and set peft_config to train a new LoRA adapter"
+            )
         return copy.deepcopy(base.model), None  # full fine-tuning: each run its own copy
     from peft import PeftModel, get_peft_model
     from transformers import set_seed
+
+    if not base.peft:
+        _refuse_users_adapter(base.model, spec)
 
     adapter = f"run_{run_id}"
     set_seed(seed)  # what TRL does right before get_peft_model: initial adapter weights match
@@ -204,3 +250,79 @@ def attach_run_model(
     base.model.set_adapter(adapter)
     base.adapters.append(adapter)
     return base.model, adapter
+
+
+def adapter_layer_names(model: Any) -> list[str]:
+    """The modules of ``model`` that are PEFT adapter layers (a ``PeftModel``'s, or injected in place)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [name for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)]
+
+
+def _refuse_users_adapter(model: Any, spec: LeafConfig) -> None:
+    """``create_model_fn``'s model already carries an adapter and the run has ``peft_config``: refuse, say both."""
+    from peft import PeftModel
+
+    layers = adapter_layer_names(model)
+    if not isinstance(model, PeftModel) and not layers:
+        return
+    what = (
+        f"a peft.PeftModel (adapters {sorted(model.peft_config)})"
+        if isinstance(model, PeftModel)
+        else f"a model with LoRA layers injected in place ({len(layers)} layers, e.g. {layers[0]!r})"
+    )
+    raise ConfigError(
+        f"create_model_fn returned {what} for {spec.model_name!r}, and RFModelConfig.peft_config is set too: the "
+        "run would add its own LoRA adapter, and the one create_model_fn made would stay in the model, never "
+        "trained and never used. Either return the plain base model from create_model_fn (e.g. "
+        "model.get_base_model(), or merge_and_unload() to keep its weights) so that peft_config's adapter trains, "
+        "or set peft_config=None to train the adapter create_model_fn made"
+    )
+
+
+def load_trained_weights(model: Any, folder: Path) -> Any:
+    """Load a full fine-tuning run's saved weights into ``model`` as ``create_model_fn`` built it.
+
+    A model carrying adapter layers cannot be rebuilt by ``from_pretrained`` of the saved folder (it would drop
+    the LoRA layers and re-initialise the modules they wrap): the saved tensors are loaded into the structure
+    ``create_model_fn`` returns instead, every key checked. Other models reload with ``from_pretrained``.
+
+    Args:
+        model: a fresh model from ``create_model_fn`` for the run's spec.
+        folder: the run's ``final`` folder (``save_pretrained`` output).
+
+    Returns:
+        The model with the trained weights (``model`` itself, or a reloaded one).
+
+    Raises:
+        ConfigError: the saved weights do not fit the model (keys missing or left over, named).
+    """
+    from peft import PeftModel, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    if not isinstance(model, PeftModel) and not adapter_layer_names(model):
+        return type(model).from_pretrained(str(folder))
+    if isinstance(model, PeftModel):  # a PeftModel saves its adapter only
+        state = load_file(str(Path(folder) / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(model, state, adapter_name=model.active_adapter)
+        _check_keys(folder, list(result.unexpected_keys), [])
+        return model
+    state = {}
+    for file in sorted(Path(folder).glob("model*.safetensors")):
+        state.update(load_file(str(file)))
+    own = model.state_dict()
+    model.load_state_dict(state, strict=False)
+    loaded = {own[k].data_ptr() for k in state if k in own}
+    missing = [
+        k for k in own if k not in state and own[k].data_ptr() not in loaded
+    ]  # tied weights are loaded
+    _check_keys(folder, sorted(set(state) - set(own)), missing)
+    return model
+
+
+def _check_keys(folder: Path, unexpected: list[str], missing: list[str]) -> None:
+    if unexpected or missing:
+        raise ConfigError(
+            f"the weights saved in {folder} do not fit the model create_model_fn returns now (left over: "
+            f"{unexpected[:3]}, missing: {missing[:3]}); load them yourself with safetensors"
+        )

@@ -27,6 +27,7 @@ from transformers import TrainerCallback
 from kernel_scheduler import ChunkPlan, SegmentResult
 
 from .device import DeviceThread
+from .divergence import Diverged, check_logs, watch_training_loss
 from .rng import capture_rng, restore_rng
 
 __all__ = ["HandoffClock", "RunWorker"]
@@ -70,7 +71,8 @@ class _ChunkCallback(TrainerCallback):
         self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any
     ) -> None:
         if logs:
-            self.worker.on_log(state.global_step, dict(logs))
+            self.worker.on_log(state.global_step, dict(logs))  # recorded as logged (a NaN is stored as NaN)
+            check_logs(state.global_step, logs)  # ... and a NaN/inf loss, grad_norm or eval_loss ends the run
 
 
 class RunWorker:
@@ -123,6 +125,7 @@ class RunWorker:
         self._glet: greenlet | None = None
         self.done = False
         trainer.add_callback(_ChunkCallback(self))
+        watch_training_loss(trainer)
         original = trainer._maybe_log_save_evaluate
 
         def _after_log_save_evaluate(*args: Any, **kwargs: Any) -> None:
@@ -130,6 +133,7 @@ class RunWorker:
             self._maybe_park()
 
         trainer._maybe_log_save_evaluate = _after_log_save_evaluate
+        _release_eval_dataloaders(trainer)
 
     # -------------------------------------------------------------- scheduler side (any thread)
     def run_until(self, stop_step: int) -> Future[SegmentResult]:
@@ -184,7 +188,11 @@ class RunWorker:
             return None
         except BaseException as exc:  # a failing run never takes the others down
             self.done = True
-            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            text = (
+                str(exc)
+                if isinstance(exc, Diverged)
+                else "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            )
             self._error_trace = traceback.format_exc()
             return SegmentResult(self.step, self.plan.samples_seen(self.step), error=text)
         finally:
@@ -211,3 +219,29 @@ class RunWorker:
         assert self._glet is not None and self._glet.parent is not None
         self._glet.parent.switch(result)  # back to the device loop; returns when the run trains again
         self._enter()
+
+
+def _release_eval_dataloaders(trainer: Any) -> None:
+    """Let every evaluation drop the eval dataloader it registered with the trainer's accelerator.
+
+    ``Trainer.evaluate`` builds a new eval dataloader each time (unless ``dataloader_persistent_workers``) and
+    ``Accelerator.prepare`` keeps a reference to every dataloader it prepared, for the life of the trainer: with
+    an evaluation at every chunk end, each chunk left one ``DataLoaderShard`` (and the eval ``Dataset`` view it
+    holds) behind, ~0.1 MB per chunk switch, for every run. Nothing reads them after the evaluation.
+    """
+    original = trainer.evaluate
+
+    def evaluate(*args: Any, **kwargs: Any) -> Any:
+        registered = getattr(getattr(trainer, "accelerator", None), "_dataloaders", None)
+        before = len(registered) if isinstance(registered, list) else None
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if (
+                before is not None
+                and isinstance(registered, list)
+                and not trainer.args.dataloader_persistent_workers
+            ):
+                del registered[before:]
+
+    trainer.evaluate = evaluate

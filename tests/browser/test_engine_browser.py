@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +58,9 @@ INFO_CELL = """\
 import json
 print("STATUS", json.dumps({int(r.run_id): r.status for r in exp.get_runs_info().itertuples()}))
 """
+
+END_CELL = "exp.end()\n"
+CHUNK_LINE = re.compile(r"\[rapidfire\] run \d+ · chunk \d+/\d+")
 
 
 def _browser_conftest() -> Any:
@@ -179,7 +184,7 @@ def test_engine_panel_streams_and_stop_applies(lab: Any, rf_home: Path) -> None:
     phase = timeline.phase
 
     try:
-        lab.open_notebook("engine_demo.ipynb", [FIT_CELL, INFO_CELL], timeout=90)
+        lab.open_notebook("engine_demo.ipynb", [FIT_CELL, INFO_CELL, END_CELL], timeout=90)
         phase("notebook open, kernel idle")
         lab.run_cell(0)
         panel = page.locator("[data-rf-panel]")
@@ -261,8 +266,58 @@ def test_engine_panel_streams_and_stop_applies(lab: Any, rf_home: Path) -> None:
         assert chunks is not None
         done_, total_ = (int(x) for x in chunks.split("/"))
         assert done_ <= total_, f"run 1 (completed, 2 epochs x 4 chunks) shows Chunks {chunks!r}"
+
+        _check_frozen_after_end(lab, phase)
     finally:
         timeline.write("engine-timings.txt")
+
+
+def _outputs(page: Any, index: int) -> list[dict[str, Any]]:
+    return list(
+        json.loads(
+            page.evaluate(
+                "(i) => JSON.stringify(window.jupyterapp.shell.currentWidget.content.widgets[i].model.outputs.toJSON())",
+                index,
+            )
+        )
+    )
+
+
+def _check_frozen_after_end(lab: Any, phase: Any) -> None:
+    """Under the panel the run_fit cell has no per-chunk lines; after end() the panel gives way to its static
+    copy (text/html, no widget view), which the saved notebook keeps and shows again after a reload."""
+    page = lab.page
+    assert not CHUNK_LINE.search(_cell_output(page, 0)), _cell_output(page, 0)  # the panel shows progress
+    lab.run_cell(2)
+    _wait(lambda: "ended:" in _cell_output(page, 2), 60, "end()'s summary line")
+    assert "best eval_loss" in _cell_output(page, 2) and "training time" in _cell_output(page, 2)
+    cell0 = _current_cells(page).nth(0)
+    cell0.locator("[data-rf-static]").wait_for(timeout=15_000)
+    assert cell0.locator("[data-rf-panel]").count() == 0
+    mimes = [set(o.get("data", {})) for o in _outputs(page, 0) if o.get("output_type") == "display_data"]
+    assert {"text/html", "text/plain"} in mimes, mimes
+    assert not any("application/vnd.jupyter.widget-view+json" in m for m in mimes), mimes
+    phase("end(): the panel gave way to its static copy")
+    assert cell0.locator("[data-rf-static] tr[data-run-id]").count() == 3
+    assert cell0.locator("[data-rf-static] img").count() == 2  # loss and eval_loss curves
+    page.mouse.move(2, 2)
+    frozen = lab.screenshot("engine-frozen.png", cell0.locator("[data-rf-static]"))
+    if os.environ.get("RF_UPDATE_SCREENSHOTS") == "1":
+        shutil.copyfile(frozen, REPO / "docs" / "screenshots" / "panel-static.png")
+    saved = lab.save()
+    text = saved.read_text()
+    assert "data-rf-static" in text and "application/vnd.jupyter.widget-view+json" not in text
+    page.reload()
+    page.wait_for_function("() => !!window.jupyterapp", timeout=60_000)
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp.shell.currentWidget; return !!w && !!w.content && "
+        "w.content.widgets.length === 3; }",
+        timeout=60_000,
+    )
+    cell0 = _current_cells(page).nth(0)
+    cell0.locator("[data-rf-static] tr[data-run-id]").first.wait_for(timeout=30_000)
+    assert "Error displaying widget" not in cell0.inner_text()
+    phase("after a reload: the static copy, no 'model not found'")
 
 
 # ---------------------------------------------------------------------------------------------------------------

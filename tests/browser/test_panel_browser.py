@@ -1,7 +1,9 @@
-"""The panel in a real JupyterLab + Chromium, fed by the fake source: curves grow, Stop on run 2 stops it.
+"""The panel in a real JupyterLab + Chromium, fed by the fake source: curves grow, Stop on run 2 stops it (the
+notice does not move the table), a warm clone's curve joins its parent, the table sorts, the best run is
+highlighted, smoothing, CSV export, "stop all but the best k", and the training clock stops once nothing trains.
 
-Screenshots go to ``artifacts/browser/``; with ``RF_UPDATE_SCREENSHOTS=1`` the light one is also copied to
-``docs/screenshots/panel.png``.
+Screenshots go to ``artifacts/browser/``; with ``RF_UPDATE_SCREENSHOTS=1`` the light and dark ones are also copied
+to ``docs/screenshots/panel.png`` and ``docs/screenshots/panel-dark.png``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts" / "browser"
 
 pytestmark = pytest.mark.browser
 
 CELL = """\
 from rapidfire_nb.testing.fake_source import FakeSource
 from rapidfire_nb.panel import RunPanel
-source = FakeSource(4, total_steps=300, num_chunks=4, steps_per_tick=2, tick_s=0.05, eval_every=20,
+source = FakeSource(4, total_steps=600, num_chunks=4, steps_per_tick=2, tick_s=0.05, eval_every=20,
                     fail_run=4, fail_at_step=24, experiment="sft-lora-sweep")
 panel = RunPanel(source)
 panel
@@ -96,11 +99,16 @@ def _scenario(lab: Any, phase: _Phases) -> None:
     assert row2.get_attribute("data-status") in ("NEW", "ONGOING")
     stop = row2.locator('button[data-op="stop"]')
     assert stop.is_enabled()
-    assert row2.locator('button[data-op="resume"]').is_disabled()
+    resume = row2.locator('button[data-op="resume"]')
+    assert resume.is_disabled() and "only STOPPED or INTERRUPTED runs can be resumed" in (
+        resume.get_attribute("title") or ""
+    )
+    table_top = _top(panel, ".rf-table-wrap")
     stop.click()
     # the click's notice is there at once; the op may already be applied (then it says so)
     notice = panel.locator(".rf-notice").first
     assert re.search(r"stop requested for run 2|run 2 stopped", notice.inner_text(timeout=1_000))
+    assert _top(panel, ".rf-table-wrap") == table_top, "the notice pushed the run table down"
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="2"][data-status="STOPPED"]', timeout=15_000)
     panel.locator('.rf-op-item[data-state="applied"]', has_text="stop run 2").wait_for(timeout=5_000)
     assert row2.locator('button[data-op="resume"]').is_enabled()
@@ -126,10 +134,34 @@ def _scenario(lab: Any, phase: _Phases) -> None:
     phase("clone applied")
 
     # let curves accumulate a little, then the screenshots (light and dark)
-    def run5_steps() -> int:
-        return int(panel.locator('tr[data-run-id="5"] td.rf-col-step').inner_text().split("/")[0])
-
-    _wait(lambda: run5_steps() >= 60, 20, "the clone's curve to fill in")
+    # a warm clone starts at its parent's chunk boundary and trains when its turn comes: wait for its curve
+    try:
+        page.wait_for_function(
+            """() => { const el = document.querySelector('[data-rf-panel] .rf-plot');
+                       const t = el && el.data && el.data.find(d => d.name === 'run 5');
+                       return !!t && t.x.length >= 10; }""",
+            timeout=60_000,
+        )
+    except Exception:
+        lab.screenshot("panel_clone_timeout.png", panel)
+        raise
+    _check_warm_clone_joined(panel)
+    phase("warm clone joined to its parent")
+    _check_sorting_and_best_run(panel)
+    phase("sorting, best run")
+    _check_smoothing(page, panel)
+    phase("smoothing")
+    _check_csv_export(page, panel)
+    phase("CSV export")
+    panel.locator("details[data-rf-compare] > summary").click()  # parallel coordinates, drawn when opened
+    page.wait_for_function(
+        "() => Number(document.querySelector('[data-rf-panel] [data-rf-parcoords]').dataset.runs) >= 3",
+        timeout=5_000,
+    )
+    assert panel.locator("[data-rf-parcoords] .parcoords").count() >= 1
+    lab.screenshot("panel_compare.png", panel.locator("details[data-rf-compare]"))
+    panel.locator("details[data-rf-compare] > summary").click()  # closed again for the screenshots below
+    phase("parallel coordinates")
     page.mouse.move(2, 2)  # no hover highlight in the screenshots
     lab.screenshot("panel_page.png")
     width = panel.evaluate("el => el.getBoundingClientRect().width")
@@ -137,13 +169,15 @@ def _scenario(lab: Any, phase: _Phases) -> None:
     overflow = panel.evaluate(
         "el => { const w = el.querySelector('.rf-table-wrap'); return w.scrollWidth - w.clientWidth; }"
     )
-    assert overflow <= 0, f"the run table overflows its {width}px panel by {overflow}px"
+    if overflow > 0:
+        widths = panel.evaluate(
+            "el => [...el.querySelectorAll('thead th')].map(t => t.textContent + ':' + Math.round(t.getBoundingClientRect().width))"
+        )
+        raise AssertionError(f"the run table overflows its {width}px panel by {overflow}px: {widths}")
     light = lab.screenshot("panel_light.png", panel)
-    panel.locator(".rf-plot").first.evaluate(
-        "el => window.Plotly.Fx.hover(el, [{curveNumber: 1, pointNumber: 40}])"
-    )
+    panel.locator(".rf-plot").first.evaluate("el => window.Plotly.Fx.hover(el, {xval: 41}, 'xy')")
     hover = panel.locator(".rf-plot").first.locator(".hoverlayer").text_content() or ""
-    assert "run 2" in hover and "step 41" in hover and "loss" in hover, hover
+    assert "run 1" in hover and "run 3" in hover and "41" in hover, hover  # every run at the hovered step
     lab.screenshot("panel_hover.png", panel.locator(".rf-plots"))
     panel.locator(".rf-plot").first.evaluate("el => window.Plotly.Fx.unhover(el)")
     lab.set_theme(dark=True)
@@ -151,9 +185,10 @@ def _scenario(lab: Any, phase: _Phases) -> None:
     lab.screenshot("panel_dark.png", panel)
     lab.set_theme(dark=False)
     if os.environ.get("RF_UPDATE_SCREENSHOTS") == "1":
-        dest = REPO / "docs" / "screenshots" / "panel.png"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(light, dest)
+        dest = REPO / "docs" / "screenshots"
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(light, dest / "panel.png")
+        shutil.copyfile(ARTIFACTS / "panel_dark.png", dest / "panel-dark.png")
 
     phase("screenshots")
     # x axis: samples seen
@@ -188,5 +223,138 @@ def _scenario(lab: Any, phase: _Phases) -> None:
     lab.screenshot("panel_narrow.png", panel)
     phase("saved, narrow screenshot")
 
+    page.set_viewport_size({"width": 1060, "height": 1150})
+    _check_stop_all_but_best_and_frozen_clock(page, panel)
+    phase("stop all but best, clock frozen when idle")
+
     errors = [m for m in lab.console if m.startswith("pageerror") or "rapidfire" in m.lower()]
     assert not errors, errors
+
+
+def _top(panel: Any, selector: str) -> float:
+    """The element's top relative to the panel's (the notebook may scroll meanwhile)."""
+    return float(
+        panel.evaluate(
+            "(el, sel) => el.querySelector(sel).getBoundingClientRect().top - el.getBoundingClientRect().top",
+            selector,
+        )
+    )
+
+
+def _rows(panel: Any) -> list[tuple[int, str]]:
+    """(run id, Eval loss cell text) of the table's run rows, in the order shown."""
+    return [
+        (int(i), t)
+        for i, t in panel.evaluate(
+            """el => [...el.querySelectorAll('tr.rf-run-row')].map(tr => [tr.dataset.runId,
+                tr.children[tr.children.length - 3].textContent])"""
+        )
+    ]
+
+
+def _check_warm_clone_joined(panel: Any) -> None:
+    """Run 5 (warm from run 1) is drawn from run 1's point at the branch step, not as a lone dot."""
+    got = panel.locator(".rf-plot").first.evaluate(
+        """el => { const t = (id) => el.data.find(d => d.name === `run ${id}`);
+                   const c = t(5), p = t(1);
+                   if (!c || !p) return {names: el.data.map(d => d.name)};
+                   const i = p.x.indexOf(c.x[0]);
+                   return {names: el.data.map(d => d.name), x0: c.x[0], x1: c.x[1], y0: c.y[0],
+                           py: i < 0 ? null : p.y[i]}; }"""
+    )
+    assert "x0" in got and got["x1"] == got["x0"] + 1, got
+    assert got["py"] is not None and abs(got["y0"] - got["py"]) < 1e-9, got
+
+
+def _check_sorting_and_best_run(panel: Any) -> None:
+    def values(rows: list[tuple[int, str]]) -> list[float]:
+        return [float(t) for _, t in rows if t not in ("–", "-")]
+
+    panel.locator('th[data-sort-key="eval_loss"] button').click()
+    asc = _rows(panel)
+    assert values(asc) == sorted(values(asc)) and len(values(asc)) >= 3, asc
+    assert panel.locator('th[data-sort-key="eval_loss"]').get_attribute("aria-sort") == "ascending"
+    best = panel.locator('tr.rf-run-row[data-best="true"]')
+    assert best.count() == 1 and int(best.get_attribute("data-run-id") or 0) == asc[0][0], asc
+    assert "★" in best.inner_text()
+    panel.locator('th[data-sort-key="eval_loss"] button').click()
+    desc = _rows(panel)
+    assert values(desc) == sorted(values(desc), reverse=True), desc
+    for rows in (asc, desc):  # missing values stay last in both directions
+        texts = [t for _, t in rows]
+        n_missing = sum(t in ("–", "-") for t in texts)
+        assert all(t in ("–", "-") for t in texts[len(texts) - n_missing :]), rows
+    panel.locator('th[data-sort-key="run"] button').click()
+    assert [i for i, _ in _rows(panel)] == sorted(i for i, _ in asc)
+
+
+def _check_smoothing(page: Any, panel: Any) -> None:
+    panel.locator("input[data-rf-smoothing]").evaluate(
+        "el => { el.value = '0.6'; el.dispatchEvent(new Event('input', {bubbles: true})); }"
+    )
+    page.wait_for_selector('[data-rf-panel] .rf-card[data-smoothed="true"]', timeout=3_000)
+    got = panel.locator(".rf-plot").first.evaluate(
+        """el => { const raw = el.data.find(d => d.name === 'run 1 (raw)');
+                   const sm = el.data.find(d => d.name === 'run 1');
+                   return {n: raw ? raw.y.length : 0, same: raw && raw.y.every((v, i) => v === sm.y[i])}; }"""
+    )
+    assert got["n"] > 10 and got["same"] is False, got  # the faint raw curve stays under the smoothed one
+
+
+def _check_csv_export(page: Any, panel: Any) -> None:
+    for what, head in (
+        ("runs", "run_id,status,parent_id"),
+        ("metrics", "run_id,step,samples_seen,wall_time"),
+    ):
+        with page.expect_download(timeout=5_000) as info:
+            panel.locator(f'button[data-rf-export="{what}"]').click()
+        download = info.value
+        assert download.suggested_filename == f"sft-lora-sweep-{what}.csv"
+        text = Path(download.path()).read_text()
+        lines = text.strip().splitlines()
+        assert lines[0].startswith(head), lines[0]
+        if what == "runs":
+            assert [ln.split(",")[0] for ln in lines[1:]] == ["1", "2", "3", "4", "5"], lines
+        else:
+            assert len(lines) > 100 and "loss" in lines[0].split(","), lines[0]
+
+
+def _check_stop_all_but_best_and_frozen_clock(page: Any, panel: Any) -> None:
+    """Stop all but the best 1 (one op per run), stop that one too: nothing trains, the clock stops."""
+    active = [
+        i
+        for i, _ in _rows(panel)
+        if panel.locator(f'tr[data-run-id="{i}"]').get_attribute("data-status") in ("NEW", "ONGOING")
+    ]
+    panel.locator("input[data-rf-keep]").fill("1")
+    panel.locator("button[data-rf-stop-all-but]").click()
+    for rid in active:
+        row = panel.locator(f'tr[data-run-id="{rid}"]')
+        _wait(
+            lambda r=row: (
+                r.get_attribute("data-status") not in ("NEW", "ONGOING")
+                or r.locator('button[data-op="stop"]').is_enabled()
+            ),
+            10,
+            f"run {rid}'s stop",
+        )
+    left = [
+        i
+        for i in active
+        if panel.locator(f'tr[data-run-id="{i}"]').get_attribute("data-status") in ("NEW", "ONGOING")
+    ]
+    for rid in left:
+        panel.locator(f'tr[data-run-id="{rid}"] button[data-op="stop"]').click()
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('[data-rf-panel] tr.rf-run-row')].every(
+              tr => !['NEW', 'ONGOING'].includes(tr.dataset.status))""",
+        timeout=20_000,
+    )
+    elapsed = panel.locator("[data-rf-elapsed]")
+    page.wait_for_function(
+        "() => document.querySelector('[data-rf-panel] [data-rf-elapsed]').dataset.training === 'false'",
+        timeout=5_000,
+    )
+    first = elapsed.inner_text()
+    time.sleep(2.2)
+    assert elapsed.inner_text() == first, "the clock of an idle experiment kept running"

@@ -206,3 +206,84 @@ def test_same_rows_per_chunk_for_every_batch_size(n: int, k: int, epochs: int) -
             assert lo <= rows < lo + b, (b, epoch, chunk, rows)
             # in integers, no float rounding: K*rows in [c*N, c*N + K*B)
             assert chunk * n <= rows * k < chunk * n + b * k
+
+
+# ------------------------------------------------------------------ computed on demand (issue 12, item 5)
+def _reference(
+    n: int, k: int, b: int, total: int, spe: int, mult: int
+) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """The plan materialised one chunk at a time (the straightforward algorithm, for small runs only)."""
+    boundaries: list[int] = []
+    labels: list[tuple[int, int]] = []
+    epoch = 0
+    while not boundaries or boundaries[-1] < total:
+        for c in range(1, k + 1):
+            step = epoch * spe + min(spe, math.ceil(c * n / (k * b)))
+            step = min(total, math.ceil(step / mult) * mult)
+            if boundaries and step <= boundaries[-1]:
+                labels[-1] = (epoch + 1, c)
+                continue
+            boundaries.append(step)
+            labels.append((epoch + 1, c))
+            if step >= total:
+                break
+        epoch += 1
+    return tuple(boundaries), tuple(labels)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    b=st.sampled_from([1, 2, 3, 4, 8]),
+    n=st.integers(1, 60),
+    extra=st.integers(-1, 2),
+    mult=st.sampled_from([1, 2, 3, 4, 6, 7]),
+    k_frac=st.floats(0, 1),
+    total_frac=st.floats(0, 1),
+)
+def test_computed_plan_equals_the_materialised_one(
+    b: int, n: int, extra: int, mult: int, k_frac: float, total_frac: float
+) -> None:
+    spe = max(1, math.ceil(n / b) + extra)
+    k = 1 + int(k_frac * (spe - 1))
+    total = 1 + int(total_frac * (6 * spe + 4))
+    plan = plan_chunks(n, k, b, total, steps_per_epoch=spe, step_multiple=mult)
+    boundaries, labels = _reference(n, k, b, total, spe, mult)
+    assert plan.boundaries == boundaries and plan.labels == labels
+    assert plan.num_segments == len(boundaries)
+    assert [plan.boundary(i) for i in range(len(boundaries))] == list(boundaries)
+    assert [plan.label(i) for i in range(len(labels) + 2)] == [*labels, labels[-1], labels[-1]]
+    assert [plan.segments_done_at(s) for s in range(total + 2)] == [
+        sum(1 for x in boundaries if x <= s) for s in range(total + 2)
+    ]
+    assert [s for s in range(total + 2) if plan.is_boundary(s)] == list(boundaries)
+
+
+def test_an_absurd_run_length_is_planned_at_once_without_memory() -> None:
+    import time
+    import tracemalloc
+
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    plan = plan_chunks(32, 4, 2, 10**12)  # was: one entry per chunk, 3 s and 431 MB for 10**7 steps
+    n = plan.num_segments
+    last = plan.boundary(n - 1)
+    middle = plan.segments_done_at(5 * 10**11 + 1)
+    label = plan.label(10**9)
+    elapsed = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert (n, last, middle, label) == (250_000_000_000, 10**12, 125_000_000_000, (250_000_001, 1))
+    assert plan.is_boundary(10**12) and plan.is_boundary(8) and not plan.is_boundary(9)
+    assert plan.boundaries[-1] == 10**12 and len(plan.labels) == n
+    assert elapsed < 0.5 and peak < 1_000_000, (elapsed, peak)
+
+
+def test_boundary_out_of_range() -> None:
+    plan = plan_chunks(10, 2, 4, 6)  # (2, 3, 5, 6)
+    assert plan.boundary(0) == 2 and plan.boundary(3) == 6
+    for i in (-1, 4):
+        with pytest.raises(IndexError):
+            plan.boundary(i)
+    assert (
+        plan.boundaries[-1] == 6 and plan.boundaries[1:3] == [3, 5] and list(plan.boundaries) == [2, 3, 5, 6]
+    )

@@ -7,6 +7,7 @@ background while the magic commands run.
 from __future__ import annotations
 
 import gc
+import re
 import time
 from typing import Any
 
@@ -103,6 +104,14 @@ def test_stop_and_resume(shell: Any, in_root: Any, capsys: pytest.CaptureFixture
     assert "stop run 2" in out, out
     assert _until(lambda: _status(exp, 2) in ("STOPPED", "COMPLETED"))
     assert _status(exp, 2) == "STOPPED", "stop 2 (sent before run 2's last chunk) did not park it"
+    capsys.readouterr()
+    exp.quiet = False  # the experiment's own lines too
+    try:
+        _magic(shell, "stop 2")  # already stopped: the rejection is printed once, by the magic
+    finally:
+        exp.quiet = True
+    out = capsys.readouterr().out
+    assert out.count("rejected") == 1 and "only NEW, ONGOING or INTERRUPTED runs can be stopped" in out, out
     _magic(shell, "resume 2")
     out = capsys.readouterr().out
     assert "resume run 2" in out and "rejected" not in out, out
@@ -117,10 +126,12 @@ def test_bare_magic_returns_the_status_table(shell: Any, in_root: Any) -> None:
 
     df = _magic(shell, "")
     assert isinstance(df, pd.DataFrame)
-    assert list(df.run_id)[:3] == [1, 2, 3]
-    assert "status" in df.columns and "config" not in df.columns
+    assert df.index.name == "run_id" and list(df.index)[:3] == [1, 2, 3]  # no 0-based index beside run ids
+    assert "status" in df.columns and "config" not in df.columns and "checkpoint_dir" not in df.columns
+    assert list(df.columns[:3]) == ["status", "loss", "eval_loss"]  # the metrics fit a ~1000 px output
+    assert re.fullmatch(r"\d+/\d+", str(df.loc[1, "step"]))
     df2 = _magic(shell, "status")
-    assert list(df2.run_id) == list(df.run_id)
+    assert list(df2.index) == list(df.index)
 
 
 def test_list_shows_experiments_in_the_store(shell: Any, in_root: Any) -> None:
@@ -129,6 +140,8 @@ def test_list_shows_experiments_in_the_store(shell: Any, in_root: Any) -> None:
     assert NAME in names and "other" in names, names
     row = df[df.experiment == NAME].iloc[0]
     assert row.runs >= 3 and row.trainer_type == "SFT"
+    created = row.created_at
+    assert created.tzinfo is not None and created.nanosecond == 0 and created.microsecond == 0, created
 
 
 # ============================================================================================ ops
@@ -137,7 +150,7 @@ def test_delete(shell: Any, in_root: Any, capsys: pytest.CaptureFixture[str]) ->
     _magic(shell, "delete 3")
     assert "delete run 3" in capsys.readouterr().out
     assert _until(lambda: _status(exp, 3) == "DELETED")
-    assert 3 not in list(_magic(shell, "").run_id)
+    assert 3 not in list(_magic(shell, "").index)
 
 
 def test_clone_warm_and_cold(shell: Any, in_root: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -212,12 +225,12 @@ def test_magic_ops_reach_the_ops_log(in_root: Any) -> None:
 def test_dash_e_addresses_an_experiment_by_name(shell: Any, in_root: Any) -> None:
     """Last in the module: on failure, later %rapidfire calls would lose the current experiment."""
     df = _magic(shell, f"-e {NAME}")
-    assert list(df.run_id)[:2] == [1, 2]
+    assert list(df.index)[:2] == [1, 2]
     other = _magic(shell, "-e other")
     assert len(other) == 0
     # addressing another experiment must not change the current one
     df2 = _magic(shell, "")
-    assert list(df2.run_id)[:2] == [1, 2]
+    assert list(df2.index)[:2] == [1, 2]
     with pytest.raises(Exception) as ei:
         _magic(shell, "-e no_such_experiment")
     assert type(ei.value).__name__ == "UsageError" and "no_such_experiment" in str(ei.value)

@@ -429,7 +429,7 @@ def test_front_end_module_parses_and_formats_numbers() -> None:
         check=True,
     )
     dash = "\u2013"  # shown for missing values
-    assert json.loads(out.stdout) == ["1e-4", "0.8123", "2.5e-5", "12", "1235", dash, "#4e79a7", "#4e79a7"]
+    assert json.loads(out.stdout) == ["1e-4", "0.8123", "2.5e-5", "12", "1235", dash, "#ff7043", "#33bbee"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -492,7 +492,11 @@ def test_display_panel_in_a_kernel_displays_the_widget(monkeypatch: pytest.Monke
     monkeypatch.setattr(panel_mod, "in_kernel", lambda: True)
     import IPython.display
 
-    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    def fake_display(obj: Any, **kwargs: Any) -> None:
+        assert kwargs == {"display_id": True}  # freeze() replaces this output by the static copy
+        shown.append(obj)
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
     if colab:
         monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     else:

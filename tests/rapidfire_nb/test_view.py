@@ -165,7 +165,7 @@ def test_progress_text_for_each_trainer() -> None:
 def test_chunk_line() -> None:
     snap = _snap(2, RunStatus.ONGOING, step=6)
     assert view.chunk_line(snap, {"loss": 0.812345, "eval_loss": math.nan}, 4) == (
-        "run 2 · chunk 2/4 of epoch 1 done · step 6/12 · loss 0.8123"
+        "run 2 · chunk 2/4 of epoch 1 done · step 6/12 · loss 0.8123 · eval_loss nan"
     )
     done = _snap(2, RunStatus.COMPLETED, step=12)
     assert view.chunk_line(done, {"loss": 1.5e-4}, 4) == "run 2 · completed · step 12/12 · loss 1.5e-4"

@@ -92,13 +92,14 @@ def test_the_widget_bundle_is_one_working_module(tmp_path: Path) -> None:
         " typeof m.default.render, m.fmtNum(2.5e-5), m.runColor(3)])))",
         tmp_path,
     )
-    assert json.loads(out) == ["function", "function", "2.5e-5", "#59a14f"]
+    assert json.loads(out) == ["function", "function", "2.5e-5", "#cc3311"]
 
 
 @needs_node
-def test_state_reducer_and_pure_helpers_in_node() -> None:
+@pytest.mark.parametrize("name", ["state", "curves", "rank", "export"])
+def test_pure_front_end_modules_in_node(name: str) -> None:
     proc = subprocess.run(
-        ["node", "--test", str(REPO / "tests" / "rapidfire_nb" / "js" / "state.test.mjs")],
+        ["node", "--test", str(REPO / "tests" / "rapidfire_nb" / "js" / f"{name}.test.mjs")],
         cwd=REPO,
         capture_output=True,
         text=True,

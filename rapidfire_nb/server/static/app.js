@@ -10,7 +10,9 @@
  *   polling: GET .../snapshot + GET .../metrics?cursor=N&seen=M&format=columnar -> {type:"update"} (~1 s while
  *            a kernel is alive, ~5 s otherwise, ~10 s in a background tab); {reset: true} (points deleted by a
  *            resume from an older checkpoint) -> a full reload.
- * No kernel is needed: everything is read from the experiment stores.
+ * No kernel is needed: everything is read from the experiment stores. The page follows the browser's colour
+ * scheme (the panel's dark colours too), and its list takes the shown experiment's counts from the panel's own
+ * snapshots, so the two never disagree.
  *
  * Test hooks: [data-rf-page], tr[data-rf-experiment][data-rf-selected][data-rf-live], [data-rf-view="panel"]
  * [data-rf-experiment-view=<name>], and the panel's own data-* attributes.
@@ -194,9 +196,10 @@ class Feed {
   /** @param {any} snap */
   keep(snap) {
     this.alive = !!snap.writer_alive;
-    const key = JSON.stringify({ ...snap, now: 0 });
+    const key = JSON.stringify({ ...snap, now: 0, elapsed_s: 0, stats: null }); // the clock alone is no change
     const changed = key !== this.snapKey;
     this.snapKey = key;
+    if (changed) onFeedSnapshot(this.name, snap);
     return changed;
   }
 
@@ -247,6 +250,23 @@ const rootEl = /** @type {HTMLElement} */ (document.querySelector("[data-rf-root
 /** @type {{name: string, feed: Feed, cleanup: Function|null}|null} */ let current = null;
 /** @type {any[]} */ let experiments = [];
 
+/** The list row of the experiment the panel shows follows the panel's snapshots (the list polls every 5 s).
+ * @param {string} name @param {any} snap */
+function onFeedSnapshot(name, snap) {
+  const x = experiments.find((e) => e.name === name);
+  if (!x || !Array.isArray(snap.runs)) return;
+  /** @type {Record<string, number>} */ const counts = {};
+  for (const r of snap.runs) counts[r.status] = (counts[r.status] || 0) + 1;
+  x.status_counts = counts;
+  x.writer_alive = !!snap.writer_alive;
+  drawList();
+}
+
+/** A kernel trains it now: a live writer whose experiment did not end after its last heartbeat. @param {any} x */
+function isLive(x) {
+  return !!x.writer_alive && !(x.ended_at && (!x.last_beat || x.ended_at >= x.last_beat));
+}
+
 function selectedName() {
   const m = location.hash.match(/^#exp=(.+)$/);
   return m ? decodeURIComponent(m[1]) : null;
@@ -275,12 +295,13 @@ function drawList() {
     const badges = STATUSES.filter((s) => counts[s]).map((s) =>
       h("span", { class: `rf-page-badge rf-page-st-${s}`, title: s, text: `${counts[s]} ${s.toLowerCase()}` }));
     const live = x.error ? h("span", { class: "rf-page-error", text: x.error })
-      : x.writer_alive ? h("span", { class: "rf-page-live", text: "● kernel running" })
+      : isLive(x) ? h("span", { class: "rf-page-live", text: "● kernel running" })
         : h("span", { class: "rf-page-idle", text: x.ended ? "ended" : "no kernel",
           title: x.ended ? "experiment.end() ran; re-run Experiment(...) and run_fit(...) to continue it" : "" });
     const link = h("a", { href: `#exp=${enc(x.name)}`, text: x.name });
     return h("tr", { "data-rf-experiment": x.name, "data-rf-selected": x.name === sel ? "true" : "false",
-      "data-rf-live": x.writer_alive ? "true" : "false", class: x.name === sel ? "rf-page-sel" : "",
+      "data-rf-live": isLive(x) ? "true" : "false", "data-rf-counts": STATUSES.filter((s) => counts[s])
+        .map((s) => `${s}:${counts[s]}`).join(","), class: x.name === sel ? "rf-page-sel" : "",
       onclick: (/** @type {Event} */ ev) => { if (ev.target !== link) location.hash = `exp=${enc(x.name)}`; } },
     h("td", {}, link), h("td", { text: x.trainer_type || "–" }), h("td", {}, ...badges),
     h("td", {}, live), h("td", { text: ago(x.updated_at) }));
@@ -298,9 +319,9 @@ async function refreshList() {
     rootEl.title = "experiments root (c.RapidfireApp.experiments_root)";
     drawList();
     if (!selectedName() && experiments.length) {
-      // a kernel-backed experiment first, then the most recently updated
+      // the experiment a kernel trains now first (not one that just ended), then the most recently updated
       const newest = [...experiments].filter((x) => !x.error).sort((a, b) =>
-        Number(!!b.writer_alive) - Number(!!a.writer_alive) || (b.updated_at || 0) - (a.updated_at || 0))[0];
+        Number(isLive(b)) - Number(isLive(a)) || (b.updated_at || 0) - (a.updated_at || 0))[0];
       if (newest) history.replaceState(null, "", `#exp=${enc(newest.name)}`);
       route();
     }
@@ -335,6 +356,15 @@ async function route() {
   if (current !== mine) mine.cleanup();
 }
 
+/** The panel's colours follow the page's scheme: panel.css reads JupyterLab's theme flag on <body>. */
+function followColorScheme() {
+  const dark = window.matchMedia("(prefers-color-scheme: dark)");
+  const apply = () => { document.body.dataset.jpThemeLight = String(!dark.matches); };
+  apply();
+  dark.addEventListener("change", apply);
+}
+
+followColorScheme();
 rootEl.textContent = cfg.root;
 window.addEventListener("hashchange", route);
 refreshList().then(route);

@@ -22,6 +22,7 @@ from kernel_scheduler import ChunkPlan, plan_chunks
 from rapidfire_nb import schema
 from rapidfire_nb.spec import LeafConfig
 
+from ..formats import TEXT_OR_CHAT, RowFormat
 from ..models import ModelProvider
 from . import hooks
 
@@ -113,6 +114,20 @@ class TrainerKind(abc.ABC):
     @abc.abstractmethod
     def required_columns(self) -> tuple[tuple[str, ...], ...]:
         """Column sets after ``formatting_func``; the rows must hold at least one of them."""
+
+    def row_formats(self, spec: LeafConfig | None = None) -> tuple[RowFormat, ...]:
+        """The row formats the trainer accepts, in the order it tries them (after ``formatting_func``).
+
+        By default one per ``required_columns`` set, each column a string or a list of role/content messages
+        (all alike); kinds whose config names columns (SFT's ``dataset_text_field``) override it.
+
+        Args:
+            spec: The run spec (its config), or ``None`` for TRL's defaults.
+
+        Returns:
+            The formats; a row is checked against the first whose first column it has.
+        """
+        return tuple(RowFormat(cols, TEXT_OR_CHAT) for cols in self.required_columns)
 
     # ------------------------------------------------------------------ TRL's pair
     def trainer_class(self) -> type:

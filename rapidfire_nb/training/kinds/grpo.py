@@ -68,7 +68,7 @@ class GRPOKind(TrainerKind):
             if (
                 ds is not None
             ):  # TRL calls the reward functions on eval rows too (with the eval set's columns)
-                rows = prepare_dataset(ds, spec.formatting_func, self, what)
+                rows = prepare_dataset(ds, spec.formatting_func, self, what, spec)
                 check_reward_funcs(spec.reward_funcs, rows.column_names, remove_unused_columns=remove)
 
     def trainer_kwargs(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel_scheduler import ChunkPlan, ChunkPlanError
+from kernel_scheduler.chunks import periodic_plan
 from rapidfire_nb.errors import ConfigError
 
 from .base import StepGeometry
@@ -178,27 +179,15 @@ def plan_grpo_chunks(geo: GRPOStepGeometry, num_chunks: int) -> GRPOChunkPlan:
             )
         within.append(step)
         prev = i
-    spe, total = geo.steps_per_epoch, geo.total_steps
-    boundaries: list[int] = []
-    labels: list[tuple[int, int]] = []
-    epoch = 0
-    while not boundaries or boundaries[-1] < total:
-        for k, s in enumerate(within, start=1):
-            step = min(total, epoch * spe + s)
-            if boundaries and step <= boundaries[-1]:
-                break
-            boundaries.append(step)
-            labels.append((epoch + 1, k))
-            if step >= total:
-                break
-        epoch += 1
-    return GRPOChunkPlan(
+    spe = geo.steps_per_epoch
+    fields = periodic_plan(
+        [(s, (1, k)) for k, s in enumerate(within, start=1)],
+        1,
+        spe,  # generation rounds restart with every epoch: the boundaries repeat every epoch
         num_chunks=num_chunks,
         rows_per_epoch=geo.rows_per_epoch,
         rows_per_step=geo.rows_per_step,
         steps_per_epoch=spe,
-        total_steps=total,
-        boundaries=tuple(boundaries),
-        labels=tuple(labels),
-        grpo=g,
+        total_steps=geo.total_steps,
     )
+    return GRPOChunkPlan(grpo=g, **fields)

@@ -40,7 +40,7 @@ test("a snapshot resets the series store; points and updates append to it", () =
   assert.equal(first.redraw, true);
   assert.equal(s.live, true);
   assert.equal(s.clockOffset, 1000);
-  assert.deepEqual(s.series.get("loss").get(1), { step: [1, 2], samples: [8, 16], value: [2.0, 1.5] });
+  assert.deepEqual(s.series.get("loss").get(1), { step: [1, 2], samples: [8, 16], value: [2.0, 1.5], wall: [null, null] });
   assert.deepEqual(reduce(s, { type: "points", points: points([[2, 1, 8, "eval_loss", null]]) }, 0), { points: true });
   assert.deepEqual(s.series.get("eval_loss").get(2).value, [null]);
   const upd = reduce(s, { type: "update", snapshot: null, points: points([[1, 3, 24, "loss", 1.2]]) }, 0);
@@ -168,4 +168,17 @@ test("the op sent to the server's inbox", () => {
   assert.deepEqual(JSON.parse(init.body), clone);
   assert.equal(readCookie("a=1; _xsrf=2%7C3; b=4", "_xsrf"), "2|3");
   assert.equal(readCookie("a=1", "_xsrf"), null);
+});
+
+test("a frozen message keeps the static copy for every view", () => {
+  const s = createState();
+  assert.deepEqual(reduce(s, { type: "frozen", html: "<div data-rf-static></div>" }, 0), { frozen: true });
+  assert.equal(s.frozenHtml, "<div data-rf-static></div>");
+});
+
+test("wall times ride along with the points", () => {
+  const s = createState();
+  const enc = points([[1, 1, 8, "loss", 2.0]]);
+  reduce(s, { type: "points", points: { ...enc, wall: [1700000000.5] } }, 0);
+  assert.deepEqual(s.series.get("loss").get(1).wall, [1700000000.5]);
 });

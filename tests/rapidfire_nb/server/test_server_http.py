@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from http.cookies import SimpleCookie
 from typing import Any
 
@@ -74,6 +75,8 @@ async def test_metrics_with_cursor(jp_fetch: Any, writers: dict[str, Store]) -> 
     new = _json(
         await jp_fetch(*API, "live", "metrics", params={"cursor": str(rest["cursor"]), "format": "columnar"})
     )
+    wall = new["points"].pop("wall")
+    assert len(wall) == 1 and abs(wall[0] - time.time()) < 60  # the row's wall time (unix s)
     assert new["points"] == {
         "names": ["loss"],
         "run": [1],

@@ -188,6 +188,12 @@ def test_page_shows_experiments_and_sends_ops(server: dict[str, Any], tmp_path: 
             )
             page.locator(f'{view} tr[data-run-id="1"] button[data-op="stop"]').click()
             page.wait_for_selector(f'{view} tr[data-run-id="1"][data-status="STOPPED"]', timeout=15000)
+            # the list above follows its panel at once (it polls every 5 s by itself)
+            page.wait_for_function(
+                """() => (document.querySelector('tr[data-rf-experiment="live-exp"]').dataset.rfCounts || '')
+                          .includes('STOPPED:1')""",
+                timeout=1500,
+            )
             page.locator(f'{view} tr[data-run-id="1"] button[data-op="resume"]').click()
             page.wait_for_selector(f'{view} tr[data-run-id="1"][data-status="ONGOING"]', timeout=15000)
 
@@ -196,6 +202,13 @@ def test_page_shows_experiments_and_sends_ops(server: dict[str, Any], tmp_path: 
             page.wait_for_selector(f'{dead} tr[data-run-id="1"][data-status="INTERRUPTED"]')
             assert page.locator(f"{dead} button[data-op]:enabled").count() == 0  # no kernel: read-only
             assert page.inner_text(f"{dead} .rf-device") == "no kernel running"
+            tip = page.get_attribute(f'{dead} tr[data-run-id="1"] button[data-op="stop"]', "title") or ""
+            assert "no kernel is running this experiment" in tip, tip  # a disabled button says why
+            # a dark colour scheme: the panel goes dark with the page
+            page.emulate_media(color_scheme="dark")
+            page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'")
+            bg = page.eval_on_selector(f"{dead} .rf-panel", "el => getComputedStyle(el).backgroundColor")
+            assert sum(int(c) for c in bg[bg.index("(") + 1 : bg.index(")")].split(",")[:3]) < 120, bg
             shots = Path(__file__).resolve().parents[3] / "artifacts" / "browser"
             if shots.parent.is_dir():
                 shots.mkdir(exist_ok=True)

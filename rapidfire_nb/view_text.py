@@ -1,0 +1,196 @@
+"""The text formats of an experiment: numbers, metric values, chunk positions and the text-progress lines.
+
+One number format for the kernel's lines, the text progress of scripts, the static copy of the panel and the
+front end (``fmtNum`` / ``fmtMetric`` in ``widgets/format.js`` follow :func:`fmt_num` / :func:`fmt_metric`).
+Re-exported by :mod:`rapidfire_nb.view`. Standard library, :mod:`kernel_scheduler` and :mod:`rapidfire_nb.clock` only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kernel_scheduler import RunSnapshot, RunStatus
+
+from .clock import fmt_duration
+
+__all__ = [
+    "best_run",
+    "chunk_line",
+    "chunk_position",
+    "final_summary",
+    "fmt_metric",
+    "fmt_num",
+    "format_chunk_line",
+    "position_text",
+]
+
+_LATEST = ("loss", "eval_loss")
+
+
+def fmt_num(value: Any) -> str:
+    """One number as the panel, the text lines and the front end (``fmtNum``) show it.
+
+    4 significant digits; below 1e-3 or from 1e5 on (in absolute value) as ``1e-4`` / ``2.5e6``; ints,
+    non-finite floats and non-numbers unchanged (``str``); None as ``-``.
+    """
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        mantissa, exp = f"{value:.3e}".split("e")
+        mantissa = mantissa.rstrip("0").rstrip(".")
+        return f"{mantissa}e{int(exp)}"
+    return f"{value:.4g}"
+
+
+def fmt_metric(value: Any) -> str:
+    """A metric value (loss, eval_loss, ...) as the tables show it: 4 significant digits, trailing zeros kept
+    so that a column reads evenly (``3.510`` beside ``3.136``); exponent form as :func:`fmt_num`; ``-`` for None
+    or a non-finite value (a NaN is never shown as a number)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    if not math.isfinite(value):
+        return "-"
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return fmt_num(float(value))
+    return f"{value:#.4g}".rstrip(".")
+
+
+def chunk_position(index: int, num_chunks: int) -> tuple[int, int]:
+    """``(epoch, chunk)``, both 1-based, of the chunk with 0-based ``index`` over all epochs.
+
+    Args:
+        index: chunks before it (over all epochs).
+        num_chunks: chunks per epoch (>= 1).
+    """
+    return index // num_chunks + 1, index % num_chunks + 1
+
+
+def position_text(epoch: int, chunk: int, num_chunks: int) -> str:
+    """E.g. ``"chunk 3/4 of epoch 1"``."""
+    return f"chunk {chunk}/{num_chunks} of epoch {epoch}"
+
+
+def chunk_line(snap: RunSnapshot, latest: Mapping[str, Any], num_chunks: int) -> str:
+    """The line the kernel prints into the ``run_fit`` cell when a run ends a chunk, fails or completes.
+
+    Args:
+        snap: the run's snapshot after the chunk.
+        latest: its latest ``loss`` / ``eval_loss`` (missing ones are left out; NaN is shown as ``nan``).
+        num_chunks: chunks per epoch.
+
+    Returns:
+        E.g. ``"run 2 · chunk 3/4 of epoch 1 done · step 60/80 · loss 0.8123"``.
+    """
+    parts = [f"run {snap.run_id}"]
+    if snap.status is RunStatus.FAILED:
+        parts.append(f"FAILED: {snap.error}")
+        return " · ".join(parts)
+    if snap.status is RunStatus.COMPLETED:
+        parts.append("completed")
+    elif snap.segments_done and num_chunks:
+        parts.append(position_text(*chunk_position(snap.segments_done - 1, num_chunks), num_chunks) + " done")
+    parts.append(f"step {snap.step}/{snap.total_steps}")
+    for key in _LATEST:
+        value = latest.get(key)
+        if value is not None:  # a NaN is shown as nan, never left out (a hidden NaN eval loss looked fine)
+            parts.append(f"{key} {fmt_num(value)}")
+    return " · ".join(parts)
+
+
+_SHORT_COLUMNS = {
+    "learning_rate": "lr",
+    "per_device_train_batch_size": "bs",
+    "gradient_accumulation_steps": "ga",
+    "num_train_epochs": "epochs",
+    "lora.r": "r",
+    "lora.lora_alpha": "alpha",
+    "lora.lora_dropout": "dropout",
+}
+
+
+def _short_col(name: str) -> str:
+    return _SHORT_COLUMNS.get(name) or name.split(".")[-1]
+
+
+def format_chunk_line(
+    run: Mapping[str, Any],
+    *,
+    num_chunks: int | None = None,
+    hparam_columns: Iterable[str] = (),
+    experiment: str = "",
+    elapsed: float | None = None,
+) -> str:
+    """One compact text-progress line for a snapshot run after a chunk (or a status change).
+
+    Args:
+        run: one entry of a snapshot's ``runs``.
+        num_chunks: chunks per epoch.
+        hparam_columns: hyperparameters to show (short names: ``lr``, ``r``, ...).
+        experiment: the name in the prefix.
+        elapsed: training seconds (shown as ``h:mm:ss``).
+
+    Returns:
+        E.g. ``[demo 0:01:23]  run 2  chunk 3/4  step 60/80  loss 0.8123  eval_loss 0.9012  lr=1e-4``.
+    """
+    prefix = experiment
+    if elapsed is not None:
+        secs = int(elapsed)
+        prefix = f"{prefix} {secs // 3600}:{secs % 3600 // 60:02d}:{secs % 60:02d}".strip()
+    parts = [f"[{prefix}]" if prefix else "", f"run {run.get('run_id')}"]
+    status = run.get("status")
+    if status == RunStatus.FAILED.value:
+        parts.append(f"FAILED: {run.get('error') or 'unknown error'}")
+        return "  ".join(p for p in parts if p)
+    if status not in (RunStatus.ONGOING.value, RunStatus.NEW.value, None):
+        parts.append(str(status))
+    chunks = run.get("chunks_done")
+    if chunks is not None:
+        parts.append(f"chunk {chunks}/{num_chunks}" if num_chunks else f"chunks {chunks}")
+    if run.get("total_steps"):
+        parts.append(f"step {run.get('completed_steps', 0)}/{run.get('total_steps')}")
+    parts += [f"{key} {fmt_num(run.get(key))}" for key in _LATEST if run.get(key) is not None]
+    if run.get("samples_seen") is not None:
+        parts.append(f"samples {run.get('samples_seen')}")
+    hparams = run.get("hparams") or {}
+    parts += [f"{_short_col(col)}={fmt_num(hparams[col])}" for col in hparam_columns if col in hparams]
+    return "  ".join(p for p in parts if p)
+
+
+def best_run(runs: Iterable[Mapping[str, Any]], metric: str = "eval_loss") -> tuple[int, float] | None:
+    """``(run_id, value)`` of the run with the lowest finite ``metric`` among the runs that are not DELETED."""
+    best: tuple[int, float] | None = None
+    for run in runs:
+        value = run.get(metric)
+        if run.get("status") == RunStatus.DELETED.value or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value) and (best is None or value < best[1]):
+            best = (int(run["run_id"]), float(value))
+    return best
+
+
+def final_summary(snapshot: Mapping[str, Any]) -> str:
+    """The line printed when an experiment ends, e.g. ``experiment 'sft' ended: 4 runs (3 completed, 1 stopped);
+    best eval_loss 0.8123 (run 2); training time 1:23``."""
+    runs = [r for r in snapshot.get("runs") or [] if r.get("status") != RunStatus.DELETED.value]
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[str(run.get("status"))] = counts.get(str(run.get("status")), 0) + 1
+    parts = ", ".join(f"{n} {st.lower()}" for st, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    text = (
+        f"experiment {snapshot.get('experiment', '')!r} ended: {len(runs)} run{'' if len(runs) == 1 else 's'}"
+    )
+    text += f" ({parts})" if parts else ""
+    for metric in ("eval_loss", "loss"):
+        best = best_run(runs, metric)
+        if best is not None:
+            text += f"; best {metric} {fmt_metric(best[1])} (run {best[0]})"
+            break
+    if snapshot.get("elapsed_s") is not None:
+        text += f"; training time {fmt_duration(snapshot['elapsed_s'])}"
+    return text

@@ -1,0 +1,61 @@
+// Unit tests of widgets/rank.js (sorting, best run, stop all but the best k, duplicate configs).
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { bestRun, duplicateConfig, latestValues, nextSort, sortRuns, stopAllButBest } from "../../../widgets/rank.js";
+import { createState, reduce } from "../../../widgets/state.js";
+
+function run(id, status, extra = {}) {
+  return { run_id: id, status, on_device: false, hparams: {}, completed_steps: 0, total_steps: 10, chunks_done: 0,
+    samples_seen: 0, loss: null, eval_loss: null, error: null, parent_id: null, warm_start: false,
+    legal_ops: [], ...extra };
+}
+
+function stateWith(runs, pts = []) {
+  const s = createState();
+  const names = [...new Set(pts.map((p) => p[3]))];
+  reduce(s, { type: "snapshot", reset: true, snapshot: { experiment: "e", runs, hparam_columns: ["lr"], ops: [],
+    metric_names: [] }, points: { names, run: pts.map((p) => p[0]), step: pts.map((p) => p[1]),
+    samples: pts.map(() => 0), name: pts.map((p) => names.indexOf(p[3])), value: pts.map((p) => p[2]) } }, 0);
+  return s;
+}
+
+test("sort by any column; missing values last in both directions; ties by run id", () => {
+  const runs = [run(1, "ONGOING", { eval_loss: 0.9, hparams: { lr: 1e-3 } }),
+    run(2, "COMPLETED", { eval_loss: null, hparams: { lr: 1e-4 } }),
+    run(3, "STOPPED", { eval_loss: 0.5, hparams: { lr: 5e-4 } })];
+  const ids = (sort) => sortRuns(runs, sort).map((r) => r.run_id);
+  assert.deepEqual(ids({ key: "eval_loss", dir: 1 }), [3, 1, 2]);
+  assert.deepEqual(ids({ key: "eval_loss", dir: -1 }), [1, 3, 2]);
+  assert.deepEqual(ids({ key: "hp:lr", dir: 1 }), [2, 3, 1]);
+  assert.deepEqual(ids({ key: "status", dir: 1 }), [2, 1, 3]);
+  assert.deepEqual(nextSort({ key: "run", dir: 1 }, "loss"), { key: "loss", dir: 1 });
+  assert.deepEqual(nextSort({ key: "loss", dir: 1 }, "loss"), { key: "loss", dir: -1 });
+  assert.deepEqual(nextSort({ key: "run", dir: 1 }, "m:eval_accuracy"), { key: "m:eval_accuracy", dir: -1 });
+});
+
+test("the best run for a metric: lowest loss, highest accuracy, latest finite value", () => {
+  const s = stateWith([run(1, "ONGOING"), run(2, "ONGOING"), run(3, "DELETED")],
+    [[1, 1, 0.9, "eval_loss"], [2, 1, 0.7, "eval_loss"], [3, 1, 0.1, "eval_loss"], [1, 2, NaN, "eval_loss"],
+      [1, 1, 0.4, "accuracy"], [2, 1, 0.6, "accuracy"]]);
+  assert.equal(latestValues(s, "eval_loss").get(1), 0.9);
+  assert.equal(bestRun(s, "eval_loss"), 2); // run 3 is deleted
+  assert.equal(bestRun(s, "accuracy"), 2);
+  assert.equal(bestRun(s, "reward"), null);
+});
+
+test("stop all but the best k: only runs still training, one op per run, unranked runs left alone", () => {
+  const s = stateWith([run(1, "ONGOING"), run(2, "NEW"), run(3, "ONGOING"), run(4, "COMPLETED"), run(5, "NEW")],
+    [[1, 1, 0.5, "eval_loss"], [2, 1, 0.9, "eval_loss"], [3, 1, 0.7, "eval_loss"], [4, 1, 0.1, "eval_loss"]]);
+  assert.deepEqual(stopAllButBest(s, "eval_loss", 1), { stop: [3, 2], keep: [1], unranked: [5] });
+  assert.deepEqual(stopAllButBest(s, "eval_loss", 5).stop, []);
+});
+
+test("a clone that repeats an existing run's config is found", () => {
+  const a = run(1, "ONGOING", { editable: { lr: 1e-3, r: 8 } });
+  const b = run(2, "ONGOING", { editable: { lr: 5e-4, r: 8 } });
+  const s = stateWith([a, b]);
+  assert.equal(duplicateConfig(s, a, { lr: 5e-4 }), 2);
+  assert.equal(duplicateConfig(s, a, {}), 1); // a clone without changes repeats its parent
+  assert.equal(duplicateConfig(s, a, { lr: 2e-4 }), null);
+});

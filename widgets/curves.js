@@ -1,0 +1,109 @@
+// @ts-check
+/**
+ * The curves' data, TensorBoard-style: what each run's trace holds for an x axis (optimizer step, samples seen
+ * or wall-clock time), EMA smoothing, a log scale, a warm clone's curve joined to its parent at the branch step,
+ * identical curves told apart, and whole-number ticks on count axes. Pure functions, no DOM, no plotly: node
+ * unit-tests them (tests/rapidfire_nb/js/curves.test.mjs); widgets/plots.js turns them into traces.
+ */
+
+/**
+ * @typedef {import("./state.js").Series} Series
+ * @typedef {import("./state.js").Run} Run
+ * @typedef {"step"|"samples"|"wall"} XAxis
+ * @typedef {{x: number[], y: number[], step: number[], samples: number[], raw: number[], joined: boolean}} Curve
+ */
+
+/**
+ * TensorBoard's smoothing: an exponential moving average, debiased so that the first points are not pulled
+ * towards 0 (`smoothed_i = ema_i / (1 - weight^i)`). Missing values stay missing and do not move the average.
+ * @param {(number|null)[]} values @param {number} weight 0 (off) .. 0.999
+ * @returns {(number|null)[]}
+ */
+export function smooth(values, weight) {
+  if (!(weight > 0)) return values.slice();
+  const w = Math.min(weight, 0.999);
+  let last = 0, n = 0;
+  return values.map((v) => {
+    if (v === null || v === undefined || !Number.isFinite(v)) return null;
+    last = last * w + (1 - w) * v;
+    n += 1;
+    return last / (1 - Math.pow(w, n));
+  });
+}
+
+/**
+ * One run's curve for `xAxis`: finite values only (positive only on a log scale), x in the axis' unit (wall
+ * time as ms since the epoch), a warm clone prefixed with its parent's point at the branch step (the parent's
+ * last point before the clone's first step), smoothed by `weight`.
+ * @param {Series} s the run's series @param {{xAxis: XAxis, weight?: number, log?: boolean,
+ *   parent?: Series|null}} opts
+ * @returns {Curve}
+ */
+export function curve(s, { xAxis, weight = 0, log = false, parent = null }) {
+  /** @type {{step: number, samples: number, wall: number, value: number}[]} */ const pts = [];
+  const take = (/** @type {Series} */ src, /** @type {number} */ i) => {
+    const v = src.value[i];
+    if (v === null || v === undefined || !Number.isFinite(v) || (log && v <= 0)) return null;
+    return { step: src.step[i], samples: src.samples[i], wall: (src.wall?.[i] ?? NaN) * 1000, value: v };
+  };
+  for (let i = 0; i < s.value.length; i++) { const p = take(s, i); if (p) pts.push(p); }
+  let joined = false;
+  if (parent && pts.length) {
+    let best = -1;
+    for (let i = 0; i < parent.step.length; i++) {
+      if (parent.step[i] < pts[0].step && take(parent, i) && (best < 0 || parent.step[i] >= parent.step[best])) best = i;
+    }
+    const p = best >= 0 ? take(parent, best) : null;
+    if (p) { pts.unshift(p); joined = true; }
+  }
+  const raw = pts.map((p) => p.value);
+  const y = /** @type {number[]} */ (smooth(raw, weight));
+  return { x: pts.map((p) => p[xAxis]), y, step: pts.map((p) => p.step), samples: pts.map((p) => p.samples),
+    raw, joined };
+}
+
+/** The parent series a warm clone's curve joins, or null. @param {Run|undefined} run
+ * @param {Map<number, Series>} byRun */
+export function parentSeries(run, byRun) {
+  if (!run || !run.warm_start || run.parent_id === null || run.parent_id === undefined) return null;
+  return byRun.get(run.parent_id) || null;
+}
+
+/**
+ * Runs whose curve repeats an earlier run's exactly (identical clones would hide each other): run id -> the
+ * earlier run id. @param {Map<number, Curve>} curves @returns {Map<number, number>}
+ */
+export function duplicateCurves(curves) {
+  /** @type {Map<string, number>} */ const seen = new Map();
+  /** @type {Map<number, number>} */ const dup = new Map();
+  for (const id of [...curves.keys()].sort((a, b) => a - b)) {
+    const c = /** @type {Curve} */ (curves.get(id));
+    if (c.raw.length < 2) continue;
+    const key = `${c.step.join(",")}|${c.raw.join(",")}`;
+    const first = seen.get(key);
+    if (first === undefined) seen.set(key, id); else dup.set(id, first);
+  }
+  return dup;
+}
+
+/**
+ * A whole-number tick spacing of about `count` ticks over [lo, hi] (1, 2 or 5 times a power of ten, >= 1):
+ * optimizer steps and samples are counts, never 1.5.
+ * @param {number} lo @param {number} hi @param {number} [count]
+ */
+export function integerDtick(lo, hi, count = 6) {
+  const span = hi - lo;
+  if (!(span > 0)) return 1;
+  const raw = span / count;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((v) => v >= raw) || 10 * mag;
+  return Math.max(1, Math.round(step));
+}
+
+/** Metrics that are better when higher (accuracy, reward, margin, ...); the rest (losses) when lower.
+ * @param {string} name @returns {"max"|"min"} */
+export function metricDirection(name) {
+  const n = name.toLowerCase();
+  if (n.includes("loss") || n.includes("perplexity") || n.includes("error")) return "min";
+  return /acc|reward|margin|f1|bleu|rouge|precision|recall|score|auc|win/.test(n) ? "max" : "min";
+}

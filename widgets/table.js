@@ -1,0 +1,346 @@
+// @ts-check
+/**
+ * The run table of one panel view: a row per run with its IC Ops buttons (a disabled button says why in its
+ * tooltip), the table sorted by any column (click a title; click again to flip), the best run for the chosen
+ * metric highlighted, each run's full config on demand, and the clone form (it warns when the clone would
+ * repeat an existing run's config). Keeps its DOM nodes across redraws (focus in a clone form survives).
+ *
+ * Test hooks: tr[data-run-id][data-status][data-on-device][data-best], tr[data-error-for], tr[data-config-for],
+ * th[data-sort-key][aria-sort], button[data-op], button[data-config], form[data-clone-form],
+ * [data-clone-warning].
+ */
+
+import { h, setKids, setText } from "./dom.js";
+import { fmtHparam, fmtInt, fmtMetric, OPS, parseValue, runColor, shortHparam } from "./format.js";
+import { duplicateConfig, latestValues, sortRuns } from "./rank.js";
+import { isPending, visibleRuns } from "./state.js";
+
+/**
+ * @typedef {import("./state.js").State} State
+ * @typedef {import("./state.js").Run} Run
+ * @typedef {import("./rank.js").Sort} Sort
+ * @typedef {{send: (kind: string, runId: number, changes?: Record<string, any>, warm?: boolean) => void}} OpSender
+ * @typedef {{showDeleted: boolean, sort: Sort, bestRunId: number|null, bestMetric: string,
+ *   onSort: (key: string) => void, onCounts: () => void}} Host
+ * @typedef {{tr: HTMLElement, cells: Record<string, HTMLElement>, buttons: Record<string, HTMLButtonElement>,
+ *   errorTr: HTMLElement, configTr: HTMLElement|null, stepText: HTMLElement, stepFill: HTMLElement,
+ *   runKey: string, statusKey: string, formTr: HTMLElement|null}} Row
+ */
+
+const OP_LABEL = { stop: "Stop", resume: "Resume", delete: "Delete", clone: "Clone…" };
+const svg = (/** @type {string} */ body) => `<svg viewBox="0 0 16 16" width="13" height="13" fill="none" ` +
+  `stroke="currentColor" stroke-width="1.5" stroke-linecap="round" stroke-linejoin="round">${body}</svg>`;
+const OP_ICON = {
+  stop: svg('<rect x="4" y="4" width="8" height="8" rx="1.2" fill="currentColor" stroke="none"/>'),
+  resume: svg('<path d="M5 3.5v9l7.5-4.5z" fill="currentColor" stroke="none"/>'),
+  delete: svg('<path d="M3 4.5h10M6.5 4.5V3h3v1.5M4.5 4.5l.6 8.5h5.8l.6-8.5M7 7v4M9 7v4"/>'),
+  clone: svg('<rect x="5.5" y="5.5" width="7.5" height="7.5" rx="1.3"/><path d="M10.5 3.5V3H3v7.5h.5"/>'),
+};
+const OP_TITLE = {
+  stop: "Stop after the current chunk (all state kept; Resume continues it)",
+  resume: "Put the run back into the rotation",
+  delete: "Remove the run (hidden unless 'show deleted' is on)",
+  clone: "Start a new run from this one's config, with changes",
+};
+/** Sortable columns after the hyperparameters: key, title, tooltip. */
+const TAIL_COLS = [["step", "Step", "completed / total optimizer steps"],
+  ["chunks", "Chunks", "chunks done / chunks in total (all epochs)"], ["loss", "Loss", "latest train loss"],
+  ["eval_loss", "Eval loss", "latest eval_loss"], ["samples", "Samples", "samples seen"]];
+
+export class RunTable {
+  /** @param {State} state @param {OpSender} ops @param {Host} host */
+  constructor(state, ops, host) {
+    this.state = state;
+    this.ops = ops;
+    this.host = host;
+    /** @type {Map<number, Row>} */ this.rows = new Map();
+    this.headKey = "";
+    this.theadRow = h("tr");
+    this.tbody = h("tbody");
+    this.el = h("div", { class: "rf-table-wrap" },
+      h("table", { class: "rf-table" }, h("thead", {}, this.theadRow), this.tbody));
+  }
+
+  colCount() {
+    return 8 + (this.state.snapshot?.hparam_columns?.length || 0);
+  }
+
+  render() {
+    const snap = this.state.snapshot;
+    const cols = snap?.hparam_columns || [];
+    this.renderHead(cols);
+    const sort = this.host.sort;
+    const metric = sort.key.startsWith("m:") ? latestValues(this.state, sort.key.slice(2)) : undefined;
+    const runs = sortRuns(visibleRuns(this.state, this.host.showDeleted), sort, metric);
+    const wanted = /** @type {HTMLElement[]} */ ([]);
+    for (const run of runs) {
+      let row = this.rows.get(run.run_id);
+      if (!row) { row = this.makeRow(run, cols); this.rows.set(run.run_id, row); }
+      this.updateRow(row, run, cols);
+      wanted.push(row.tr);
+      if (run.status === "FAILED" && run.error) wanted.push(row.errorTr);
+      for (const extra of [row.configTr, row.formTr]) {
+        if (!extra) continue;
+        /** @type {HTMLElement} */ (extra.firstElementChild).setAttribute("colspan", String(this.colCount()));
+        wanted.push(extra);
+      }
+    }
+    if (!runs.length) {
+      wanted.push(h("tr", { class: "rf-empty-row" }, h("td", { colspan: this.colCount(),
+        text: snap ? "No runs to show." : "Waiting for the experiment…" })));
+    }
+    wanted.forEach((node, i) => {
+      if (this.tbody.children[i] !== node) this.tbody.insertBefore(node, this.tbody.children[i] || null);
+    });
+    while (this.tbody.children.length > wanted.length) /** @type {Element} */ (this.tbody.lastElementChild).remove();
+    this.host.onCounts();
+  }
+
+  /** @param {string[]} cols */
+  renderHead(cols) {
+    const sort = this.host.sort;
+    const key = `${cols.join("\u0000")}|${sort.key}|${sort.dir}`;
+    if (key === this.headKey && this.theadRow.children.length) return;
+    const colsChanged = this.headKey.split("|")[0] !== cols.join("\u0000");
+    this.headKey = key;
+    const th = (/** @type {string} */ k, /** @type {string} */ t, /** @type {string} */ cls, /** @type {string} */ tip) => {
+      const on = sort.key === k;
+      return h("th", { class: cls, title: tip || null, "data-sort-key": k,
+        "aria-sort": on ? (sort.dir === 1 ? "ascending" : "descending") : "none" },
+      h("button", { type: "button", class: "rf-sort", onclick: () => this.host.onSort(k) }, t,
+        h("span", { class: "rf-sort-mark", "aria-hidden": "true", text: on ? (sort.dir === 1 ? "▲" : "▼") : "" })));
+    };
+    this.theadRow.replaceChildren(
+      th("run", "Run", "rf-col-run", "run id"), th("status", "Status", "rf-col-status", "status"),
+      ...cols.map((c) => th(`hp:${c}`, shortHparam(c), "rf-num rf-col-hp", c)),
+      ...TAIL_COLS.map(([k, t, tip]) => th(k, t, `rf-num${k === "step" ? " rf-col-step" : ""}`, tip)),
+      h("th", { class: "rf-col-actions" }));
+    if (!colsChanged) return;
+    for (const row of this.rows.values()) { row.tr.remove(); row.errorTr.remove(); row.formTr?.remove(); row.configTr?.remove(); }
+    this.rows.clear(); // rebuilt with the new columns
+  }
+
+  /** @param {Run} run @param {string[]} cols @returns {Row} */
+  makeRow(run, cols) {
+    /** @type {Record<string, HTMLElement>} */ const cells = {};
+    const td = (/** @type {string} */ name, /** @type {string} */ cls = "") => (cells[name] = h("td", { class: cls }));
+    const tr = h("tr", { class: "rf-run-row" });
+    tr.append(td("run", "rf-col-run"), td("status", "rf-col-status"),
+      ...cols.map((c) => td(`hp:${c}`, "rf-num rf-col-hp")),
+      td("step", "rf-num rf-col-step"), td("chunks", "rf-num"), td("loss", "rf-num"), td("eval", "rf-num"),
+      td("samples", "rf-num"), td("actions", "rf-col-actions"));
+    /** @type {Record<string, HTMLButtonElement>} */ const buttons = {};
+    for (const op of OPS) {
+      const icon = h("span", { class: "rf-op-icon", "aria-hidden": "true" });
+      icon.innerHTML = OP_ICON[op];
+      buttons[op] = /** @type {HTMLButtonElement} */ (h("button", { type: "button", class: `rf-btn rf-op rf-op-${op}`,
+        "data-op": op, "data-run-id": run.run_id, "aria-label": `${OP_LABEL[op]} run ${run.run_id}`,
+        onclick: () => {
+          const cur = (this.state.snapshot?.runs || []).find((r) => r.run_id === run.run_id) || run;
+          if (op === "clone") this.toggleCloneForm(cur); else this.ops.send(op, run.run_id);
+        } }, icon, h("span", { class: "rf-op-label", text: OP_LABEL[op] })));
+      cells.actions.append(buttons[op]);
+    }
+    const errorTr = h("tr", { class: "rf-error-row", "data-error-for": run.run_id }, h("td", { colspan: this.colCount() }));
+    const stepText = h("span");
+    const stepFill = h("span", { class: "rf-bar-fill" });
+    cells.step.append(stepText, h("span", { class: "rf-bar" }, stepFill));
+    return { tr, cells, buttons, errorTr, configTr: null, stepText, stepFill, runKey: "", statusKey: "", formTr: null };
+  }
+
+  /** @param {Row} row @param {Run} run @param {string[]} cols */
+  updateRow(row, run, cols) {
+    const { tr, cells } = row;
+    const best = this.host.bestRunId === run.run_id;
+    tr.dataset.runId = String(run.run_id);
+    tr.dataset.status = run.status;
+    tr.dataset.onDevice = String(!!run.on_device);
+    tr.dataset.best = String(best);
+    tr.classList.toggle("rf-deleted", run.status === "DELETED");
+    tr.classList.toggle("rf-failed", run.status === "FAILED");
+    tr.classList.toggle("rf-active", !!run.on_device);
+    tr.classList.toggle("rf-best", best);
+    this.updateIdentity(row, run, best);
+    for (const c of cols) {
+      const v = run.hparams ? run.hparams[c] : undefined;
+      setText(cells[`hp:${c}`], fmtHparam(v), `${c} = ${typeof v === "string" ? v : JSON.stringify(v)}`);
+    }
+    const frac = run.total_steps ? Math.min(1, run.completed_steps / run.total_steps) : 0;
+    setText(row.stepText, `${fmtInt(run.completed_steps)}/${fmtInt(run.total_steps)}`);
+    row.stepFill.style.width = `${(frac * 100).toFixed(1)}%`;
+    cells.step.classList.toggle("rf-bar-failed", run.status === "FAILED");
+    cells.step.classList.toggle("rf-bar-done", run.status === "COMPLETED");
+    const nTotal = run.num_segments || this.state.snapshot?.num_chunks;
+    setText(cells.chunks, nTotal ? `${run.chunks_done}/${nTotal}` : String(run.chunks_done ?? "–"));
+    setText(cells.loss, fmtMetric(run.loss));
+    setText(cells.eval, fmtMetric(run.eval_loss));
+    setText(cells.samples, fmtInt(run.samples_seen));
+    this.updateButtons(row, run);
+    if (run.status === "FAILED" && run.error) {
+      const cell = /** @type {HTMLElement} */ (row.errorTr.firstElementChild);
+      cell.setAttribute("colspan", String(this.colCount()));
+      if (cell.textContent !== `run ${run.run_id} failed: ${run.error}`) {
+        setKids(cell, h("span", { class: "rf-error-label", text: `run ${run.run_id} failed: ` }),
+          h("span", { class: "rf-error-text", text: run.error }));
+      }
+    }
+    if (row.configTr) this.fillConfig(row.configTr, run);
+  }
+
+  /** Enabled where legal; a disabled button's tooltip says why. @param {Row} row @param {Run} run */
+  updateButtons(row, run) {
+    const legal = new Set(run.legal_ops || []);
+    const hints = run.op_hints || {};
+    for (const op of OPS) {
+      const pending = isPending(this.state, op, run.run_id);
+      const b = row.buttons[op];
+      b.disabled = !legal.has(op) || pending;
+      const why = pending ? "waiting for the kernel's answer to your click"
+        : !legal.has(op) ? (hints[op] || `not possible for a ${run.status} run`) : "";
+      const title = `${OP_LABEL[op]} run ${run.run_id}: ${why ? `unavailable — ${why}` : OP_TITLE[op]}`;
+      if (b.title !== title) b.title = title;
+      b.classList.toggle("rf-pending", pending);
+      b.classList.toggle("rf-open", op === "clone" && !!row.formTr);
+    }
+  }
+
+  /** The run and status cells (rebuilt only when they change). @param {Row} row @param {Run} run
+   * @param {boolean} best */
+  updateIdentity(row, run, best) {
+    const runKey = `${run.parent_id}|${run.warm_start}|${best}|${!!row.configTr}`;
+    if (row.runKey !== runKey) {
+      row.runKey = runKey;
+      const origin = run.parent_id !== null && run.parent_id !== undefined
+        ? h("span", { class: "rf-origin", title: run.warm_start ? "cloned with warm start" : "cloned from scratch",
+          text: `↳ run ${run.parent_id}${run.warm_start ? " · warm" : ""}` }) : null;
+      setKids(row.cells.run, h("span", { class: "rf-swatch", style: { background: runColor(run.run_id) } }),
+        h("button", { type: "button", class: `rf-run-id rf-config-btn${row.configTr ? " rf-open" : ""}`,
+          "data-config": run.run_id, title: `run ${run.run_id}: click for its full config`,
+          "aria-expanded": String(!!row.configTr), text: `run ${run.run_id}`,
+          onclick: () => this.toggleConfig(run.run_id) }),
+        best ? h("span", { class: "rf-best-mark", title: `best ${this.host.bestMetric}`, text: "★" }) : null, origin);
+    }
+    const statusKey = `${run.status}|${!!run.on_device}`;
+    if (row.statusKey !== statusKey) {
+      row.statusKey = statusKey;
+      setKids(row.cells.status,
+        h("span", { class: `rf-badge rf-st-${run.status.toLowerCase()}`, "data-badge": run.status, text: run.status }),
+        run.on_device ? h("span", { class: "rf-badge rf-on-device", "data-badge": "on-device", text: "on device" })
+          : null);
+    }
+  }
+
+  /** Show / hide a run's full config. @param {number} runId */
+  toggleConfig(runId) {
+    const row = this.rows.get(runId);
+    if (!row) return;
+    if (row.configTr) { row.configTr.remove(); row.configTr = null; } else {
+      row.configTr = h("tr", { class: "rf-config-row", "data-config-for": runId }, h("td", { colspan: this.colCount() }));
+    }
+    row.runKey = "";
+    this.render();
+  }
+
+  /** @param {HTMLElement} tr @param {Run} run */
+  fillConfig(tr, run) {
+    const all = { ...(run.editable || {}), ...(run.hparams || {}) };
+    const key = JSON.stringify(all);
+    if (tr.dataset.key === key) return;
+    tr.dataset.key = key;
+    const items = Object.keys(all).sort().map((k) => h("div", { class: "rf-config-item" },
+      h("span", { class: "rf-config-key", text: k }),
+      h("span", { class: "rf-config-val", text: typeof all[k] === "string" ? all[k] : JSON.stringify(all[k]) })));
+    setKids(/** @type {HTMLElement} */ (tr.firstElementChild), h("div", { class: "rf-config" },
+      ...(items.length ? items : [h("span", { text: "no hyperparameters recorded" })])));
+  }
+
+  /** @param {Run} run */
+  toggleCloneForm(run) {
+    const row = this.rows.get(run.run_id);
+    if (!row) return;
+    if (row.formTr) { row.formTr.remove(); row.formTr = null; this.render(); return; }
+    const form = cloneForm(run, this.state, {
+      submit: (changes, warm) => {
+        this.ops.send("clone", run.run_id, changes, warm);
+        row.formTr?.remove(); row.formTr = null;
+        this.render();
+      },
+      cancel: () => this.toggleCloneForm(run),
+    });
+    row.formTr = h("tr", { class: "rf-form-row" }, h("td", { colspan: this.colCount() }, form));
+    this.render();
+    /** @type {HTMLInputElement|null} */ (form.querySelector("input[type=text]"))?.focus();
+  }
+
+  reset() {
+    this.headKey = "";
+  }
+}
+
+/**
+ * The clone form of a run: its hyperparameters (only changed fields are sent), other fields as field=value,
+ * warm start; a clone that would repeat an existing run's config asks for a second click.
+ * @param {Run} run @param {State} state
+ * @param {{submit: (changes: Record<string, any>, warm: boolean) => void, cancel: () => void}} on
+ * @returns {HTMLElement}
+ */
+function cloneForm(run, state, on) {
+  const inputs = /** @type {Record<string, HTMLInputElement>} */ ({});
+  const fields = h("div", { class: "rf-form-grid" });
+  for (const [k, v] of Object.entries(run.editable || run.hparams || {})) {
+    inputs[k] = /** @type {HTMLInputElement} */ (h("input", { type: "text", name: k,
+      value: typeof v === "string" ? v : fmtHparam(v), spellcheck: "false" }));
+    fields.append(h("label", { class: "rf-field", title: k }, h("span", { text: k }), inputs[k]));
+  }
+  const extra = /** @type {HTMLInputElement} */ (h("input", { type: "text", name: "__extra", spellcheck: "false",
+    placeholder: "field=value, e.g. lora.lora_dropout=0.1; max_steps=50" }));
+  const warm = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox", name: "warm_start" }));
+  const error = h("span", { class: "rf-form-error", "data-clone-warning": "" });
+  const submitBtn = h("button", { type: "submit", class: "rf-btn rf-btn-primary", "data-op": "clone-submit", text: "Submit" });
+  let confirmed = "";
+  const changesOf = () => {
+    /** @type {Record<string, any>} */ const changes = {};
+    const base = run.editable || run.hparams || {};
+    for (const [k, input] of Object.entries(inputs)) {
+      const orig = base[k];
+      if (input.value.trim() === (typeof orig === "string" ? orig : fmtHparam(orig))) continue;
+      const val = parseValue(input.value, orig);
+      if (JSON.stringify(val) !== JSON.stringify(orig)) changes[k] = val;
+    }
+    for (const part of extra.value.split(/\s*[;\n]\s*|,\s*(?=[\w.\-/]+\s*=)/).filter((s) => s.trim())) {
+      const eq = part.indexOf("=");
+      if (eq <= 0) throw new Error(`"${part}" is not field=value`);
+      const k = part.slice(0, eq).trim();
+      changes[k] = parseValue(part.slice(eq + 1), base[k]);
+    }
+    return changes;
+  };
+  const submit = () => {
+    let changes;
+    try { changes = changesOf(); } catch (e) { error.textContent = /** @type {any} */ (e).message; return; }
+    const twin = duplicateConfig(state, run, changes);
+    const key = JSON.stringify([changes, warm.checked]);
+    if (twin !== null && confirmed !== key) {
+      confirmed = key;
+      error.textContent = `same config as run ${twin}${warm.checked ? " (a warm start differs only in its start)" : ""}` +
+        " — change a field, or submit again to clone anyway";
+      submitBtn.textContent = "Clone anyway";
+      return;
+    }
+    on.submit(changes, warm.checked);
+  };
+  return h("form", { class: "rf-form", "data-clone-form": run.run_id,
+    onsubmit: (/** @type {Event} */ e) => { e.preventDefault(); submit(); } },
+  h("div", { class: "rf-form-title" },
+    h("span", { class: "rf-swatch", style: { background: runColor(run.run_id) } }),
+    h("span", { text: `Clone run ${run.run_id} — edit hyperparameters (only changed fields are sent)` })),
+  fields,
+  h("label", { class: "rf-field rf-field-wide" }, h("span", { text: "other fields" }), extra),
+  h("div", { class: "rf-form-actions" },
+    h("label", { class: "rf-check", title: "Start from this run's latest chunk boundary instead of from scratch" },
+      warm, h("span", { text: `warm start (from run ${run.run_id}'s latest chunk boundary)` })),
+    error,
+    h("span", { class: "rf-spacer" }),
+    h("button", { type: "button", class: "rf-btn", text: "Cancel", onclick: on.cancel }),
+    submitBtn));
+}
