@@ -53,6 +53,9 @@ class RunSnapshot:
         parent_id / warm_start: set for clones.
         error: the failure text for FAILED runs (or a rejected warm start).
         spec: the run's config object (opaque to the scheduler).
+        stop_reason: why a STOPPED run stopped: the early-stopping policy's reason (``"pruned at chunk 2/8:
+            ..."``) or ``"stopped by the user (panel)"``; None for a run that is not STOPPED.
+        pruned: True when the early-stopping policy stopped it (and nobody resumed it since).
     """
 
     run_id: int
@@ -69,6 +72,8 @@ class RunSnapshot:
     error: str | None
     spec: Any
     steps_per_epoch: int = 0
+    stop_reason: str | None = None
+    pruned: bool = False
 
     @property
     def epoch(self) -> float:
@@ -116,7 +121,10 @@ class _Run:
     pending: bool = False  # a clone whose op is not applied yet
     waiting_clone: Op | None = None  # a warm clone waiting for its parent's first boundary
     pruned: bool = False  # its latest stop came from the early-stopping policy
-    exempt: bool = False  # the user resumed it after the policy stopped it: the policy leaves it alone
+    stop_reason: str | None = None  # why it is STOPPED (the policy's reason or who stopped it)
+    exempt_through: int = (
+        0  # the user resumed it after the policy stopped it at this chunk: not judged up to it
+    )
 
     def position(self) -> tuple[int, int]:
         if self.plan is None:
@@ -216,7 +224,8 @@ class Scheduler:
         error: str | None = None,
         progress: tuple[int, int, int, int] | None = None,
         pruned: bool = False,
-        exempt: bool = False,
+        exempt_through: int = 0,
+        stop_reason: str | None = None,
     ) -> None:
         """Register a run before :meth:`start` (prepared synchronously through the executor).
 
@@ -227,7 +236,9 @@ class Scheduler:
             status: initial status (restored runs may be STOPPED, COMPLETED, ...).
             progress: for a finished run shown from the store: ``(step, total_steps, chunks_done, samples_seen)``.
             pruned: its latest stop came from the early-stopping policy (a user's resume then exempts it).
-            exempt: the user resumed it after the policy stopped it: the policy never stops it again.
+            exempt_through: the user resumed it after the policy stopped it after this many chunks: the policy
+                does not stop it again at a rung up to there (later rungs judge it like any run).
+            stop_reason: why a STOPPED run stopped (shown as :attr:`RunSnapshot.stop_reason`).
 
         Raises:
             RuntimeError: after start. Whatever ``executor.add_run`` raises (bad input).
@@ -244,7 +255,8 @@ class Scheduler:
             warm_start=warm_start,
             error=error,
             pruned=pruned,
-            exempt=exempt,
+            exempt_through=exempt_through,
+            stop_reason=stop_reason if status is RunStatus.STOPPED else None,
         )
         if start is not None:
             run.plan, run.step, run.segments_done, run.samples_seen = (
@@ -723,17 +735,21 @@ class Scheduler:
             run = self._runs[op.run_id]
         if op.kind is OpKind.STOP:
             by_policy = op.source == EARLY_STOPPING
+            why = str(op.payload.get("reason") or "") if by_policy else ""
             with self._lock:
                 self._set_status(run, RunStatus.STOPPED)
                 run.pruned = by_policy
+                run.stop_reason = why or (
+                    "stopped by early stopping" if by_policy else f"stopped by the user ({op.source})"
+                )
             self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.STOPPED.value))
-            reason = f": {op.payload.get('reason')}" if by_policy and op.payload.get("reason") else ""
-            self._resolved(op, f"run {run.run_id} stopped at step {run.step}{reason}")
+            self._resolved(op, f"run {run.run_id} stopped at step {run.step}" + (f": {why}" if why else ""))
         elif op.kind is OpKind.RESUME:
             with self._lock:
                 self._set_status(run, RunStatus.ONGOING)
                 if run.pruned and op.source != EARLY_STOPPING:  # the user's own op wins over the policy
-                    run.exempt, run.pruned = True, False
+                    run.exempt_through = self._chunks(run, run.segments_done)
+                run.pruned, run.stop_reason = False, None
             self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.ONGOING.value))
             self._resolved(op, f"run {run.run_id} resumed from step {run.step}")
         elif op.kind is OpKind.DELETE:
@@ -849,9 +865,7 @@ class Scheduler:
     def _run_states(self) -> list[RunState]:
         """Every run as the early-stopping policy sees it (chunks counted over all epochs)."""
 
-        def chunks(r: _Run, segments: int) -> int:
-            return r.plan.chunks_at(segments) if r.plan is not None else segments
-
+        chunks = self._chunks
         with self._lock:
             return [
                 RunState(
@@ -859,10 +873,15 @@ class Scheduler:
                     r.status,
                     chunks(r, r.segments_done),
                     chunks(r, r.plan.num_segments) if r.plan is not None else 0,
-                    exempt=r.exempt or any(o.source != EARLY_STOPPING for o in self._open.get(r.run_id, ())),
+                    exempt=any(o.source != EARLY_STOPPING for o in self._open.get(r.run_id, ())),
+                    exempt_through=r.exempt_through,
                 )
                 for r in sorted(self._runs.values(), key=lambda r: r.run_id)
             ]
+
+    @staticmethod
+    def _chunks(r: _Run, segments: int) -> int:
+        return r.plan.chunks_at(segments) if r.plan is not None else segments
 
     def _add_new_run(self, new: NewRun) -> int:
         """Register ``new`` mid-experiment (a search's new trial): NEW at once, built once no segment runs, then
@@ -988,6 +1007,8 @@ class Scheduler:
             error=r.error,
             spec=r.spec,
             steps_per_epoch=r.plan.steps_per_epoch if r.plan else 0,
+            stop_reason=r.stop_reason if r.status is RunStatus.STOPPED else None,
+            pruned=r.pruned and r.status is RunStatus.STOPPED,
         )
 
     # test helper

@@ -3,8 +3,9 @@
 A policy reads each run's metrics at each completed chunk and returns :class:`Decisions`: stop a run (with a
 reason), add a run (a search's new trial), or a note for the user. The scheduler turns a stop into an ordinary IC
 Op (``stop`` from source :data:`EARLY_STOPPING`, the reason in its payload), so the ops log, the panel, the store
-and restarts need nothing new, and a user's own ops win: a run with a pending op of the user, or one the user
-resumed after the policy stopped it, is ``exempt``.
+and restarts need nothing new, and a user's own ops win: a run with a pending op of the user is ``exempt``, and one the user
+resumed after the policy stopped it is not stopped again at a rung up to the chunk it was stopped at
+(``exempt_through``).
 
 Chunks are counted over all epochs (1 once a run's first chunk is done): equal counts mean equal rows seen, so
 runs with different batch sizes are compared at the same data, never at raw global steps.
@@ -72,8 +73,10 @@ class RunState:
         status: its :class:`~kernel_scheduler.status.RunStatus`.
         chunks_done: chunks completed over all epochs (a warm clone or a continued run starts above 0).
         total_chunks: chunks it trains in all (0 while it is not built yet).
-        exempt: True when the user decides for this run (a pending op of the user, or resumed after the policy
-            stopped it): the policy never stops it; its values still count for the others.
+        exempt: True while the user decides for this run (a pending op of the user): the policy does not stop
+            it; its values still count for the others.
+        exempt_through: the user resumed it after the policy stopped it after this many chunks: it is not
+            stopped at a rung up to there (0: never resumed so); later rungs judge it like any run.
     """
 
     run_id: int
@@ -81,6 +84,7 @@ class RunState:
     chunks_done: int
     total_chunks: int
     exempt: bool = False
+    exempt_through: int = 0
 
     @property
     def active(self) -> bool:

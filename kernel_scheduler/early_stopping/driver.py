@@ -43,7 +43,7 @@ class PolicyDriver:
         self._submit = submit
         self._add = add
         self._note = note
-        self._seen: dict[int, tuple[RunStatus, int, int, bool]] = {}
+        self._seen: dict[int, tuple[RunStatus, int, int, bool, int]] = {}
 
     def chunk(self, result: ChunkResult, runs: Sequence[RunState]) -> None:
         """A run ended a chunk: ask the policy, then apply its decisions."""
@@ -68,8 +68,8 @@ class PolicyDriver:
             return {}
 
     @staticmethod
-    def _key(s: RunState) -> tuple[RunStatus, int, int, bool]:
-        return (s.status, s.chunks_done, s.total_chunks, s.exempt)
+    def _key(s: RunState) -> tuple[RunStatus, int, int, bool, int]:
+        return (s.status, s.chunks_done, s.total_chunks, s.exempt, s.exempt_through)
 
     def _ask(self, method: str, *args: Any) -> None:
         policy = self.policy

@@ -129,7 +129,7 @@ class RungPolicy(EarlyStoppingPolicy):
         stops = []
         for rung, run_id in self._book.due(runs):
             state = states.get(run_id)
-            if state is None or not state.active or state.exempt:
+            if state is None or not state.active or state.exempt or rung <= state.exempt_through:
                 continue  # finished, stopped or deleted meanwhile, or the user decides: its value still counts
             reason = self.judge(run_id, rung, state.total_chunks, self._book.values(rung))
             if reason is not None:
