@@ -180,6 +180,7 @@ class Experiment:
         *,
         background: bool | None = None,
         checkpoint_every: int = 1,
+        early_stopping: Any = None,
     ) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
@@ -201,6 +202,10 @@ class Experiment:
             checkpoint_every: write each run's resumable checkpoint every this many chunks (default 1: at every
                 chunk boundary). Larger values write less; a crashed kernel then continues a run from up to
                 ``checkpoint_every - 1`` chunks further back (exactly, as ever). Warm clones are unaffected.
+            early_stopping: stop the losers at chunk boundaries, e.g. ``SuccessiveHalving(metric="eval_loss",
+                mode="min", reduction_factor=2, grace_chunks=1)`` or ``MedianStopping(...)`` from
+                ``rapidfire_nb.automl``; its stops are IC Ops from source ``early_stopping`` with the reason
+                (``get_runs_info()``'s ``stop_reason``), and a pruned run stays resumable. None: no early stopping.
 
         In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
         goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
@@ -245,7 +250,14 @@ class Experiment:
                     self._lock, self.store
                 )  # its writer may have died since this opened it read-only
             inputs = check_fit_inputs(
-                param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed, checkpoint_every
+                param_config,
+                create_model_fn,
+                train_dataset,
+                eval_dataset,
+                num_chunks,
+                seed,
+                checkpoint_every,
+                early_stopping,
             )
             existing = check_group(
                 self.experiment_name, self.store, inputs, trained_here=self._session is not None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import schema
+from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
 
 __all__ = [
@@ -39,6 +40,7 @@ class FitInputs:
         create_model_fn, train_dataset, eval_dataset: as given.
         num_chunks: chunks per epoch; seed: the experiment seed.
         checkpoint_every: write boundary checkpoints every this many chunks.
+        early_stopping: the early-stopping policy (a fresh copy of the one given), or None.
     """
 
     specs: tuple[Any, ...]
@@ -50,6 +52,7 @@ class FitInputs:
     num_chunks: int
     seed: int
     checkpoint_every: int = 1
+    early_stopping: Any = None
 
     def meta(self) -> dict[str, Any]:
         """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against)."""
@@ -69,6 +72,7 @@ def check_fit_inputs(
     num_chunks: Any,
     seed: Any,
     checkpoint_every: Any = 1,
+    early_stopping: Any = None,
 ) -> FitInputs:
     """Check ``run_fit``'s arguments and expand the config group (nothing is built or loaded).
 
@@ -94,6 +98,7 @@ def check_fit_inputs(
             f"param_config must be RFGridSearch(configs=..., trainer_type=...) or RFRandomSearch(...), got "
             f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one"
         )
+    policy = check_early_stopping(early_stopping, eval_dataset)
     specs = tuple(param_config.expand(seed))
     if not specs:
         raise ConfigError("the config group expands to no run")
@@ -107,6 +112,7 @@ def check_fit_inputs(
         num_chunks=num_chunks,
         seed=seed,
         checkpoint_every=checkpoint_every,
+        early_stopping=policy,
     )
 
 

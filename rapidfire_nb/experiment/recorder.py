@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListener
+from kernel_scheduler import EARLY_STOPPING, Op, OpAck, OpKind, RunSnapshot, RunStatus, SchedulerListener
 
 from .._priority import lower_thread_priority
 from ..clock import CLOCK_META_KEY, TrainingClock
@@ -170,6 +170,10 @@ class Recorder(SchedulerListener):
         later = self._loop_thread is not None and threading.get_ident() == self._loop_thread
         self._put(("op", op, ack, later))
 
+    def on_note(self, text: str) -> None:
+        """A sentence from the early-stopping policy (e.g. a metric no run logs): printed in the cell."""
+        self._put(("say", text))
+
     def on_metrics(self, run_id: int, step: int, samples_seen: int, logs: Mapping[str, Any]) -> None:
         """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows), from its training thread."""
         self._live_step[run_id] = step
@@ -304,6 +308,8 @@ class Recorder(SchedulerListener):
             self.store.upsert_run(item[1], checkpoint_dir=item[2])
         elif kind == "beat":
             self.store.beat()
+        elif kind == "say":
+            self.reporter.say(item[1])
         elif kind == "call":
             item[1]()
 
@@ -359,6 +365,10 @@ class Recorder(SchedulerListener):
         if not added:
             applied_at = time.time() if ack.state != "queued" else None
             self.store.update_op(op.op_id, ack.state, ack.message, applied_at=applied_at)
+        if op.source == EARLY_STOPPING and op.kind is OpKind.STOP and ack.state == "applied":
+            # like a failure, said under a live panel too: "run 8 pruned at chunk 1/8: eval_loss 2.71 not in ..."
+            self.reporter.say(f"run {op.run_id} {op.payload.get('reason') or 'stopped by early stopping'}")
+            return
         # said for ops whose outcome nothing else shows (no live panel with its ops log; not the API's)
         if ack.state != "queued" and op.source != "api" and later and self.reporter.wants_progress():
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")

@@ -11,6 +11,8 @@ from typing import Any
 
 from kernel_scheduler import RunSnapshot, RunStatus
 
+from ..stops import stop_history
+
 __all__ = ["ops_table", "results_table", "runs_table"]
 
 _TAIL_COLUMNS = [
@@ -22,6 +24,7 @@ _TAIL_COLUMNS = [
     "eval_loss",
     "checkpoint_dir",
     "error",
+    "stop_reason",
 ]
 
 
@@ -29,7 +32,11 @@ def runs_table(
     store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[str], include_deleted: bool
 ) -> Any:
     """``get_runs_info()``: columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
-    chunks_done, epoch, loss, eval_loss, checkpoint_dir, error``.
+    chunks_done, epoch, loss, eval_loss, checkpoint_dir, error, stop_reason``.
+
+    ``stop_reason`` says why a STOPPED run stopped: the early-stopping policy's reason (``"pruned at chunk 2/8:
+    eval_loss 2.71 not in the best 4 of 8 at this rung (cutoff 2.43)"``) or ``"stopped by the user (panel)"``;
+    None for the other statuses.
 
     Args:
         live: the scheduler's snapshots by run id (empty when nothing trains in this process).
@@ -39,6 +46,7 @@ def runs_table(
     import pandas as pd
 
     latest = store.latest_metrics(["loss", "eval_loss"])
+    stops = stop_history(store.ops())
     cols = list(store.get_meta("hparam_columns", []) or [])
     cols += [c for c in columns if c not in cols]
     rows = []
@@ -53,6 +61,7 @@ def runs_table(
                 "chunks_done": snap.segments_done,
                 "epoch": snap.epoch if snap.steps_per_epoch else r.get("epoch"),
                 "error": snap.error,
+                "stop_reason": snap.stop_reason,
             }
         if r["status"] == RunStatus.DELETED.value and not include_deleted:
             continue
@@ -69,6 +78,11 @@ def runs_table(
             eval_loss=m.get("eval_loss"),
             checkpoint_dir=r.get("checkpoint_dir"),
             error=r.get("error"),
+            stop_reason=(
+                r.get("stop_reason", stops[r["run_id"]].reason if r["run_id"] in stops else None)
+                if r["status"] == RunStatus.STOPPED.value
+                else None
+            ),
         )
         rows.append(row)
     return pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *_TAIL_COLUMNS])
