@@ -12,7 +12,9 @@ from kernel_scheduler import (
     EARLY_STOPPING,
     ChunkResult,
     Decisions,
+    EarlyStop,
     EarlyStoppingPolicy,
+    NewRun,
     Op,
     OpKind,
     RunState,
@@ -180,3 +182,45 @@ def test_a_metric_nobody_logs_prunes_nothing_and_says_so(harnesses: list[Harness
     assert [h.status(r) for r in (1, 2)] == [S.COMPLETED, S.COMPLETED]
     assert len(h.rec.notes) == 1 and "logged no 'eval_accuracy'" in h.rec.notes[0]
     assert "it logged eval_loss" in h.rec.notes[0]
+
+
+class AddsOne(EarlyStoppingPolicy):
+    """Stops run 2 after its first chunk and adds a run in its place (what a search asking a new trial does)."""
+
+    def __init__(self, new: FakeSpec) -> None:
+        self.new = new
+        self.added: list[int] = []
+
+    def on_chunk(self, result: ChunkResult, runs: Sequence[RunState]) -> Decisions:
+        if result.run_id == 2 and result.chunk == 1:
+            return Decisions(
+                stops=(EarlyStop(2, 1, "replaced by a new trial"),),
+                new_runs=(NewRun(self.new, {"trial": 3}),),
+            )
+        return Decisions()
+
+    def on_added(self, run_id: int, new_run: NewRun) -> None:
+        self.added.append(run_id)
+
+    def describe(self) -> str:
+        return "AddsOne"
+
+
+def test_a_policy_may_add_a_run_that_joins_the_rotation(harnesses: list[Harness]) -> None:
+    policy = AddsOne(spec(0.5))
+    h = make(harnesses, [spec(1.0), spec(2.0)], policy)
+    assert h.sched.wait(timeout=TIMEOUT)
+    assert policy.added == [3] and h.rec.added == [(3, {"trial": 3})]
+    assert [h.status(r) for r in (1, 2, 3)] == [S.COMPLETED, S.STOPPED, S.COMPLETED]
+    assert steps_trained(h, 3) == 8 and h.fake.calls.count((3, 1)) == 1
+    snap = h.sched.run_snapshot(2)
+    assert snap is not None and snap.stop_reason == "replaced by a new trial"
+
+
+def test_a_new_run_that_cannot_be_built_fails_with_the_reason(harnesses: list[Harness]) -> None:
+    bad = FakeSpec(rows=16, batch=2, add_error="no such model")
+    h = make(harnesses, [spec(1.0), spec(2.0)], AddsOne(bad))
+    assert h.sched.wait(timeout=TIMEOUT)
+    snap = h.sched.run_snapshot(3)
+    assert snap is not None and snap.status is S.FAILED and "no such model" in (snap.error or "")
+    assert h.status(1) is S.COMPLETED
