@@ -78,7 +78,7 @@ def _group(steps: int) -> Any:
 
 def _label(leaf: Any) -> str:
     h = leaf.hparams()
-    return f"lr={h.get('learning_rate')} r={h.get('r', h.get('lora_r'))}"
+    return f"lr={h.get('learning_rate')} r={h.get('lora.r')}"
 
 
 def plain_trl(train: Any, evald: Any, steps: int, out: Path) -> dict[str, Any]:

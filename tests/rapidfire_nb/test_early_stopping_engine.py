@@ -135,3 +135,17 @@ def test_a_user_resume_of_a_pruned_run_trains_it_on(halved: dict[str, Any]) -> N
     else:
         assert after.status == "COMPLETED"
     exp.end()
+
+
+def test_after_the_kernel_the_store_still_says_why(halved: dict[str, Any]) -> None:
+    """Read back by a new Experiment object (no scheduler): the reasons come from the stored ops log."""
+    from rapidfire_nb import Experiment
+
+    before = halved["info"]
+    again = Experiment("halving", experiment_path=halved["root"])
+    info = again.get_runs_info().set_index("run_id")
+    for rid in before.index[(before.status == "STOPPED") & (before.completed_steps == 2)]:
+        assert info.loc[rid, "stop_reason"] == before.loc[rid, "stop_reason"]
+    snap = {r["run_id"]: r for r in again.panel_snapshot()["runs"]}
+    assert sum(1 for r in snap.values() if r["pruned"]) == int((info.status == "STOPPED").sum())
+    again.end()
