@@ -12,6 +12,7 @@ from rapidfire_nb.spec import LeafConfig  # the run spec the searches expand int
 from .configs import RFDPOConfig, RFGRPOConfig, RFLoraConfig, RFModelConfig, RFSFTConfig
 from .early_stopping import MedianStopping, SuccessiveHalving
 from .knobs import List, Range
+from .optuna_search import RFOptuna
 from .search import RFGridSearch, RFRandomSearch
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "RFGridSearch",
     "RFLoraConfig",
     "RFModelConfig",
+    "RFOptuna",
     "RFRandomSearch",
     "RFSFTConfig",
     "Range",

@@ -7,7 +7,7 @@ scheduler thread at chunk boundaries; see there for the rules.
 
 from __future__ import annotations
 
-import copy
+import copy as copy_module
 from typing import Any
 
 from kernel_scheduler import EarlyStoppingPolicy
@@ -68,12 +68,17 @@ class MedianStopping(_MedianStopping):
             raise ConfigError(f"MedianStopping: {exc}") from None
 
 
-def check_early_stopping(policy: Any, eval_dataset: Any) -> EarlyStoppingPolicy | None:
+def check_early_stopping(policy: Any, eval_dataset: Any, copy: bool = True) -> EarlyStoppingPolicy | None:
     """``run_fit``'s ``early_stopping`` argument, checked before anything is built.
 
+    Args:
+        policy: the argument.
+        eval_dataset: run_fit's eval dataset (an eval metric needs one).
+        copy: return a fresh copy (a policy keeps the values it recorded: one object may serve several
+            ``run_fit`` calls); False for a search that is its own policy (RFOptuna keeps its study).
+
     Returns:
-        A fresh copy of ``policy`` (a policy keeps the values it recorded: one object may serve several
-        ``run_fit`` calls), or None.
+        The policy to use, or None.
 
     Raises:
         ConfigError: not a policy, or it compares an eval metric and there is no ``eval_dataset``.
@@ -92,4 +97,4 @@ def check_early_stopping(policy: Any, eval_dataset: Any) -> EarlyStoppingPolicy 
             "eval_dataset=... (every run is evaluated at the end of each chunk), or compare a training metric "
             "such as metric='loss'"
         )
-    return copy.deepcopy(policy)
+    return copy_module.deepcopy(policy) if copy else policy

@@ -258,6 +258,7 @@ class Experiment:
                 seed,
                 checkpoint_every,
                 early_stopping,
+                self.path,
             )
             existing = check_group(
                 self.experiment_name, self.store, inputs, trained_here=self._session is not None

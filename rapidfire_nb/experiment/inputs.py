@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kernel_scheduler import EarlyStoppingPolicy
+
 from .. import schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
@@ -73,6 +75,7 @@ def check_fit_inputs(
     seed: Any,
     checkpoint_every: Any = 1,
     early_stopping: Any = None,
+    exp_dir: Any = None,
 ) -> FitInputs:
     """Check ``run_fit``'s arguments and expand the config group (nothing is built or loaded).
 
@@ -99,6 +102,14 @@ def check_fit_inputs(
             f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one"
         )
     policy = check_early_stopping(early_stopping, eval_dataset)
+    if isinstance(param_config, EarlyStoppingPolicy):  # a search that also prunes (RFOptuna)
+        if policy is not None:
+            raise ConfigError(
+                f"{type(param_config).__name__} prunes its own trials: leave early_stopping out (got {early_stopping!r})"
+            )
+        policy = check_early_stopping(param_config, eval_dataset, copy=False)
+        if exp_dir is not None and hasattr(param_config, "bind"):
+            param_config.bind(exp_dir, num_chunks)  # its study lives in the experiment folder
     specs = tuple(param_config.expand(seed))
     if not specs:
         raise ConfigError("the config group expands to no run")

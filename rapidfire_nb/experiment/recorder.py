@@ -170,6 +170,11 @@ class Recorder(SchedulerListener):
         later = self._loop_thread is not None and threading.get_ident() == self._loop_thread
         self._put(("op", op, ack, later))
 
+    def on_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
+        """A run the early-stopping policy added (a search's new trial): stored like a clone, ``source`` from
+        ``info`` (e.g. ``trial``)."""
+        self._put(("added", snap, dict(info)))
+
     def on_note(self, text: str) -> None:
         """A sentence from the early-stopping policy (e.g. a metric no run logs): printed in the cell."""
         self._put(("say", text))
@@ -310,6 +315,8 @@ class Recorder(SchedulerListener):
             self.store.beat()
         elif kind == "say":
             self.reporter.say(item[1])
+        elif kind == "added":
+            self._write_added(item[1], item[2])
         elif kind == "call":
             item[1]()
 
@@ -372,6 +379,25 @@ class Recorder(SchedulerListener):
         # said for ops whose outcome nothing else shows (no live panel with its ops log; not the API's)
         if ack.state != "queued" and op.source != "api" and later and self.reporter.wants_progress():
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
+
+    def _write_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
+        spec = snap.spec
+        self.store.upsert_run(
+            snap.run_id,
+            status=snap.status.value,
+            config=spec.to_json(),
+            hparams=spec.hparams(),
+            fingerprint=spec.fingerprint(),
+            source=str(info.get("source") or "trial"),
+            total_steps=0,
+            completed_steps=0,
+            chunks_done=0,
+            epoch=0.0,
+            samples_seen=0,
+        )
+        self.tracker.log_hparams(snap.run_id, spec.hparams())
+        if "trial" in info:
+            self.reporter.say(f"run {snap.run_id}: Optuna trial {info['trial']} joins the rotation")
 
     def _write_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:
         record_clone(self.store, child_id, parent_id, request)
