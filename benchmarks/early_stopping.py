@@ -76,6 +76,27 @@ def _group(steps: int) -> Any:
     return RFGridSearch(configs=List(configs), trainer_type="SFT")
 
 
+def _optuna_search(steps: int) -> Any:
+    """(d): the same 8-point space as List knobs, searched by RFOptuna (budget 8, 4 at once, hyperband)."""
+    from rapidfire_nb.automl import List, RFLoraConfig, RFModelConfig, RFOptuna
+
+    base = _group(steps).configs[0]
+    config = RFModelConfig(
+        model_name="tiny",
+        peft_config=List(
+            [
+                RFLoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+                for r in RANKS
+            ]
+        ),
+        training_args=type(base.training_args)(
+            **{**base.training_args.kwargs, "learning_rate": List(LEARNING_RATES)}
+        ),
+        formatting_func=_to_chat,
+    )
+    return RFOptuna(config, "SFT", n_initial=4, budget=8, pruner="hyperband", seed=SEED)
+
+
 def _label(leaf: Any) -> str:
     h = leaf.hparams()
     return f"lr={h.get('learning_rate')} r={h.get('lora.r')}"
@@ -120,13 +141,15 @@ def plain_trl(train: Any, evald: Any, steps: int, out: Path) -> dict[str, Any]:
     }
 
 
-def rapidfire(train: Any, evald: Any, steps: int, out: Path, halving: bool) -> dict[str, Any]:
-    """(b) or (c): the 8 configs in one rapidfire_nb experiment, with or without successive halving."""
+def rapidfire(
+    train: Any, evald: Any, steps: int, out: Path, halving: bool, search: Any = None
+) -> dict[str, Any]:
+    """(b), (c) or (d): one rapidfire_nb experiment, with or without successive halving (or ``search``)."""
     from rapidfire_nb import Experiment
     from rapidfire_nb.automl import SuccessiveHalving
     from rapidfire_nb.testing import tiny_create_model
 
-    exp = Experiment("es" if halving else "all", experiment_path=out)
+    exp = Experiment("optuna" if search is not None else "es" if halving else "all", experiment_path=out)
     exp.quiet = True
     policy = SuccessiveHalving(metric="eval_loss", mode="min", reduction_factor=2) if halving else None
     t0, wall0 = time.perf_counter(), time.time()
@@ -150,6 +173,7 @@ def rapidfire(train: Any, evald: Any, steps: int, out: Path, halving: bool) -> d
     best = min(finals, key=finals.__getitem__)
     pruned = ops[ops.source == "early_stopping"] if len(ops) else ops
     known = float(pruned.applied_at.max()) - wall0 if halving and len(pruned) else end
+    labels = {int(r.run_id): _label_hparams(r.config) for r in info.itertuples()}
     return {
         "known_s": known,
         "end_s": end,
@@ -157,7 +181,16 @@ def rapidfire(train: Any, evald: Any, steps: int, out: Path, halving: bool) -> d
         "winner": best,
         "final": finals[best],
         "pruned": {int(r.run_id): r.message for r in pruned.itertuples()} if halving else {},
+        "labels": labels,
     }
+
+
+def _label_hparams(config: Any) -> str:
+    import json
+
+    data = json.loads(config) if isinstance(config, str) else dict(config or {})
+    lora = data.get("lora") or {}
+    return f"lr={(data.get('training') or {}).get('learning_rate')} r={lora.get('r')}"
 
 
 def report(rows: dict[str, dict[str, Any]], labels: dict[int, str]) -> str:
@@ -170,12 +203,13 @@ def report(rows: dict[str, dict[str, Any]], labels: dict[int, str]) -> str:
         "a": "(a) sequential plain TRL",
         "b": "(b) rapidfire_nb",
         "c": "(c) rapidfire_nb + SuccessiveHalving(η=2)",
+        "d": "(d) RFOptuna(budget=8, 4 at once, hyperband)",
     }
     for key, r in rows.items():
         rel = (r["final"] - a["final"]) / a["final"] * 100
         lines.append(
             f"| {names[key]} | {r['known_s']:.1f} | {r['end_s']:.1f} | {r['steps']} ({r['steps'] / a['steps']:.2f}×) "
-            f"| run {r['winner']} ({labels[r['winner']]}) | {r['final']:.4f} | {rel:+.2f}% |"
+            f"| run {r['winner']} ({r.get('labels', labels).get(r['winner'], '?')}) | {r['final']:.4f} | {rel:+.2f}% |"
         )
     c = rows["c"]
     lines.append("")
@@ -190,6 +224,7 @@ def report(rows: dict[str, dict[str, Any]], labels: dict[int, str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=64, help="training rows (batch 4: rows/4 steps per run)")
+    parser.add_argument("--no-optuna", action="store_true", help="leave out (d) RFOptuna")
     ns = parser.parse_args()
     steps = ns.rows // 4
     train, evald = _data(ns.rows, 0), _data(16, 1)
@@ -201,6 +236,8 @@ def main() -> None:
             "b": rapidfire(train, evald, steps, out, halving=False),
             "c": rapidfire(train, evald, steps, out, halving=True),
         }
+        if not ns.no_optuna:
+            rows["d"] = rapidfire(train, evald, steps, out, halving=True, search=_optuna_search(steps))
     print(report(rows, labels))
     for rid, message in sorted(rows["c"]["pruned"].items()):
         print(f"  run {rid} ({labels[rid]}): {message}")
