@@ -1,11 +1,22 @@
 """kernel_scheduler: the pure scheduling core of rapidfire_nb (standard library only, no torch).
 
-Run states and their legal transitions, chunk maths, the fairness policy, IC Op rules and the loop
-thread that drives an :class:`Executor`.
+Run states and their legal transitions, chunk maths, the fairness policy, IC Op rules, early-stopping policies
+(successive halving and median stopping on chunk rungs) and the loop thread that drives an :class:`Executor`.
 """
 
 from .arbiter import DEFAULT_DEVICE, DeviceArbiter, Lease, device_arbiter
 from .chunks import ChunkPlan, ChunkPlanError, plan_chunks
+from .early_stopping import (
+    EARLY_STOPPING,
+    ChunkResult,
+    Decisions,
+    EarlyStop,
+    EarlyStoppingPolicy,
+    MedianStopping,
+    NewRun,
+    RunState,
+    SuccessiveHalving,
+)
 from .executor import Executor, RunStart, SegmentResult
 from .loop import RunSnapshot, Scheduler, SchedulerListener
 from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide, expected_status, new_op_id
@@ -20,6 +31,15 @@ __all__ = [
     "ChunkPlan",
     "ChunkPlanError",
     "plan_chunks",
+    "EARLY_STOPPING",
+    "ChunkResult",
+    "Decisions",
+    "EarlyStop",
+    "EarlyStoppingPolicy",
+    "MedianStopping",
+    "NewRun",
+    "RunState",
+    "SuccessiveHalving",
     "Executor",
     "RunStart",
     "SegmentResult",

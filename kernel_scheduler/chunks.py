@@ -169,6 +169,14 @@ class ChunkPlan:
         epochs, within = divmod(step, self.steps_per_epoch)
         return epochs * self.rows_per_epoch + min(within * self.rows_per_step, self.rows_per_epoch)
 
+    def chunks_at(self, segments: int) -> int:
+        """Chunks done over all epochs once ``segments`` segments are complete (``(epoch - 1) * K + chunk`` of the
+        last one's label; a segment merged by ``step_multiple`` counts the chunks it covers). 0 for 0 segments."""
+        if segments <= 0:
+            return 0
+        epoch, chunk = self.label(segments - 1)
+        return (epoch - 1) * self.num_chunks + chunk
+
     def epoch_at(self, step: int) -> float:
         """Fractional epoch after ``step`` optimizer steps (TRL's ``epoch`` convention)."""
         return step / self.steps_per_epoch

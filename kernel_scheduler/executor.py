@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .chunks import ChunkPlan
@@ -21,12 +22,15 @@ class SegmentResult:
         samples_seen: training rows consumed.
         finished: True when the run made its last step.
         error: the error text when the run failed (the run is then FAILED).
+        metrics: the metrics the run logged during the segment, latest value per name (TRL's names, e.g. the
+            chunk-end ``eval_loss``); what early-stopping policies compare.
     """
 
     step: int
     samples_seen: int
     finished: bool = False
     error: str | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -20,6 +20,14 @@ from typing import Any
 
 from .arbiter import DeviceArbiter, Lease, device_arbiter
 from .chunks import ChunkPlan
+from .early_stopping import (
+    EARLY_STOPPING,
+    ChunkResult,
+    EarlyStoppingPolicy,
+    NewRun,
+    PolicyDriver,
+    RunState,
+)
 from .executor import Executor, RunStart, SegmentResult
 from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
@@ -45,6 +53,9 @@ class RunSnapshot:
         parent_id / warm_start: set for clones.
         error: the failure text for FAILED runs (or a rejected warm start).
         spec: the run's config object (opaque to the scheduler).
+        stop_reason: why a STOPPED run stopped: the early-stopping policy's reason (``"pruned at chunk 2/8:
+            ..."``) or ``"stopped by the user (panel)"``; None for a run that is not STOPPED.
+        pruned: True when the early-stopping policy stopped it (and nobody resumed it since).
     """
 
     run_id: int
@@ -61,6 +72,8 @@ class RunSnapshot:
     error: str | None
     spec: Any
     steps_per_epoch: int = 0
+    stop_reason: str | None = None
+    pruned: bool = False
 
     @property
     def epoch(self) -> float:
@@ -84,6 +97,12 @@ class SchedulerListener:
     def on_heartbeat(self) -> None:
         """Called at every loop turn (at most ~1/s while idle)."""
 
+    def on_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
+        """The early-stopping policy added a run mid-experiment (a search's new trial); ``info`` says what it is."""
+
+    def on_note(self, text: str) -> None:
+        """A sentence for the user from the early-stopping policy (e.g. a metric no run logs)."""
+
 
 @dataclass
 class _Run:
@@ -101,6 +120,11 @@ class _Run:
     fixed_total: int = 0  # total steps of a finished run registered without a plan
     pending: bool = False  # a clone whose op is not applied yet
     waiting_clone: Op | None = None  # a warm clone waiting for its parent's first boundary
+    pruned: bool = False  # its latest stop came from the early-stopping policy
+    stop_reason: str | None = None  # why it is STOPPED (the policy's reason or who stopped it)
+    exempt_through: int = (
+        0  # the user resumed it after the policy stopped it at this chunk: not judged up to it
+    )
 
     def position(self) -> tuple[int, int]:
         if self.plan is None:
@@ -141,6 +165,7 @@ class Scheduler:
         first_run_id: int = 1,
         arbiter: DeviceArbiter | None = None,
         owner: str = "",
+        early_stopping: EarlyStoppingPolicy | None = None,
     ) -> None:
         self._executor = executor
         # the device is shared with every other scheduler of the process: a lease is held while a segment
@@ -179,6 +204,12 @@ class Scheduler:
         self._at_boundary: list[Callable[[], None]] = []
         self._loop_error: str | None = None
         self._halted: str | None = None  # why training stopped for good (halt()); None while it goes on
+        # the early-stopping policy, asked at chunk boundaries (its stops are ops from source "early_stopping")
+        self._stopper = (
+            PolicyDriver(early_stopping, self.submit, self._add_new_run, self._note)
+            if early_stopping is not None
+            else None
+        )
         self.on_thread_start: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ setup
@@ -192,6 +223,9 @@ class Scheduler:
         warm_start: bool = False,
         error: str | None = None,
         progress: tuple[int, int, int, int] | None = None,
+        pruned: bool = False,
+        exempt_through: int = 0,
+        stop_reason: str | None = None,
     ) -> None:
         """Register a run before :meth:`start` (prepared synchronously through the executor).
 
@@ -201,6 +235,10 @@ class Scheduler:
             start: an already known start (restored runs); else ``executor.add_run`` is called.
             status: initial status (restored runs may be STOPPED, COMPLETED, ...).
             progress: for a finished run shown from the store: ``(step, total_steps, chunks_done, samples_seen)``.
+            pruned: its latest stop came from the early-stopping policy (a user's resume then exempts it).
+            exempt_through: the user resumed it after the policy stopped it after this many chunks: the policy
+                does not stop it again at a rung up to there (later rungs judge it like any run).
+            stop_reason: why a STOPPED run stopped (shown as :attr:`RunSnapshot.stop_reason`).
 
         Raises:
             RuntimeError: after start. Whatever ``executor.add_run`` raises (bad input).
@@ -210,7 +248,15 @@ class Scheduler:
         if start is None and not status.is_finished():
             start = self._executor.add_run(run_id, spec)
         run = _Run(
-            run_id=run_id, spec=spec, status=status, parent_id=parent_id, warm_start=warm_start, error=error
+            run_id=run_id,
+            spec=spec,
+            status=status,
+            parent_id=parent_id,
+            warm_start=warm_start,
+            error=error,
+            pruned=pruned,
+            exempt_through=exempt_through,
+            stop_reason=stop_reason if status is RunStatus.STOPPED else None,
         )
         if start is not None:
             run.plan, run.step, run.segments_done, run.samples_seen = (
@@ -493,6 +539,7 @@ class Scheduler:
                 return
             self._flush_boundary()
             self._resolve_waiting_clones()
+            self._consult()  # a run left the rotation: a rung may be decided now
             with self._lock:
                 run_id = self._choose()
                 if run_id is None:
@@ -557,6 +604,7 @@ class Scheduler:
         with self._lock:
             self._current = None
             run = self._runs[run_id]
+            before = run.segments_done
             run.step = res.step
             run.samples_seen = res.samples_seen
             if run.plan is not None:
@@ -576,6 +624,7 @@ class Scheduler:
         for op in deferred:
             self._apply(op)
         self._flush_boundary()
+        self._consult(run, res, before)  # early stopping: its stops apply before another chunk starts
         self._release_device()  # another experiment's segment may train now; the next turn asks again
         self._poll_inbox()
         with self._changed:
@@ -685,13 +734,22 @@ class Scheduler:
         with self._lock:
             run = self._runs[op.run_id]
         if op.kind is OpKind.STOP:
+            by_policy = op.source == EARLY_STOPPING
+            why = str(op.payload.get("reason") or "") if by_policy else ""
             with self._lock:
                 self._set_status(run, RunStatus.STOPPED)
+                run.pruned = by_policy
+                run.stop_reason = why or (
+                    "stopped by early stopping" if by_policy else f"stopped by the user ({op.source})"
+                )
             self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.STOPPED.value))
-            self._resolved(op, f"run {run.run_id} stopped at step {run.step}")
+            self._resolved(op, f"run {run.run_id} stopped at step {run.step}" + (f": {why}" if why else ""))
         elif op.kind is OpKind.RESUME:
             with self._lock:
                 self._set_status(run, RunStatus.ONGOING)
+                if run.pruned and op.source != EARLY_STOPPING:  # the user's own op wins over the policy
+                    run.exempt_through = self._chunks(run, run.segments_done)
+                run.pruned, run.stop_reason = False, None
             self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.ONGOING.value))
             self._resolved(op, f"run {run.run_id} resumed from step {run.step}")
         elif op.kind is OpKind.DELETE:
@@ -784,6 +842,93 @@ class Scheduler:
                 child.waiting_clone = None
                 self._apply_clone_or_reject(op)
 
+    # ------------------------------------------------------------------ early stopping (scheduler thread)
+    def early_stopping_progress(self) -> dict[str, Any] | None:
+        """What the early-stopping policy reports for the panel header (None without one). Any thread."""
+        return self._stopper.progress() if self._stopper is not None else None
+
+    def _consult(self, run: _Run | None = None, res: SegmentResult | None = None, before: int = 0) -> None:
+        """Ask the early-stopping policy: ``run``'s finished chunk (``res``), then the runs that changed; its stop
+        ops are applied here, before another chunk starts."""
+        stopper = self._stopper
+        if stopper is None or self._halted is not None:
+            return
+        if run is not None and res is not None and res.error is None and run.plan is not None:
+            if run.segments_done > before:
+                chunk = run.plan.chunks_at(run.segments_done)
+                final = run.status is RunStatus.COMPLETED
+                stopper.chunk(ChunkResult(run.run_id, chunk, res.metrics, final), self._run_states())
+        stopper.review(self._run_states())
+        self._drain_commands()
+        self._flush_boundary()
+
+    def _run_states(self) -> list[RunState]:
+        """Every run as the early-stopping policy sees it (chunks counted over all epochs)."""
+
+        chunks = self._chunks
+        with self._lock:
+            return [
+                RunState(
+                    r.run_id,
+                    r.status,
+                    chunks(r, r.segments_done),
+                    chunks(r, r.plan.num_segments) if r.plan is not None else 0,
+                    exempt=any(o.source != EARLY_STOPPING for o in self._open.get(r.run_id, ())),
+                    exempt_through=r.exempt_through,
+                )
+                for r in sorted(self._runs.values(), key=lambda r: r.run_id)
+            ]
+
+    @staticmethod
+    def _chunks(r: _Run, segments: int) -> int:
+        return r.plan.chunks_at(segments) if r.plan is not None else segments
+
+    def _add_new_run(self, new: NewRun) -> int:
+        """Register ``new`` mid-experiment (a search's new trial): NEW at once, built once no segment runs, then
+        it joins the rotation like a cold clone (a build that fails makes it FAILED with the reason)."""
+        with self._lock:
+            run_id = self._next_id
+            self._next_id += 1
+            run = _Run(run_id=run_id, spec=new.spec, pending=True)
+            self._runs[run_id] = run
+            self._busy = True
+            snap = self._snap(run)
+        try:
+            self._listener.on_added(snap, dict(new.info))
+        except Exception:
+            log.exception("listener.on_added failed")
+        self._when_free(partial(self._build_new_run, run))
+        return run_id
+
+    def _build_new_run(self, run: _Run) -> None:
+        if run.status is RunStatus.DELETED:  # deleted before it was built
+            run.pending = False
+            return
+        try:
+            start = self._executor.add_run(run.run_id, run.spec)
+        except Exception as exc:
+            with self._lock:
+                run.pending = False
+                run.error = f"{type(exc).__name__}: {exc}"
+                self._set_status(run, RunStatus.FAILED)
+            self._emit(run)
+            return
+        with self._lock:
+            run.plan, run.step, run.segments_done, run.samples_seen = (
+                start.plan,
+                start.step,
+                start.segments_done,
+                start.samples_seen,
+            )
+            run.pending = False
+        self._emit(run)
+
+    def _note(self, text: str) -> None:
+        try:
+            self._listener.on_note(text)
+        except Exception:
+            log.exception("listener.on_note failed")
+
     def _set_status(self, run: _Run, new: RunStatus) -> None:
         check_transition(run.status, new)
         run.status = new
@@ -862,6 +1007,8 @@ class Scheduler:
             error=r.error,
             spec=r.spec,
             steps_per_epoch=r.plan.steps_per_epoch if r.plan else 0,
+            stop_reason=r.stop_reason if r.status is RunStatus.STOPPED else None,
+            pruned=r.pruned and r.status is RunStatus.STOPPED,
         )
 
     # test helper

@@ -189,11 +189,12 @@ _STATUS_FIRST = ["status", "loss", "eval_loss", "step", "chunks_done", "epoch"]
 
 def _status(exp: Any) -> Any:
     """``get_runs_info()`` for reading: indexed by run id, metrics first, steps as ``done/total``, no config
-    or checkpoint path (the API's table has them), the error column only when a run failed."""
+    or checkpoint path (the API's table has them), the error / stop_reason columns only when a run failed / stopped."""
     df = exp.get_runs_info()
     df = df.drop(columns=["config", "checkpoint_dir"], errors="ignore")
-    if "error" in df.columns and df["error"].isna().all():
-        df = df.drop(columns=["error"])
+    for col in ("error", "stop_reason"):  # shown only when a run failed / was stopped
+        if col in df.columns and df[col].isna().all():
+            df = df.drop(columns=[col])
     if {"completed_steps", "total_steps"} <= set(df.columns):
         df.insert(
             1, "step", [f"{int(c or 0)}/{int(t or 0)}" for c, t in zip(df.completed_steps, df.total_steps)]

@@ -315,6 +315,12 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
                 f'<tr><td colspan="{len(heads)}" style="{_TD};white-space:normal;color:{_STATUS["FAILED"]}">'
                 f"run {_e(run['run_id'])} failed: {_e(run['error'])}</td></tr>"
             )
+        elif status == "STOPPED" and run.get("pruned") and run.get("stop_reason"):
+            rows.append(
+                f'<tr data-pruned-for="{_e(run["run_id"])}"><td colspan="{len(heads)}" style="{_TD};'
+                f'white-space:normal;color:{_MUTED}">run {_e(run["run_id"])} ✂ early stopping: '
+                f"{_e(run['stop_reason'])}</td></tr>"
+            )
     return (
         '<div style="overflow-x:auto;border:1px solid rgba(128,128,128,0.3);border-radius:6px;margin:6px 0">'
         f'<table style="border-collapse:collapse;width:100%;margin:0;font-size:12px;color:inherit"><thead><tr>{head}</tr></thead>'

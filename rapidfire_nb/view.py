@@ -22,11 +22,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from kernel_scheduler import OpKind, PendingOp, RunSnapshot, RunStatus, decide
 
 from .clock import CLOCK_META_KEY, is_training, progress_stats, training_seconds
+from .stops import StopInfo, stop_history
 from .view_text import (
     best_run,
     chunk_line,
@@ -110,6 +112,11 @@ class StoreRows:
     runs: Sequence[Mapping[str, Any]]
     latest: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     ops: Sequence[Mapping[str, Any]] = ()
+
+    @cached_property
+    def stops(self) -> Mapping[int, StopInfo]:
+        """Run id -> why it stopped (:func:`rapidfire_nb.stops.stop_history` of :attr:`ops`)."""
+        return stop_history(self.ops)
 
     @classmethod
     def read(cls, store: _Store) -> StoreRows:
@@ -386,11 +393,21 @@ def _run_entry(
         "loss": latest.get("loss"),
         "eval_loss": latest.get("eval_loss"),
         "error": snap.error if snap is not None else row.get("error"),
+        **_stop_fields(rows.stops.get(run_id), snap, status),
         "parent_id": row.get("parent_id"),
         "warm_start": bool(row.get("warm_start")),
         "legal_ops": legal_ops(status, accepting=accepting, pending=pending),
         "op_hints": op_hints(status, closed=closed, pending=pending),
     }
+
+
+def _stop_fields(stop: StopInfo | None, snap: RunSnapshot | None, status: str) -> dict[str, Any]:
+    """``stop_reason`` (why a STOPPED run stopped, else None) and ``pruned`` (the early-stopping policy did it)."""
+    if status != RunStatus.STOPPED.value:
+        return {"stop_reason": None, "pruned": False}
+    if snap is not None:
+        return {"stop_reason": snap.stop_reason, "pruned": snap.pruned}
+    return {"stop_reason": stop.reason if stop else None, "pruned": bool(stop and stop.pruned)}
 
 
 def _common(

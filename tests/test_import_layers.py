@@ -39,6 +39,7 @@ RANKS: dict[str, int] = {
     "rapidfire_nb.wire": 0,
     "rapidfire_nb.redact": 0,
     "rapidfire_nb.clock": 1,
+    "rapidfire_nb.stops": 1,
     "rapidfire_nb.view_text": 2,
     "rapidfire_nb.schema": 1,
     "rapidfire_nb.paths": 1,

@@ -13,7 +13,8 @@ import { DEFAULT_METRICS } from "./format.js";
 /**
  * @typedef {{run_id: number, status: string, on_device: boolean, hparams: Record<string, any>,
  *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number, epoch?: number,
- *   samples_seen: number, loss: number|null, eval_loss: number|null, error: string|null, parent_id: number|null,
+ *   samples_seen: number, loss: number|null, eval_loss: number|null, error: string|null, stop_reason?: string|null, pruned?: boolean,
+ *   parent_id: number|null,
  *   warm_start: boolean, legal_ops: string[], op_hints?: Record<string, string>,
  *   editable?: Record<string, any>}} Run
  * @typedef {{op_id: string, run_id: number, kind: string, state: string, message: string,

@@ -5,7 +5,8 @@
  * metric highlighted, each run's full config on demand, and the clone form (it warns when the clone would
  * repeat an existing run's config). Keeps its DOM nodes across redraws (focus in a clone form survives).
  *
- * Test hooks: tr[data-run-id][data-status][data-on-device][data-best], tr[data-error-for], tr[data-config-for],
+ * Test hooks: tr[data-run-id][data-status][data-on-device][data-best][data-pruned], tr[data-error-for] (a failure
+ * or, with class rf-pruned-row, why early stopping pruned the run), tr[data-config-for],
  * th[data-sort-key][aria-sort], button[data-op], button[data-config], form[data-clone-form],
  * [data-clone-warning].
  */
@@ -28,6 +29,18 @@ import { isPending, visibleRuns } from "./state.js";
  */
 
 const OP_LABEL = { stop: "Stop", resume: "Resume", delete: "Delete", clone: "Clone…" };
+
+/**
+ * The line under a run's row: why it failed, or why early stopping pruned it (a distinct style), else null.
+ * @param {Run} run @returns {{label: string, text: string, pruned: boolean}|null}
+ */
+function noteOf(run) {
+  if (run.status === "FAILED" && run.error) return { label: `run ${run.run_id} failed: `, text: run.error, pruned: false };
+  if (run.status === "STOPPED" && run.pruned && run.stop_reason) {
+    return { label: `run ${run.run_id} ✂ early stopping: `, text: run.stop_reason, pruned: true };
+  }
+  return null;
+}
 const svg = (/** @type {string} */ body) => `<svg viewBox="0 0 16 16" width="13" height="13" fill="none" ` +
   `stroke="currentColor" stroke-width="1.5" stroke-linecap="round" stroke-linejoin="round">${body}</svg>`;
 const OP_ICON = {
@@ -78,7 +91,7 @@ export class RunTable {
       if (!row) { row = this.makeRow(run, cols); this.rows.set(run.run_id, row); }
       this.updateRow(row, run, cols);
       wanted.push(row.tr);
-      if (run.status === "FAILED" && run.error) wanted.push(row.errorTr);
+      if (noteOf(run)) wanted.push(row.errorTr);
       for (const extra of [row.configTr, row.formTr]) {
         if (!extra) continue;
         /** @type {HTMLElement} */ (extra.firstElementChild).setAttribute("colspan", String(this.colCount()));
@@ -176,12 +189,15 @@ export class RunTable {
     setText(cells.eval, fmtMetric(run.eval_loss));
     setText(cells.samples, fmtInt(run.samples_seen));
     this.updateButtons(row, run);
-    if (run.status === "FAILED" && run.error) {
+    row.tr.toggleAttribute("data-pruned", Boolean(run.pruned && run.status === "STOPPED"));
+    const note = noteOf(run);
+    if (note) {
       const cell = /** @type {HTMLElement} */ (row.errorTr.firstElementChild);
       cell.setAttribute("colspan", String(this.colCount()));
-      if (cell.textContent !== `run ${run.run_id} failed: ${run.error}`) {
-        setKids(cell, h("span", { class: "rf-error-label", text: `run ${run.run_id} failed: ` }),
-          h("span", { class: "rf-error-text", text: run.error }));
+      row.errorTr.classList.toggle("rf-pruned-row", note.pruned);
+      if (cell.textContent !== note.label + note.text) {
+        setKids(cell, h("span", { class: "rf-error-label", text: note.label }),
+          h("span", { class: "rf-error-text", text: note.text }));
       }
     }
     if (row.configTr) this.fillConfig(row.configTr, run);

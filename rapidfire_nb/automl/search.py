@@ -134,7 +134,7 @@ class _Search:
     def __init__(self, configs: Any, trainer_type: str) -> None:
         self.trainer_type: str = schema.normalize_trainer_type(trainer_type)
         self.configs: list[RFModelConfig] = _normalize_configs(configs)
-        _check_group(self.configs, self.trainer_type, allow_range=isinstance(self, RFRandomSearch))
+        _check_group(self.configs, self.trainer_type, allow_range=not isinstance(self, RFGridSearch))
 
     def expand(self, seed: int = 42) -> list[LeafConfig]:  # pragma: no cover - overridden
         raise NotImplementedError

@@ -180,6 +180,7 @@ class Experiment:
         background: bool | None = None,
         checkpoint_every: int = 1,
         eval_generation_samples: int | None = None,
+        early_stopping: Any = None,
     ) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
@@ -205,6 +206,10 @@ class Experiment:
                 every evaluation, for this many eval rows: a fixed sample drawn with ``seed``, the same rows for
                 every run (default None: every eval row). Their metrics are logged as ``eval_<name>`` with
                 ``eval_generation_seconds`` (seconds spent generating).
+            early_stopping: stop the losers at chunk boundaries, e.g. ``SuccessiveHalving(metric="eval_loss",
+                mode="min", reduction_factor=2, grace_chunks=1)`` or ``MedianStopping(...)`` from
+                ``rapidfire_nb.automl``; its stops are IC Ops from source ``early_stopping`` with the reason
+                (``get_runs_info()``'s ``stop_reason``), and a pruned run stays resumable. None: no early stopping.
 
         In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
         goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
@@ -224,6 +229,7 @@ class Experiment:
                 "background": background,
                 "checkpoint_every": checkpoint_every,
                 "eval_generation_samples": eval_generation_samples,
+                "early_stopping": early_stopping,
             },
         )
 

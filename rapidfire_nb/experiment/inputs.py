@@ -12,7 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kernel_scheduler import EarlyStoppingPolicy
+
 from .. import schema
+from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
 
 __all__ = [
@@ -40,6 +43,7 @@ class FitInputs:
         num_chunks: chunks per epoch; seed: the experiment seed.
         checkpoint_every: write boundary checkpoints every this many chunks.
         eval_generation_samples: eval rows generated for by runs that evaluate by generating (None: all).
+        early_stopping: the early-stopping policy (a fresh copy of the one given), or None.
     """
 
     specs: tuple[Any, ...]
@@ -52,6 +56,7 @@ class FitInputs:
     seed: int
     checkpoint_every: int = 1
     eval_generation_samples: int | None = None
+    early_stopping: Any = None
 
     def meta(self) -> dict[str, Any]:
         """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against)."""
@@ -73,6 +78,8 @@ def check_fit_inputs(
     seed: Any,
     checkpoint_every: Any = 1,
     eval_generation_samples: Any = None,
+    early_stopping: Any = None,
+    exp_dir: Any = None,
 ) -> FitInputs:
     """Check ``run_fit``'s arguments and expand the config group (nothing is built or loaded).
 
@@ -107,6 +114,15 @@ def check_fit_inputs(
             f"param_config must be RFGridSearch(configs=..., trainer_type=...) or RFRandomSearch(...), got "
             f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one"
         )
+    policy = check_early_stopping(early_stopping, eval_dataset)
+    if isinstance(param_config, EarlyStoppingPolicy):  # a search that also prunes (RFOptuna)
+        if policy is not None:
+            raise ConfigError(
+                f"{type(param_config).__name__} prunes its own trials: leave early_stopping out (got {early_stopping!r})"
+            )
+        policy = check_early_stopping(param_config, eval_dataset, copy=False)
+        if exp_dir is not None and hasattr(param_config, "bind"):
+            param_config.bind(exp_dir, num_chunks)  # its study lives in the experiment folder
     specs = tuple(param_config.expand(seed))
     if not specs:
         raise ConfigError("the config group expands to no run")
@@ -121,6 +137,7 @@ def check_fit_inputs(
         seed=seed,
         checkpoint_every=checkpoint_every,
         eval_generation_samples=eval_generation_samples,
+        early_stopping=policy,
     )
 
 

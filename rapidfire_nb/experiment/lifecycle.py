@@ -62,7 +62,7 @@ def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> Non
         exp: the experiment.
         fit_args: ``(param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed)``.
         options: ``num_gpus``, ``monte_carlo_simulations``, ``background``, ``checkpoint_every``,
-            ``eval_generation_samples``.
+            ``eval_generation_samples``, ``early_stopping``.
 
     Raises:
         ConfigError: bad input, before any training starts.
@@ -83,7 +83,11 @@ def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> Non
         if not held_before and exp._session is None:
             settle_orphan(exp._lock, exp.store)  # its writer may have died since this opened it read-only
         inputs = check_fit_inputs(
-            *fit_args, options["checkpoint_every"], options.get("eval_generation_samples")
+            *fit_args,
+            checkpoint_every=options["checkpoint_every"],
+            eval_generation_samples=options.get("eval_generation_samples"),
+            early_stopping=options.get("early_stopping"),
+            exp_dir=exp.path,
         )
         existing = check_group(exp.experiment_name, exp.store, inputs, trained_here=exp._session is not None)
         if existing is None:

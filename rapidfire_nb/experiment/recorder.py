@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus, SchedulerListener
+from kernel_scheduler import EARLY_STOPPING, Op, OpAck, OpKind, RunSnapshot, RunStatus, SchedulerListener
 
 from .._priority import lower_thread_priority
 from ..clock import CLOCK_META_KEY, TrainingClock
@@ -175,6 +175,15 @@ class Recorder(SchedulerListener):
         # an outcome the scheduler thread decides later (the submitter already got the immediate answer, its ack)
         later = self._loop_thread is not None and threading.get_ident() == self._loop_thread
         self._put(("op", op, ack, later))
+
+    def on_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
+        """A run the early-stopping policy added (a search's new trial): stored like a clone, ``source`` from
+        ``info`` (e.g. ``trial``)."""
+        self._put(("added", snap, dict(info)))
+
+    def on_note(self, text: str) -> None:
+        """A sentence from the early-stopping policy (e.g. a metric no run logs): printed in the cell."""
+        self._put(("say", text))
 
     def on_metrics(self, run_id: int, step: int, samples_seen: int, logs: Mapping[str, Any]) -> None:
         """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows), from its training thread."""
@@ -320,6 +329,10 @@ class Recorder(SchedulerListener):
             self.store.upsert_run(item[1], checkpoint_dir=item[2])
         elif kind == "beat":
             self.store.beat()
+        elif kind == "say":
+            self.reporter.say(item[1])
+        elif kind == "added":
+            self._write_added(item[1], item[2])
         elif kind == "call":
             item[1]()
         elif kind == "track":
@@ -379,6 +392,10 @@ class Recorder(SchedulerListener):
         if not added:
             applied_at = time.time() if ack.state != "queued" else None
             self.store.update_op(op.op_id, ack.state, ack.message, applied_at=applied_at)
+        if op.source == EARLY_STOPPING and op.kind is OpKind.STOP and ack.state == "applied":
+            # like a failure, said under a live panel too: "run 8 pruned at chunk 1/8: eval_loss 2.71 not in ..."
+            self.reporter.say(f"run {op.run_id} {op.payload.get('reason') or 'stopped by early stopping'}")
+            return
         # said for ops whose outcome nothing else shows (no live panel with its ops log; not the API's)
         if ack.state != "queued" and op.source != "api" and later and self.reporter.wants_progress():
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
@@ -392,6 +409,25 @@ class Recorder(SchedulerListener):
             self.tracker.start_run(run, status.value)
         for run_id, step in continued.items():
             self.tracker.continue_from(run_id, step)
+
+    def _write_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
+        spec = snap.spec
+        self.store.upsert_run(
+            snap.run_id,
+            status=snap.status.value,
+            config=spec.to_json(),
+            hparams=spec.hparams(),
+            fingerprint=spec.fingerprint(),
+            source=str(info.get("source") or "trial"),
+            total_steps=0,
+            completed_steps=0,
+            chunks_done=0,
+            epoch=0.0,
+            samples_seen=0,
+        )
+        self.tracker.log_hparams(snap.run_id, spec.hparams())
+        if "trial" in info:
+            self.reporter.say(f"run {snap.run_id}: Optuna trial {info['trial']} joins the rotation")
 
     def _write_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:
         record_clone(self.store, child_id, parent_id, request)

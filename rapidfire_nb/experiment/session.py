@@ -56,6 +56,7 @@ class FitSession:
         inputs: the checked ``run_fit`` arguments.
         started_at: unix seconds when training started.
         continued: run id -> the step it continues from (runs restored from a checkpoint).
+        stops: run id -> why it stopped, from the stored ops log (read as the session is built).
     """
 
     scheduler: Scheduler
@@ -66,6 +67,7 @@ class FitSession:
     store: Any
     started_at: float = field(default_factory=time.time)
     continued: dict[int, int] = field(default_factory=dict)
+    stops: dict[int, Any] = field(default_factory=dict)
     _halt_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property

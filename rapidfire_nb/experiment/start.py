@@ -16,6 +16,7 @@ from kernel_scheduler import RunStatus, Scheduler, device_arbiter
 
 from ..errors import ExperimentError
 from ..run_folder import run_dir
+from ..stops import StopInfo, stop_history
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs, column_names
 from .recorder import Recorder
@@ -139,9 +140,14 @@ def open_session(
     )
     late["executor"] = executor
     scheduler = Scheduler(
-        executor, listener=recorder, arbiter=device_arbiter(), owner=f"experiment {exp_dir.name!r}"
+        executor,
+        listener=recorder,
+        arbiter=device_arbiter(),
+        owner=f"experiment {exp_dir.name!r}",
+        early_stopping=inputs.early_stopping,
     )
     session = FitSession(scheduler, executor, recorder, tracker, inputs, store)
+    session.stops = stop_history(store.ops())
     late["session"] = session
     recorder.on_storage_error = session.storage_failed
     resumed: list[str] = []
@@ -268,6 +274,7 @@ def _register(
         session.store.upsert_run(run_id, status=RunStatus.FAILED.value, error=plan.error)
         return
     start = session.executor.add_run(run_id, spec, resume_from=plan.checkpoint)
+    stops = session.stops.get(run_id, StopInfo())  # a pruned run stays pruned; a user's resume stays exempt
     sched.add_run(
         run_id,
         spec,
@@ -275,6 +282,9 @@ def _register(
         status=plan.status,
         parent_id=prior.get("parent_id") if prior else None,
         warm_start=bool(prior.get("warm_start")) if prior else False,
+        pruned=stops.pruned,
+        exempt_through=stops.exempt_through,
+        stop_reason=stops.reason,
     )
     if prior is not None:
         _continue_from(session, plan, start, resumed, reporter)

@@ -11,6 +11,8 @@ from typing import Any
 
 from kernel_scheduler import RunSnapshot, RunStatus
 
+from ..stops import stop_history
+
 __all__ = ["ops_table", "results_table", "runs_table"]
 
 _PROGRESS_COLUMNS = ["completed_steps", "total_steps", "chunks_done", "epoch", "loss", "eval_loss"]
@@ -20,11 +22,15 @@ def runs_table(
     store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[str], include_deleted: bool
 ) -> Any:
     """``get_runs_info()``: columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
-    chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error``.
+    chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason``.
 
     The generation metrics are those in the store's meta ``eval_metric_names`` (``compute_metrics``' values of
     runs that evaluate by generating, e.g. ``eval_rougeL``; GRPO's ``eval_reward`` and
     ``eval_rewards/<function>/mean``): each run's latest value, missing (NaN) where a run logged none.
+
+    ``stop_reason`` says why a STOPPED run stopped: the early-stopping policy's reason (``"pruned at chunk 2/8:
+    eval_loss 2.71 not in the best 4 of 8 at this rung (cutoff 2.43)"``) or ``"stopped by the user (panel)"``;
+    None for the other statuses.
 
     Args:
         live: the scheduler's snapshots by run id (empty when nothing trains in this process).
@@ -35,6 +41,7 @@ def runs_table(
 
     generated = [str(n) for n in store.get_meta("eval_metric_names", []) or [] if n not in _PROGRESS_COLUMNS]
     latest = store.latest_metrics(["loss", "eval_loss", *generated])
+    stops = stop_history(store.ops())
     cols = list(store.get_meta("hparam_columns", []) or [])
     cols += [c for c in columns if c not in cols]
     rows = []
@@ -49,6 +56,7 @@ def runs_table(
                 "chunks_done": snap.segments_done,
                 "epoch": snap.epoch if snap.steps_per_epoch else r.get("epoch"),
                 "error": snap.error,
+                "stop_reason": snap.stop_reason,
             }
         if r["status"] == RunStatus.DELETED.value and not include_deleted:
             continue
@@ -66,8 +74,13 @@ def runs_table(
         )
         row.update({name: m.get(name) for name in generated})
         row.update(checkpoint_dir=r.get("checkpoint_dir"), error=r.get("error"))
+        row["stop_reason"] = (
+            r.get("stop_reason", stops[r["run_id"]].reason if r["run_id"] in stops else None)
+            if r["status"] == RunStatus.STOPPED.value
+            else None
+        )
         rows.append(row)
-    tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error"]
+    tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
     return pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *tail])
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from kernel_scheduler import (
     ChunkPlan,
     DeviceArbiter,
+    EarlyStoppingPolicy,
     Executor,
     Op,
     OpAck,
@@ -47,6 +48,9 @@ class FakeSpec:
         fail_at_step: the segment that would reach this step fails (SegmentResult.error).
         add_error: ``add_run`` raises ValueError with this text.
         hparams: the hyperparameters a panel shows for the run (not compared, not hashed).
+        curve: the value of ``metric`` the run logs at the end of its 1st, 2nd, ... segment (a segment past the
+            curve's end logs nothing); what early-stopping policies read.
+        metric: the name ``curve`` is logged under.
     """
 
     rows: int = 16
@@ -56,6 +60,12 @@ class FakeSpec:
     fail_at_step: int | None = None
     add_error: str | None = None
     hparams: dict[str, Any] = field(default_factory=dict, compare=False)
+    curve: tuple[float, ...] = ()
+    metric: str = "eval_loss"
+
+    def metrics_at(self, segments: int) -> dict[str, float]:
+        """What the run logs in its ``segments``-th segment (``{metric: curve[segments - 1]}`` or nothing)."""
+        return {self.metric: self.curve[segments - 1]} if 0 < segments <= len(self.curve) else {}
 
     def plan(self, num_chunks: int) -> ChunkPlan:
         spe = math.ceil(self.rows / self.batch)
@@ -246,7 +256,10 @@ class FakeExecutor(Executor):
                 self.steps[run_id] = stop
                 self.last_boundary[run_id] = stop
                 res = SegmentResult(
-                    step=stop, samples_seen=plan.samples_seen(stop), finished=stop >= plan.total_steps
+                    step=stop,
+                    samples_seen=plan.samples_seen(stop),
+                    finished=stop >= plan.total_steps,
+                    metrics=spec.metrics_at(plan.segments_done_at(stop)),
                 )
             self.inflight = None  # cleared before the scheduler can see the Future done
             if self.device is not None:
@@ -280,6 +293,8 @@ class Recorder(SchedulerListener):
         self.inbox: list[Op] = []
         self.beats = 0
         self.threads: set[str] = set()
+        self.notes: list[str] = []
+        self.added: list[tuple[int, dict[str, Any]]] = []  # (run id, info) of runs a policy added
 
     def on_run(self, snap: RunSnapshot) -> None:
         with self.cond:
@@ -308,6 +323,14 @@ class Recorder(SchedulerListener):
         with self.cond:
             ops, self.inbox = self.inbox, []
             return ops
+
+    def on_note(self, text: str) -> None:
+        with self.cond:
+            self.notes.append(text)
+
+    def on_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
+        with self.cond:
+            self.added.append((snap.run_id, dict(info)))
 
     def on_heartbeat(self) -> None:
         with self.cond:
@@ -348,6 +371,7 @@ class Harness:
         arbiter: DeviceArbiter | None = None,
         device: FakeDevice | None = None,
         name: str = "fake",
+        early_stopping: EarlyStoppingPolicy | None = None,
     ) -> None:
         self.fake = FakeExecutor(num_chunks=num_chunks, mode=mode, device=device, name=name)
         self.rec = Recorder()
@@ -358,6 +382,7 @@ class Harness:
             idle_poll_s=idle_poll_s,
             arbiter=arbiter or DeviceArbiter(),
             owner=name,
+            early_stopping=early_stopping,
         )
         items = specs.items() if isinstance(specs, dict) else enumerate(specs, start=1)
         for run_id, spec in items:

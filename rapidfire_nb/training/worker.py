@@ -72,6 +72,13 @@ class _ChunkCallback(TrainerCallback):
     ) -> None:
         if logs:
             self.worker.on_log(state.global_step, dict(logs))  # recorded as logged (a NaN is stored as NaN)
+            self.worker.segment_metrics.update(
+                {
+                    k: float(v)
+                    for k, v in logs.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
+            )  # the latest value per name in this segment: what early stopping compares
             check_logs(state.global_step, logs)  # ... and a NaN/inf loss, grad_norm or eval_loss ends the run
 
 
@@ -124,6 +131,7 @@ class RunWorker:
         self._parked_step = -1
         self._glet: greenlet | None = None
         self.done = False
+        self.segment_metrics: dict[str, float] = {}  # device thread: logged since the segment began
         trainer.add_callback(_ChunkCallback(self))
         watch_training_loss(trainer)
         original = trainer._maybe_log_save_evaluate
@@ -182,7 +190,9 @@ class RunWorker:
             self._enter()
             self.trainer.train(resume_from_checkpoint=self._resume)
             self.done = True
-            return SegmentResult(self.step, self.plan.samples_seen(self.step), finished=True)
+            return SegmentResult(
+                self.step, self.plan.samples_seen(self.step), finished=True, metrics=self._take_metrics()
+            )
         except _Abort:
             self.done = True
             return None
@@ -194,9 +204,15 @@ class RunWorker:
                 else "".join(traceback.format_exception_only(type(exc), exc)).strip()
             )
             self._error_trace = traceback.format_exc()
-            return SegmentResult(self.step, self.plan.samples_seen(self.step), error=text)
+            return SegmentResult(
+                self.step, self.plan.samples_seen(self.step), error=text, metrics=self._take_metrics()
+            )
         finally:
             self._clock.parked()
+
+    def _take_metrics(self) -> dict[str, float]:
+        metrics, self.segment_metrics = self.segment_metrics, {}
+        return metrics
 
     def _maybe_park(self) -> None:
         step = self.step
@@ -214,7 +230,7 @@ class RunWorker:
         self._rng = capture_rng()
         self._grad_enabled = torch.is_grad_enabled()
         self._on_boundary(step, self._rng)
-        result = SegmentResult(step, self.plan.samples_seen(step))
+        result = SegmentResult(step, self.plan.samples_seen(step), metrics=self._take_metrics())
         self._clock.parked()
         assert self._glet is not None and self._glet.parent is not None
         self._glet.parent.switch(result)  # back to the device loop; returns when the run trains again

@@ -1,0 +1,152 @@
+"""Rungs: when a chunk's comparison is decided, and the shared judging loop of the rung policies.
+
+A rung is a chunk count at which runs are compared. Rung ``r`` is decided once every run in the rotation that
+will reach it has reached it (``RunState.chunks_done >= r``, or left the rotation). In a chunk rotation that
+costs no waiting: no run starts chunk ``r + 1`` before all have finished chunk ``r``, so the decision falls
+between two chunks. Once decided, a rung stays closed: a run that reaches it later (a cold clone, a resumed run,
+one on a slower device) is judged on arrival against every value recorded at that rung (ASHA's rule), so nobody
+waits for a straggler. Runs that start past a rung (a warm clone at its parent's chunk, a run continued from a
+checkpoint) are not judged there.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+
+from .base import ChunkResult, Decisions, EarlyStop, EarlyStoppingPolicy, RunState, check_metric, check_mode
+
+__all__ = ["RungBook", "RungPolicy", "rank"]
+
+
+class RungBook:
+    """The values recorded at each rung, the ``(run, rung)`` pairs judged, the rungs decided.
+
+    Pure bookkeeping (no clock, no threads): :meth:`record` is idempotent (the first value of a ``(run, rung)``
+    stays), and :meth:`due` hands out each pair once.
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[int, dict[int, float]] = {}  # rung -> run -> value, in arrival order
+        self._judged: set[tuple[int, int]] = set()
+        self._closed: set[int] = set()
+
+    def record(self, rung: int, run_id: int, value: float) -> bool:
+        """Record ``run_id``'s ``value`` at ``rung``; False when it was recorded already (nothing changes)."""
+        at = self._values.setdefault(rung, {})
+        if run_id in at:
+            return False
+        at[run_id] = value
+        return True
+
+    def values(self, rung: int) -> Mapping[int, float]:
+        """Run id -> value recorded at ``rung`` (arrival order)."""
+        return dict(self._values.get(rung, {}))
+
+    def closed(self, rung: int) -> bool:
+        """True once ``rung`` was decided."""
+        return rung in self._closed
+
+    def due(self, runs: Sequence[RunState]) -> list[tuple[int, int]]:
+        """The ``(rung, run_id)`` pairs to judge now, each once: those at rungs every run has reached.
+
+        Args:
+            runs: every run now; an active run with ``chunks_done < rung <= total_chunks`` holds the rung open.
+        """
+        out = []
+        for rung in sorted(self._values):
+            if rung not in self._closed:
+                if any(s.active and s.chunks_done < rung <= s.total_chunks for s in runs):
+                    continue
+                self._closed.add(rung)
+            for run_id in self._values[rung]:
+                if (run_id, rung) not in self._judged:
+                    self._judged.add((run_id, rung))
+                    out.append((rung, run_id))
+        return out
+
+
+def rank(values: Mapping[int, float], mode: str) -> list[tuple[int, float]]:
+    """``(run_id, value)`` best first (``mode`` min or max); NaN values last; equal values by arrival order."""
+    finite = [(r, v) for r, v in values.items() if not math.isnan(v)]
+    finite.sort(key=lambda rv: rv[1] if mode == "min" else -rv[1])  # stable: arrival order among ties
+    return finite + [(r, v) for r, v in values.items() if math.isnan(v)]
+
+
+def worse(value: float, than: float, mode: str) -> bool:
+    """True when ``value`` is strictly worse than ``than`` (NaN is worse than any number, never than NaN)."""
+    if math.isnan(value):
+        return not math.isnan(than)
+    if math.isnan(than):
+        return False
+    return value > than if mode == "min" else value < than
+
+
+class RungPolicy(EarlyStoppingPolicy):
+    """A policy that compares runs at rungs: records the metric at each rung and judges each run once there.
+
+    Subclasses say which chunk counts are rungs (:meth:`is_rung`) and how a run fares against the values recorded
+    at a rung (:meth:`judge`). A run whose chunk did not log ``metric`` is not judged there (one note says so).
+
+    Args:
+        metric: the metric compared (any logged name: ``eval_loss``, ``eval_rewards/margins``, ...).
+        mode: ``"min"`` (lower is better) or ``"max"``.
+
+    Raises:
+        ValueError: an empty metric name, or a mode other than min/max.
+    """
+
+    def __init__(self, metric: str, mode: str) -> None:
+        self.metric = check_metric(metric)
+        self.mode = check_mode(mode)
+        self._book = RungBook()
+        self._missing_said = False
+
+    @abstractmethod
+    def is_rung(self, chunk: int) -> bool:
+        """True when runs are compared after ``chunk`` chunks."""
+
+    @abstractmethod
+    def judge(self, run_id: int, rung: int, total_chunks: int, values: Mapping[int, float]) -> str | None:
+        """The reason to stop ``run_id`` at ``rung`` given ``values`` (every run's value there), or None."""
+
+    def on_chunk(self, result: ChunkResult, runs: Sequence[RunState]) -> Decisions:
+        notes: tuple[str, ...] = ()
+        if self.is_rung(result.chunk):
+            value = result.value(self.metric)
+            if value is None:
+                notes = self._missing(result)
+            else:
+                self._book.record(result.chunk, result.run_id, value)
+        return Decisions(notes=notes) + self._sweep(runs)
+
+    def on_change(self, runs: Sequence[RunState], changed: Sequence[RunState]) -> Decisions:
+        return self._sweep(runs)
+
+    def _sweep(self, runs: Sequence[RunState]) -> Decisions:
+        states = {s.run_id: s for s in runs}
+        stops = []
+        for rung, run_id in self._book.due(runs):
+            state = states.get(run_id)
+            if state is None or not state.active or state.exempt or rung <= state.exempt_through:
+                continue  # finished, stopped or deleted meanwhile, or the user decides: its value still counts
+            reason = self.judge(run_id, rung, state.total_chunks, self._book.values(rung))
+            if reason is not None:
+                stops.append(EarlyStop(run_id, rung, reason))
+        return Decisions(stops=tuple(stops))
+
+    def _missing(self, result: ChunkResult) -> tuple[str, ...]:
+        if self._missing_said:
+            return ()
+        self._missing_said = True
+        logged = sorted(k for k in result.metrics if result.value(k) is not None)
+        hint = (
+            f"it logged {', '.join(logged)}"
+            if logged
+            else "it logged no metric (give run_fit an eval_dataset)"
+        )
+        return (
+            f"early stopping: run {result.run_id} logged no {self.metric!r} in chunk {result.chunk} ({hint}); "
+            "a run is not judged at a chunk without it. Name a logged metric, e.g. metric='eval_loss'",
+        )

@@ -1,0 +1,303 @@
+"""RFOptuna: a config group searched with Optuna's ask-and-tell, pruned at chunk boundaries.
+
+``run_fit(RFOptuna(configs, trainer_type, n_initial=8, budget=24, objective="minimize:eval_loss"), ...)`` trains
+``n_initial`` trials at once; each reports its metric at every chunk end (``trial.report(value, chunk)``, so
+trials are compared after the same rows, whatever their batch size), Optuna's pruner decides
+(``trial.should_prune()``), and a new trial is asked whenever one is pruned, fails or completes while the budget
+remains. The running trials are known to the sampler (TPE with ``constant_liar``), so new trials are not drawn as
+if the running ones did not exist. The search space is the group's ``List``/``Range`` knobs. The study is stored
+in the experiment folder (``optuna.db``, study name ``rapidfire``): ``optuna-dashboard sqlite:///.../optuna.db``
+and ``optuna.visualization`` read it. Optuna is an optional extra (``pip install optuna``), imported when a
+search is made.
+
+The search is also the experiment's early-stopping policy (:class:`kernel_scheduler.EarlyStoppingPolicy`): its
+prunes are stop ops from source ``early_stopping`` with the reason; a pruned run stays resumable.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernel_scheduler import (
+    ChunkResult,
+    Decisions,
+    EarlyStop,
+    EarlyStoppingPolicy,
+    NewRun,
+    RunState,
+    RunStatus,
+)
+
+from ..errors import ConfigError
+from ..spec import LeafConfig
+from .configs import MODEL_FIELDS, RFWrappedConfig
+from .knobs import List, Range
+from .search import _has_knob, _Search, make_leaf
+
+__all__ = ["RFOptuna"]
+
+_SAMPLERS = ("tpe", "cmaes", "random")
+_PRUNERS = ("median", "hyperband", None)
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("RFOptuna needs Optuna: pip install optuna (the optional extra 'optuna')") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def _objectives(objective: Any) -> list[tuple[str, str]]:
+    """``"minimize:eval_loss, maximize:eval_accuracy"`` -> ``[("minimize", "eval_loss"), ...]``."""
+    out = []
+    for part in str(objective).split(",") if isinstance(objective, str) else [None]:
+        direction, _, metric = (part or "").strip().partition(":")
+        if direction not in ("minimize", "maximize") or not metric.strip():
+            raise ConfigError(
+                f"RFOptuna: objective must be 'minimize:<metric>' or 'maximize:<metric>' (several comma-separated), "
+                f"e.g. objective='minimize:eval_loss', got {objective!r}"
+            )
+        out.append((direction, metric.strip()))
+    return out
+
+
+def _suggest(value: Any, trial: Any, path: str) -> Any:
+    """``value`` with its knobs drawn by ``trial`` (``List`` -> categorical index, ``Range`` -> int/float)."""
+    if isinstance(value, List):
+        index = (
+            trial.suggest_categorical(path, list(range(len(value.values)))) if len(value.values) > 1 else 0
+        )
+        return _suggest(value.values[index], trial, f"{path}[{index}]")
+    if isinstance(value, Range):
+        if value.dtype == "int":
+            return trial.suggest_int(path, value.start, value.end, step=value.step or 1, log=value.log)
+        return trial.suggest_float(path, value.start, value.end, step=value.step, log=value.log)
+    if isinstance(value, RFWrappedConfig):
+        return type(value)._from_recorded(
+            {k: _suggest(v, trial, f"{path}.{k}") for k, v in value.kwargs.items()}
+        )
+    if not _has_knob(value):
+        return value
+    if isinstance(value, Mapping):
+        return {k: _suggest(v, trial, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_suggest(item, trial, f"{path}[{i}]") for i, item in enumerate(value))
+    return value
+
+
+def _check(name: str, value: Any, allowed: Sequence[Any]) -> Any:
+    if value not in allowed:
+        raise ConfigError(f"RFOptuna: {name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    return value
+
+
+def _count(name: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ConfigError(f"RFOptuna: {name} must be an integer >= {least}, got {value!r}")
+    return int(value)
+
+
+class RFOptuna(_Search, EarlyStoppingPolicy):
+    """An Optuna search over a config group, pruned at chunk boundaries (``rapidfireai``'s signature).
+
+    Args:
+        configs: an ``RFModelConfig``, a ``List`` of them or a list of them; its ``List``/``Range`` knobs are
+            the search space.
+        trainer_type: ``"SFT"``, ``"DPO"`` or ``"GRPO"``.
+        n_initial: trials trained at once from the start (runs 1..n_initial).
+        budget: trials in all (``>= n_initial``); default ``n_initial``.
+        objective: ``"minimize:eval_loss"`` or ``"maximize:<metric>"``; several comma-separated for a
+            multi-objective study (then nothing is pruned: Optuna prunes single-objective studies only).
+        sampler: ``"tpe"`` (with ``constant_liar``: running trials count), ``"cmaes"`` (needs ``cmaes``) or
+            ``"random"``.
+        pruner: ``"hyperband"`` (Optuna's HyperbandPruner over the chunks of an epoch: running trials are
+            compared at each rung), ``"median"`` (Optuna's MedianPruner: it compares with completed trials only,
+            so it prunes from the second wave of trials on) or None (no pruning).
+        seed: the sampler's seed.
+        granularity: ``"chunk"`` (report at every chunk end, step = chunks done) or ``"epoch"`` (at epoch ends).
+
+    Raises:
+        ConfigError: a bad argument, or Optuna is not installed.
+    """
+
+    def __init__(
+        self,
+        configs: Any,
+        trainer_type: str,
+        n_initial: int = 4,
+        budget: int | None = None,
+        objective: str = "minimize:eval_loss",
+        sampler: str = "tpe",
+        pruner: str | None = "hyperband",
+        seed: int = 42,
+        granularity: str = "chunk",
+    ) -> None:
+        super().__init__(configs, trainer_type)
+        self.n_initial = _count("n_initial", n_initial, 1)
+        self.budget = self.n_initial if budget is None else _count("budget", budget, self.n_initial)
+        self.objectives = _objectives(objective)
+        self.sampler = _check("sampler", sampler, _SAMPLERS)
+        self.pruner = _check("pruner", pruner, _PRUNERS)
+        self.seed = _count("seed", seed, 0)
+        self.granularity = _check("granularity", granularity, ("chunk", "epoch"))
+        self.metric = self.objectives[0][1]  # what run_fit checks against the eval dataset
+        self._optuna = _optuna()
+        self._make_sampler()  # a missing cmaes fails here, not mid-training
+        self.folder: Path | None = None
+        self.num_chunks = 1
+        self.study: Any = None
+        self._trials: dict[int, Any] = {}  # run id -> its running optuna Trial
+        self._waiting: list[Any] = []  # trials asked, not yet given a run id
+        self._last: dict[int, float] = {}
+
+    # ------------------------------------------------------------------ config group
+    def bind(self, folder: Path, num_chunks: int) -> None:
+        """Where the study is stored (``folder/optuna.db``) and the chunks per epoch; called by ``run_fit``."""
+        self.folder, self.num_chunks = Path(folder), num_chunks
+
+    def expand(self, seed: int = 42) -> list[LeafConfig]:
+        """The ``n_initial`` trials of the study as runs (a restarted kernel gets the stored ones back)."""
+        optuna = self._optuna
+        if self.study is None:
+            storage = f"sqlite:///{self.folder / 'optuna.db'}" if self.folder is not None else None
+            if self.folder is not None:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            self.study = optuna.create_study(
+                study_name="rapidfire",
+                storage=storage,
+                load_if_exists=True,
+                sampler=self._make_sampler(),
+                pruner=self._make_pruner(),
+                directions=[d for d, _ in self.objectives],
+            )
+        stored = sorted(self.study.trials, key=lambda t: t.number)
+        leaves = []
+        for i in range(self.n_initial):
+            if i < len(stored):  # a restarted kernel: the same runs, from the stored trials' parameters
+                leaves.append(self._leaf(optuna.trial.FixedTrial(stored[i].params)))
+                if stored[i].state == optuna.trial.TrialState.RUNNING:
+                    self._trials.setdefault(i + 1, optuna.trial.Trial(self.study, stored[i]._trial_id))
+                continue
+            trial = self.study.ask()
+            self._trials[i + 1] = trial
+            leaves.append(self._leaf(trial))
+        return leaves
+
+    def _leaf(self, trial: Any) -> LeafConfig:
+        index = (
+            trial.suggest_categorical("config", list(range(len(self.configs))))
+            if len(self.configs) > 1
+            else 0
+        )
+        config = self.configs[index]
+        resolved = {name: _suggest(getattr(config, name), trial, name) for name in MODEL_FIELDS}
+        return make_leaf(self.trainer_type, resolved, f"configs[{index}]")
+
+    def _make_sampler(self) -> Any:
+        samplers = self._optuna.samplers
+        if self.sampler == "tpe":
+            return samplers.TPESampler(seed=self.seed, constant_liar=True, n_startup_trials=self.n_initial)
+        if self.sampler == "random":
+            return samplers.RandomSampler(seed=self.seed)
+        try:
+            import cmaes  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "RFOptuna: sampler='cmaes' needs the cmaes package: pip install cmaes"
+            ) from None
+        return samplers.CmaEsSampler(seed=self.seed)
+
+    def _make_pruner(self) -> Any:
+        pruners = self._optuna.pruners
+        if self.pruner is None or len(self.objectives) > 1:
+            return pruners.NopPruner()
+        if (
+            self.pruner == "median"
+        ):  # Optuna compares with completed trials only: it prunes from the 2nd wave on
+            return pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0)
+        # brackets over the chunks of one epoch; running trials count at each rung (no wait for completed ones)
+        return pruners.HyperbandPruner(
+            min_resource=1, max_resource=max(2, self.num_chunks), reduction_factor=2
+        )
+
+    # ------------------------------------------------------------------ early-stopping policy
+    def on_chunk(self, result: ChunkResult, runs: Sequence[RunState]) -> Decisions:
+        trial = self._trials.get(result.run_id)
+        values = [result.value(m) for _, m in self.objectives]
+        if trial is None or any(v is None for v in values):
+            return Decisions()
+        value = float(values[0])  # type: ignore[arg-type]
+        self._last[result.run_id] = value
+        if result.final:
+            self._tell(result.run_id, values=[float(v) for v in values])  # type: ignore[arg-type]
+            return self._replace()
+        epoch_end = result.chunk % self.num_chunks == 0
+        if len(self.objectives) > 1 or math.isnan(value) or (self.granularity == "epoch" and not epoch_end):
+            return Decisions()
+        step = result.chunk if self.granularity == "chunk" else result.chunk // self.num_chunks
+        trial.report(value, step)
+        if not trial.should_prune() or any(s.run_id == result.run_id and s.exempt for s in runs):
+            return Decisions()
+        total = next((s.total_chunks for s in runs if s.run_id == result.run_id), 0)
+        reason = (
+            f"pruned by Optuna's {self.pruner} pruner at chunk {result.chunk}/{total}: "
+            f"{self.metric} {value:.4g} (trial {trial.number})"
+        )
+        self._tell(result.run_id, state="PRUNED")
+        return Decisions(stops=(EarlyStop(result.run_id, result.chunk, reason),)) + self._replace()
+
+    def on_change(self, runs: Sequence[RunState], changed: Sequence[RunState]) -> Decisions:
+        out = Decisions()
+        for s in changed:
+            if s.run_id in self._trials and s.status in (
+                RunStatus.FAILED,
+                RunStatus.DELETED,
+                RunStatus.COMPLETED,
+            ):
+                last = self._last.get(s.run_id)
+                if s.status is RunStatus.COMPLETED and last is not None and len(self.objectives) == 1:
+                    self._tell(s.run_id, values=[last])
+                else:
+                    self._tell(s.run_id, state="FAIL")
+                out = out + self._replace()
+        return out
+
+    def on_added(self, run_id: int, new_run: NewRun) -> None:
+        if self._waiting:
+            self._trials[run_id] = self._waiting.pop(0)
+
+    def _tell(self, run_id: int, values: list[float] | None = None, state: str | None = None) -> None:
+        trial = self._trials.pop(run_id)
+        kind = self._optuna.trial.TrialState
+        if values is not None:
+            self.study.tell(trial, values if len(values) > 1 else values[0])
+        else:
+            self.study.tell(trial, state=getattr(kind, str(state)))
+
+    def _replace(self) -> Decisions:
+        if len(self.study.trials) >= self.budget:
+            return Decisions()
+        trial = self.study.ask()
+        self._waiting.append(trial)
+        info = {"source": "trial", "trial": trial.number}
+        return Decisions(new_runs=(NewRun(self._leaf(trial), info),))
+
+    def progress(self) -> dict[str, Any]:
+        asked = len(self.study.trials) if self.study is not None else 0
+        return {"label": self.describe(), "trials": asked, "budget": self.budget}
+
+    def describe(self) -> str:
+        objective = ", ".join(f"{d}:{m}" for d, m in self.objectives)
+        return f"RFOptuna({objective}, {self.sampler}, pruner {self.pruner}, budget {self.budget})"
+
+    def __repr__(self) -> str:
+        return (
+            f"RFOptuna(configs=<{len(self.configs)} RFModelConfig>, trainer_type={self.trainer_type!r}, "
+            f"n_initial={self.n_initial}, budget={self.budget})"
+        )

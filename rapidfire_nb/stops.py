@@ -1,0 +1,57 @@
+"""Why each run stopped, read from the ops log: the early-stopping policy's reason or who stopped it.
+
+Torch-free. The ops log is the record: a stop from source ``early_stopping`` carries the policy's reason and the
+chunk in its payload, a user's resume after it exempts the run from the rungs up to that chunk. Used for
+``get_runs_info()``'s ``stop_reason`` and to register the runs of a restarted kernel as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kernel_scheduler import EARLY_STOPPING
+
+__all__ = ["StopInfo", "stop_history"]
+
+
+@dataclass(frozen=True)
+class StopInfo:
+    """One run's stops so far.
+
+    Attributes:
+        reason: why its latest applied stop happened (None after a later resume).
+        pruned: the latest applied stop came from the early-stopping policy and nobody resumed it since.
+        exempt_through: the user resumed it after the policy stopped it after this many chunks (0: never).
+    """
+
+    reason: str | None = None
+    pruned: bool = False
+    exempt_through: int = 0
+
+
+def stop_history(ops: Iterable[Mapping[str, Any]]) -> dict[int, StopInfo]:
+    """Run id -> :class:`StopInfo`, from the ops log (``store.ops()``; applied ops count, in the order applied)."""
+    out: dict[int, StopInfo] = {}
+    chunk_of: dict[int, int] = {}
+    for op in sorted(ops, key=lambda o: float(o.get("applied_at") or o.get("requested_at") or 0.0)):
+        run_id, kind = op.get("run_id"), op.get("kind")
+        if op.get("state") != "applied" or not isinstance(run_id, int) or kind not in ("stop", "resume"):
+            continue
+        prev = out.get(run_id, StopInfo())
+        raw = op.get("payload")
+        payload: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        by_policy = op.get("source") == EARLY_STOPPING
+        if kind == "stop":
+            if by_policy:
+                chunk_of[run_id] = int(payload.get("chunk") or 0)
+                reason = str(payload.get("reason") or "stopped by early stopping")
+            else:
+                reason = f"stopped by the user ({op.get('source')})"
+            out[run_id] = StopInfo(reason, by_policy, prev.exempt_through)
+        elif prev.pruned and not by_policy:
+            out[run_id] = StopInfo(None, False, max(prev.exempt_through, chunk_of.get(run_id, 0)))
+        else:
+            out[run_id] = StopInfo(None, False, prev.exempt_through)
+    return out

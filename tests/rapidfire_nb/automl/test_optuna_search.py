@@ -1,0 +1,103 @@
+"""RFOptuna as a search and as an early-stopping policy, driven by hand (no training): trials asked from the
+List/Range knobs, pruned at chunk ends, replaced while the budget lasts, the study on disk, a restart gets the
+same runs back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("optuna")
+
+from kernel_scheduler import ChunkResult, RunState, RunStatus  # noqa: E402
+from rapidfire_nb.automl import List, Range, RFModelConfig, RFOptuna, RFSFTConfig  # noqa: E402
+from rapidfire_nb.errors import ConfigError  # noqa: E402
+
+ON = RunStatus.ONGOING
+
+
+def _search(tmp: Path | None = None, **kw: Any) -> RFOptuna:
+    config = RFModelConfig(
+        model_name="tiny",
+        training_args=RFSFTConfig(
+            learning_rate=Range(1e-5, 1e-2, log=True), per_device_train_batch_size=List([2, 4]), max_steps=8
+        ),
+    )
+    args = {"n_initial": 4, "budget": 6, "pruner": "hyperband", "seed": 3, **kw}
+    search = RFOptuna(config, "SFT", **args)
+    if tmp is not None:
+        search.bind(tmp, num_chunks=4)
+    return search
+
+
+def test_the_initial_trials_come_from_the_knobs(tmp_path: Path) -> None:
+    search = _search(tmp_path)
+    leaves = search.expand(42)
+    assert len(leaves) == 4
+    for leaf in leaves:
+        hp = leaf.hparams()
+        assert 1e-5 <= hp["learning_rate"] <= 1e-2 and hp["per_device_train_batch_size"] in (2, 4)
+    assert (tmp_path / "optuna.db").exists()
+    assert search.progress() == {"label": search.describe(), "trials": 4, "budget": 6}
+
+
+def test_pruned_trials_are_stopped_and_replaced_until_the_budget(tmp_path: Path) -> None:
+    search = _search(n_initial=8, budget=10)
+    search.bind(tmp_path, num_chunks=8)
+    search.expand(42)
+    states = [RunState(r, ON, 0, 8) for r in range(1, 9)]
+    pruned, new_ids = [], iter(range(9, 20))
+    for chunk in (1, 2, 3):
+        for run_id in sorted(search._trials):
+            # run r's loss is r (the new trials' 0.5): Optuna's hyperband pruner stops worse ones at its rungs
+            value = float(run_id) if run_id <= 8 else 0.5
+            d = search.on_chunk(ChunkResult(run_id, chunk, {"eval_loss": value}), states)
+            for stop in d.stops:
+                assert stop.reason.startswith(
+                    f"pruned by Optuna's hyperband pruner at chunk {chunk}/8: eval_loss"
+                )
+                pruned.append(stop.run_id)
+            for new in d.new_runs:
+                assert new.info["source"] == "trial"
+                search.on_added(next(new_ids), new)
+    assert pruned, "nothing was pruned"
+    assert len(search.study.trials) == 10  # 2 replacements asked, then the budget is spent
+    states_by_number = {t.number: t.state.name for t in search.study.trials}
+    assert list(states_by_number.values()).count("PRUNED") == len(pruned)
+
+
+def test_a_completed_run_is_told_and_the_budget_is_respected(tmp_path: Path) -> None:
+    search = _search(tmp_path, budget=5, pruner=None)
+    search.expand(42)
+    runs = [RunState(r, ON, 3, 4) for r in range(1, 5)]
+    d = search.on_chunk(ChunkResult(1, 4, {"eval_loss": 1.5}, final=True), runs)
+    assert len(d.new_runs) == 1  # trial 5 of 5
+    search.on_added(5, d.new_runs[0])
+    d = search.on_chunk(ChunkResult(2, 4, {"eval_loss": 2.5}, final=True), runs)
+    assert not d.new_runs  # the budget is spent
+    done = [t for t in search.study.trials if t.state.name == "COMPLETE"]
+    assert sorted(t.value for t in done) == [1.5, 2.5]
+
+
+def test_a_restart_gets_the_same_runs_back(tmp_path: Path) -> None:
+    first = [leaf.fingerprint() for leaf in _search(tmp_path).expand(42)]
+    again = [leaf.fingerprint() for leaf in _search(tmp_path).expand(42)]
+    assert again == first
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"objective": "eval_loss"}, "objective must be 'minimize:<metric>'"),
+        ({"sampler": "grid"}, "sampler must be one of 'tpe', 'cmaes', 'random'"),
+        ({"pruner": "asha"}, "pruner must be one of 'median', 'hyperband', None"),
+        ({"n_initial": 0}, "n_initial must be an integer >= 1"),
+        ({"budget": 2}, "budget must be an integer >= 4"),
+        ({"granularity": "step"}, "granularity must be one of 'chunk', 'epoch'"),
+    ],
+)
+def test_bad_arguments(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _search(**kw)
