@@ -147,8 +147,47 @@ def plot(info, results, hp, out: Path, eval_ds, samples: int) -> None:
     fig.savefig(out, dpi=110)
 
 
+METRICS = ("eval_loss", "eval_rougeL", "loss")
+
+
+def best_metric(best_by: str, mode: str | None) -> tuple[str, str]:
+    """The column ``--best-by`` names (``rougeL`` means ``eval_rougeL``) and ``min``/``max``; checked before training."""
+    metric = best_by if best_by in METRICS else f"eval_{best_by}"
+    if metric not in METRICS:
+        raise SystemExit(f"--best-by {best_by}: no such metric; use one of {', '.join(METRICS)}")
+    return metric, mode or ("min" if "loss" in metric else "max")
+
+
+def report(info, results, metric: str, mode: str, elapsed: float) -> list[str]:
+    """Print the runs table and the best config by ``metric``; return the hyperparameter columns."""
+    cols = [c for c in info.columns if c not in ("config", "checkpoint_dir", "error")]
+    print()
+    print(info[cols].to_string(index=False))
+    hp = [c for c in cols if c not in (*PROGRESS, *METRICS)]
+    ranked = (
+        info.dropna(subset=[metric]).sort_values(metric, ascending=mode == "min")
+        if metric in info
+        else info[:0]
+    )
+    if ranked.empty:
+        print(f"\nno run has a {metric} value")
+    else:
+        best = ranked.iloc[0]
+        scores = ", ".join(f"{m} {best[m]:.4f}" for m in METRICS[:2] if m in best)
+        print(
+            f"\nbest config by {metric} ({'lowest' if mode == 'min' else 'highest'}): run {int(best.run_id)} "
+            f"{ {k: plain(best[k]) for k in hp} } — {scores}"
+        )
+    gen = results["eval_generation_seconds"].sum() if "eval_generation_seconds" in results else math.nan
+    print(
+        f"trained {len(info)} runs in {elapsed:.0f} s (of which {gen:.0f} s generating answers for ROUGE-L)"
+    )
+    return hp
+
+
 def main() -> None:
     a = parse_args()
+    metric, mode = best_metric(a.best_by, a.mode)
     t0 = time.time()
     folder = smollm2_path()  # converted once into the user cache dir, reused afterwards
     print(f"SmolLM2-135M-Instruct ready at {folder} ({time.time() - t0:.1f} s)")
@@ -170,32 +209,9 @@ def main() -> None:
         eval_generation_samples=a.samples,
     )
     experiment.end()
-    elapsed = time.time() - t1
-
-    info = experiment.get_runs_info()
-    results = experiment.get_results()
-    cols = [c for c in info.columns if c not in ("config", "checkpoint_dir", "error")]
-    print()
-    print(info[cols].to_string(index=False))
-    hp = [c for c in cols if c not in (*PROGRESS, "loss", "eval_loss", "eval_rougeL")]
-    metric = a.best_by if a.best_by.startswith("eval_") or a.best_by in info else f"eval_{a.best_by}"
-    if metric not in info:
-        raise SystemExit(f"--best-by {a.best_by}: no such column; use one of eval_loss, eval_rougeL, loss")
-    mode = a.mode or ("min" if "loss" in metric else "max")
-    ranked = info.dropna(subset=[metric]).sort_values(metric, ascending=mode == "min")
-    if ranked.empty:
-        print(f"\nno run has a {metric} value")
-    else:
-        best = ranked.iloc[0]
-        print(
-            f"\nbest config by {metric} ({'lowest' if mode == 'min' else 'highest'}): run {int(best.run_id)} "
-            f"{ {k: plain(best[k]) for k in hp} } — eval_loss {best.eval_loss:.4f}, eval_rougeL {best.eval_rougeL:.4f}"
-        )
-    gen = results["eval_generation_seconds"].sum() if "eval_generation_seconds" in results else math.nan
-    print(
-        f"trained {len(info)} runs in {elapsed:.0f} s (of which {gen:.0f} s generating answers for ROUGE-L); "
-        f"experiment folder: {experiment.path}"
-    )
+    info, results = experiment.get_runs_info(), experiment.get_results()
+    hp = report(info, results, metric, mode, time.time() - t1)
+    print(f"experiment folder: {experiment.path}")
     plot(info, results, hp, Path(a.out), eval_ds, a.samples)
     print(f"curves (train loss, eval loss, ROUGE-L) written to {a.out}")
 
