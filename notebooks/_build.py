@@ -679,7 +679,7 @@ reasoning/answer format, then the problem), the numeric `answer` (the number aft
 from rapidfire_nb.data import GSM8K_ATTRIBUTION, correctness_reward, format_reward, load_gsm8k
 
 train_ds, eval_ds = load_gsm8k(n_train=N_TRAIN, n_eval=N_EVAL, seed=42)
-print("data:", GSM8K_ATTRIBUTION, "\n")
+print("data:", GSM8K_ATTRIBUTION)
 problem = eval_ds[0]
 print(problem["prompt"][-1]["content"], "\\n\\nanswer:", problem["answer"])
 
