@@ -36,6 +36,7 @@ from .checkpoint import (
 )
 from .data import prepare_dataset, rows_dropped
 from .device import DeviceThread
+from .generation_eval import attach_generation_eval
 from .generation_spec import check_generation_eval, generation_enabled
 from .kinds import TrainerKind, get_kind
 from .malloc import tune_malloc
@@ -311,7 +312,16 @@ class TorchExecutor(Executor):
         if eval_ds is not None:
             self._eval_metrics_seen(self.kind.eval_metric_names(trainer))  # e.g. GRPO's eval rewards
             if generation_enabled(spec.compute_metrics, spec.generation_config):
-                self._install_generation(run_id, spec, trainer, base.tokenizer, eval_ds)
+                attach_generation_eval(
+                    trainer,
+                    base.tokenizer,
+                    eval_ds,
+                    spec,
+                    samples=self.eval_generation_samples,
+                    seed=self.seed,
+                    on_metric_names=self._eval_metrics_seen,
+                    note=lambda text: self._note(f"run {run_id}: {text}"),
+                )
         initial_rng = capture_rng()
         plan = self._plan(run_id, trainer)
         resume, start = self._start_position(run_id, trainer, adapter, plan, run_dir, warm_from, resume_from)
@@ -488,33 +498,6 @@ class TorchExecutor(Executor):
             trainer.remove_callback(ProgressCallback)
         kind.after_build(trainer)  # remember the forward this trainer patched in (per-run settings)
         return trainer
-
-    def _install_generation(
-        self, run_id: int, spec: LeafConfig, trainer: Any, tokenizer: Any, eval_ds: Any
-    ) -> None:
-        """Make the run's evaluations generate for the (sampled) eval rows and log ``compute_metrics``' values."""
-        from .generation_eval import GenerationEvaluator, install
-        from .generation_spec import eval_examples, resolve_settings, sample_indices
-
-        examples, _ = eval_examples(eval_ds)
-        picked = [examples[i] for i in sample_indices(len(examples), self.eval_generation_samples, self.seed)]
-        tok = getattr(tokenizer, "tokenizer", None) or tokenizer
-        settings = resolve_settings(
-            spec.generation_config,
-            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-            eos_token_id=tok.eos_token_id,
-            model_max_length=getattr(tok, "model_max_length", None),
-            batch_size=trainer.args.per_device_eval_batch_size,
-            seed=self.seed,
-        )
-        evaluator = GenerationEvaluator(tok, picked, settings, spec.compute_metrics, self._eval_metrics_seen)
-        if evaluator.truncated:
-            self._note(
-                f"run {run_id}: {evaluator.truncated} of {len(picked)} eval prompts are longer than "
-                f"max_input_length={settings.max_input_length} tokens and are cut on the {settings.truncation_side} "
-                "for generation (set generation_config['max_input_length'] to change it)"
-            )
-        install(trainer, evaluator)
 
     def _eval_metrics_seen(self, names: list[str]) -> None:
         from .generation_spec import GENERATION_SECONDS

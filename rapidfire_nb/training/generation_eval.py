@@ -33,7 +33,7 @@ from .generation_spec import (
 )
 from .rng import capture_rng, restore_rng
 
-__all__ = ["GenerationEvaluator", "install"]
+__all__ = ["GenerationEvaluator", "attach_generation_eval", "install"]
 
 
 def _tokenizer(processing_class: Any) -> Any:
@@ -173,3 +173,49 @@ def install(trainer: Any, evaluator: GenerationEvaluator) -> None:
 
     trainer.evaluation_loop = evaluation_loop
     trainer._rapidfire_generation = evaluator
+
+
+def attach_generation_eval(
+    trainer: Any,
+    tokenizer: Any,
+    eval_ds: Any,
+    spec: Any,
+    *,
+    samples: int | None,
+    seed: int,
+    on_metric_names: Callable[[list[str]], None],
+    note: Callable[[str], None],
+) -> None:
+    """Make a run's evaluations generate for the (sampled) eval rows and log ``compute_metrics``' values.
+
+    Args:
+        trainer: the run's TRL trainer (its ``per_device_eval_batch_size`` is the generation batch, in rows).
+        tokenizer: its tokenizer or processor.
+        eval_ds: the eval dataset (rows before ``formatting_func``).
+        spec: the run's ``LeafConfig`` (``generation_config``, ``compute_metrics``).
+        samples: eval rows generated for (a seeded sample, the same rows for every run); None: all of them.
+        seed: the experiment seed (the sample).
+        on_metric_names: told the metric names ``compute_metrics`` returned (on the device thread).
+        note: a line for the user (prompts cut to ``max_input_length``).
+    """
+    from .generation_spec import eval_examples, resolve_settings, sample_indices
+
+    examples, _ = eval_examples(eval_ds)
+    picked = [examples[i] for i in sample_indices(len(examples), samples, seed)]
+    tok = getattr(tokenizer, "tokenizer", None) or tokenizer
+    settings = resolve_settings(
+        spec.generation_config,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        model_max_length=getattr(tok, "model_max_length", None),
+        batch_size=trainer.args.per_device_eval_batch_size,
+        seed=seed,
+    )
+    evaluator = GenerationEvaluator(tok, picked, settings, spec.compute_metrics, on_metric_names)
+    if evaluator.truncated:
+        note(
+            f"{evaluator.truncated} of {len(picked)} eval prompts are longer than "
+            f"max_input_length={settings.max_input_length} tokens and are cut on the {settings.truncation_side} "
+            "for generation (set generation_config['max_input_length'] to change it)"
+        )
+    install(trainer, evaluator)

@@ -167,6 +167,7 @@ class BaseModels(ModelProvider):
         own = own_base_reason(spec)
         key = json.dumps(
             {
+                "full": spec.lora is None,  # full fine-tuning copies an unwrapped base, never the LoRA runs' one
                 "model_name": spec.model_name,
                 "model_kwargs": repr(sorted(spec.model_kwargs.items())),
                 "tokenizer": repr(spec.tokenizer),
@@ -214,11 +215,11 @@ def attach_run_model(
 
     Raises:
         ConfigError: ``lora.target_modules`` does not fit the model (no half-registered adapter is left), or
-            LoRA and full fine-tuning runs on one base.
+            a full fine-tuning run given a base that already carries LoRA adapters.
     """
     if lora is None:
-        if base.peft:
-            raise ConfigError("mixing LoRA and full fine-tuning runs on one base is not supported")
+        if base.peft:  # BaseModels keeps full fine-tuning runs off the LoRA runs' base (its key says "full")
+            raise ConfigError("a full fine-tuning run cannot copy a base that carries LoRA adapters")
         if not any(p.requires_grad for p in base.model.parameters()):
             raise ConfigError(
                 f"create_model_fn returned a model with no trainable parameters for {spec.model_name!r} (every "

@@ -24,6 +24,7 @@ from tests.helpers import (
     max_abs_diff,
     qa_dataset,
     qa_to_chat,
+    result_series,
     train_plain_trl,
     worker_threads,
 )
@@ -165,3 +166,29 @@ def test_lora_runs_with_bias_get_their_own_base_and_train_exactly(tmp_path: Path
         assert any(k.endswith("bias") for k in saved), "the LoRA bias is trained and saved"
         assert max_abs_diff(saved, ref.final) <= TOL
     exp.end()
+
+
+def test_lora_and_full_fine_tuning_runs_mix_in_either_order() -> None:
+    train = qa_dataset(4)
+    lora = RFModelConfig(
+        model_name="tiny",
+        peft_config=RFLoraConfig(**LORA),
+        training_args=RFSFTConfig(**ARGS),
+        formatting_func=qa_to_chat,
+    )
+    full = RFModelConfig(
+        model_name="tiny",
+        training_args=RFSFTConfig(**{**ARGS, "learning_rate": 1e-4}),
+        formatting_func=qa_to_chat,
+    )
+    losses: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for order, group in (("lora-first", [lora, full]), ("full-first", [full, lora])):
+        exp = Experiment(order)  # LoRA first was refused: "mixing LoRA and full fine-tuning runs on one base"
+        exp.run_fit(RFGridSearch(List(group), "SFT"), tiny_create_model, train, num_chunks=2, seed=0)
+        assert list(exp.get_runs_info().status) == ["COMPLETED", "COMPLETED"]
+        results = exp.get_results()
+        ids = {"lora": 1, "full": 2} if order == "lora-first" else {"full": 1, "lora": 2}
+        losses[order] = {kind: result_series(results, rid, "loss") for kind, rid in ids.items()}
+        exp.end()
+    assert losses["lora-first"] == losses["full-first"]  # each run trains as it would in the other order
+    assert len(losses["lora-first"]["full"]) == 2
