@@ -105,7 +105,11 @@ def check_fit_inputs(
         raise ConfigError(
             f"seed must be an integer from 0 to {schema.MAX_SEED:,} (numpy's range), got {seed!r}"
         )
-    if train_dataset is None or len(train_dataset) == 0:
+    if train_dataset is None:
+        raise ConfigError(
+            "train_dataset is required, got None: pass a datasets.Dataset with at least one row"
+        )
+    if len(train_dataset) == 0:
         raise ConfigError("train_dataset is empty: pass a datasets.Dataset with at least one row")
     if not callable(create_model_fn):
         raise ConfigError("create_model_fn must be a function model_config -> (model, tokenizer)")

@@ -81,7 +81,10 @@ def runs_table(
         )
         rows.append(row)
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
-    return pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *tail])
+    table = pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *tail])
+    for name in ("checkpoint_dir", "error", "stop_reason"):  # text columns: None stays None, never NaN
+        table[name] = table[name].astype(object).where(table[name].notna(), None)
+    return table
 
 
 def results_table(store: Any, live: Mapping[int, RunSnapshot], include_deleted: bool) -> Any:

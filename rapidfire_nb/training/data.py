@@ -85,6 +85,7 @@ def prepare_dataset(
     _check_columns(out, kind, formats, what)
     if formatting_func is None:
         _check_row(dict(out[0]), 0, formats, kind, what, None)
+        _check_missing(out, formats, kind, what)
     try:
         _CACHE[key] = (weakref.ref(ds), out)
     except TypeError:
@@ -163,6 +164,24 @@ def _check_row(
         f"{what} row {idx} cannot be trained by {kind.name}: {problem}. Fix the data, or add a formatting_func to "
         "RFModelConfig that returns it"
     )
+
+
+def _check_missing(rows: Any, formats: tuple[RowFormat, ...], kind: ColumnRules, what: str) -> None:
+    """A missing value (None) in a column the trainer reads, in any row of a dataset used as it is."""
+    cols = set(rows.column_names)
+    fmt = next((f for f in formats if f.columns[0] in cols), None)
+    if fmt is None:
+        return
+    for col in fmt.columns:
+        if col not in cols:
+            continue
+        idx = next((i for i, value in enumerate(rows[col]) if value is None), None)
+        if idx is not None:
+            raise ConfigError(
+                f"{what} row {idx} cannot be trained by {kind.name}: column {col!r} is None (a missing value); "
+                f"expected {fmt.expected()}. Fix or drop that row, e.g. "
+                f"{what}.filter(lambda row: row[{col!r}] is not None)"
+            )
 
 
 def _check_columns(rows: Any, kind: ColumnRules, formats: tuple[RowFormat, ...], what: str) -> None:

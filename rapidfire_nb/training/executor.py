@@ -383,6 +383,11 @@ class TorchExecutor(Executor):
                 f"epoch = {geo.total_steps:,} steps (run {run_id}), more than the {schema.MAX_STEPS:,} rapidfire_nb "
                 "accepts; lower num_train_epochs or set max_steps"
             )
+        if geo.total_steps < 1:  # num_train_epochs=0 (or < one step's worth) with max_steps=-1
+            raise ConfigError(
+                f"run {run_id} would train 0 optimizer steps: num_train_epochs={trainer.args.num_train_epochs:g} "
+                f"with max_steps={trainer.args.max_steps}; set num_train_epochs >= 1 or max_steps >= 1"
+            )
         try:
             return self.kind.plan_chunks(geo, self.num_chunks)  # GRPO: boundaries on generation rounds
         except ChunkPlanError as exc:

@@ -167,7 +167,8 @@ class BaseModels(ModelProvider):
         own = own_base_reason(spec)
         key = json.dumps(
             {
-                "full": spec.lora is None,  # full fine-tuning copies an unwrapped base, never the LoRA runs' one
+                "full": spec.lora
+                is None,  # full fine-tuning copies an unwrapped base, never the LoRA runs' one
                 "model_name": spec.model_name,
                 "model_kwargs": repr(sorted(spec.model_kwargs.items())),
                 "tokenizer": repr(spec.tokenizer),

@@ -139,3 +139,24 @@ def test_epochs_times_the_data_are_bounded_before_training() -> None:
         exp.run_fit(group, tiny_create_model, qa_dataset(1001), num_chunks=1, seed=0)
     assert time.perf_counter() - t0 < 30 and exp.store.runs() == []
     exp.end()
+
+
+def test_zero_epochs_name_the_field_before_training() -> None:
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            training_args=RFSFTConfig(per_device_train_batch_size=4, num_train_epochs=0, max_length=32),
+            formatting_func=qa_to_chat,
+        ),
+        "SFT",
+    )
+    exp = Experiment("zero-epochs")
+    exp.quiet = True
+    with pytest.raises(  # was: "num_chunks: rows_per_step, total_steps and step_multiple must be >= 1"
+        ConfigError,
+        match=r"run 1 would train 0 optimizer steps: num_train_epochs=0 with max_steps=-1; set num_train_epochs "
+        r">= 1 or max_steps >= 1",
+    ):
+        exp.run_fit(group, tiny_create_model, qa_dataset(8), num_chunks=2, seed=0)
+    assert exp.store.runs() == []
+    exp.end()

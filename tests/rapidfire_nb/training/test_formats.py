@@ -121,6 +121,18 @@ def test_a_dataset_without_formatting_func_is_checked_too() -> None:
     )
 
 
+def test_a_missing_value_in_any_row_of_a_raw_dataset_is_named() -> None:
+    from datasets import Dataset
+
+    rows = Dataset.from_dict({"prompt": ["a"] * 15 + [None], "completion": ["b"] * 16})
+    _refused_before_training(  # was TRL's "You need to specify either `text` or `text_target`"
+        r"train_dataset row 15 cannot be trained by SFT: column 'prompt' is None \(a missing value\); expected "
+        r"prompt/completion both strings.*train_dataset.filter\(lambda row: row\['prompt'\] is not None\)",
+        _sft(),
+        rows,
+    )
+
+
 def test_dpo_and_grpo_rows_are_checked_against_their_formats() -> None:
     from datasets import Dataset
 
