@@ -217,7 +217,8 @@ class Experiment:
 
         Raises:
             ConfigError: bad input, before any training starts.
-            ExperimentError: the experiment is training already, or holds a different config group.
+            ExperimentError: the experiment is training already, or holds a different config group; blocking, once
+                training stopped because a write to disk failed (the message says how to continue).
             KeyboardInterrupt: Ctrl-C while a blocking ``run_fit`` trains in a script, once the runs are parked.
         """
         lifecycle.run_fit(

@@ -68,6 +68,7 @@ def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> Non
         ConfigError: bad input, before any training starts.
         ExperimentError: ended, read-only, training already, trained by another process or object.
         StorageError: the store cannot be written (disk full, read-only file system).
+        ExperimentError: (blocking) training stopped because a write to disk failed (after saying so).
     """
     check_flag(options["background"], "background", allow_none=True)
     note = check_drop_in_args(options["num_gpus"], options["monte_carlo_simulations"])
@@ -109,6 +110,9 @@ def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> Non
         raise
     if not background:
         exp.wait()
+        halted = exp._session.halted if exp._session is not None else None
+        if halted is not None:  # a script must not go on (and exit 0) as if its runs had trained
+            raise ExperimentError(f"training stopped: {halted}")
 
 
 def _refuse_if_busy(exp: Any) -> None:

@@ -315,9 +315,19 @@ class Recorder(SchedulerListener):
                 self._errors_seen.add(key)
                 log.exception("rapidfire recorder: a write failed")
 
+    def _check_store_file(self) -> None:
+        """At each run event and heartbeat (~2 s): the store file must still be there (one stat). A deleted experiment folder leaves SQLite
+        writing into an unlinked file, which succeeds and saves nothing; so it is a storage failure."""
+        path = getattr(self.store, "path", None)
+        if isinstance(path, Path) and not path.exists():
+            raise StorageError(
+                str(path), "the file is gone (the experiment folder was removed while training)"
+            )
+
     def _write_one(self, item: tuple[Any, ...]) -> None:
         kind = item[0]
         if kind == "run":
+            self._check_store_file()
             self._write_run(item[1], item[2])
         elif kind == "op":
             self._write_op(item[1], item[2], item[3])
@@ -328,6 +338,7 @@ class Recorder(SchedulerListener):
         elif kind == "final":
             self.store.upsert_run(item[1], checkpoint_dir=item[2])
         elif kind == "beat":
+            self._check_store_file()
             self.store.beat()
         elif kind == "say":
             self.reporter.say(item[1])

@@ -86,11 +86,19 @@ class FitSession:
             if self.scheduler.halted is not None:
                 return
             active = [s.run_id for s in self.scheduler.snapshot() if s.status.in_rotation()]
-            message = (
-                f"{failure}. Training stops here and nothing is lost: runs {active} are INTERRUPTED and each "
-                "continues exactly from its latest complete chunk checkpoint. Free space on that disk, then call "
-                "run_fit(...) again with the same arguments"
-            )
+            folder = Path(self.store.path).parent
+            if not Path(self.store.path).exists():  # not a full disk: the experiment's record itself is gone
+                message = (
+                    f"{failure}. The experiment folder {folder} was removed while training: training stops "
+                    f"(runs {active} are INTERRUPTED) and nothing more can be saved there. Restore the folder "
+                    "from a backup to continue, or run_fit(...) into a new experiment to train again"
+                )
+            else:
+                message = (
+                    f"{failure}. Training stops here and nothing is lost: runs {active} are INTERRUPTED and each "
+                    "continues exactly from its latest complete chunk checkpoint. Free space on that disk, then "
+                    "call run_fit(...) again with the same arguments"
+                )
             self.scheduler.halt(message)
         self.recorder.reporter.say(message)
 

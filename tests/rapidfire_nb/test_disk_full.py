@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from rapidfire_nb.errors import ExperimentError
 from tests.helpers import adapter_from_folder, max_abs_diff, qa_dataset, qa_to_chat, result_series
 
 
@@ -85,7 +86,8 @@ def _run_until_the_disk_fills(
     said: list[str] = []
     exp.on_message(said.append)
     break_it(exp)
-    _fit(exp)  # a script: blocks until training stops
+    with pytest.raises(ExperimentError, match="training stopped: writing .* failed"):
+        _fit(exp)  # a script: blocks until training stops, then raises (a script must not exit 0)
     return exp, said
 
 
@@ -153,3 +155,30 @@ def test_a_checkpoint_write_filling_the_disk_loses_nothing(
     _fit(exp)
     _assert_same(_outcome(exp), reference)
     exp.end()
+
+
+def test_an_experiment_folder_removed_while_training_is_named_not_blamed_on_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from rapidfire_nb.training import checkpoint
+
+    original = checkpoint.write_snapshot
+    calls = {"n": 0}
+
+    def break_it(exp: Any) -> None:
+        def write_snapshot(snap: Any, target: Path) -> None:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                shutil.rmtree(exp.path)  # a user deletes the folder mid-run
+            original(snap, target)
+
+        monkeypatch.setattr(checkpoint, "write_snapshot", write_snapshot)
+
+    exp, said = _run_until_the_disk_fills(tmp_path, monkeypatch, break_it)
+    failures = [line for line in said if "failed" in line]
+    assert len(failures) == 1, said
+    assert f"The experiment folder {exp.path} was removed while training" in failures[0]
+    assert "Free space" not in failures[0]  # was: "Free space on that disk, then call run_fit(...) again"
+    assert not any(s.status.value in ("FAILED", "ONGOING") for s in exp.run_snapshots())
