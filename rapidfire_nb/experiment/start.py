@@ -28,6 +28,32 @@ from .tracking import make_trackers, tracked_run
 __all__ = ["check_group", "open_session", "start_message"]
 
 
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flat(item, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def _group_difference(existing: dict[int, dict[str, Any]], specs: Any, most: int = 3) -> str:
+    """``"; run 1: training_args.max_steps is 48 there, 40 here"``: where the stored group and the given one
+    differ (runs matched by position), at most ``most`` fields; ``""`` when nothing can be compared."""
+    if len(existing) != len(specs):
+        return f"; {len(specs)} given here"
+    found: list[str] = []
+    for run_id, spec in zip(sorted(existing), specs):
+        stored = existing[run_id].get("config")
+        if not isinstance(stored, dict):
+            continue
+        old, new = _flat(stored), _flat(spec.to_json())
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key) and len(found) < most:
+                found.append(f"run {run_id}: {key} is {old.get(key)!r} there, {new.get(key)!r} here")
+    return "; " + "; ".join(found) if found else ""
+
+
 def check_group(
     name: str, store: Any, inputs: FitInputs, trained_here: bool
 ) -> dict[int, dict[str, Any]] | None:
@@ -43,8 +69,9 @@ def check_group(
         return existing
     if store.get_meta("fingerprint") != inputs.fingerprint:
         raise ExperimentError(
-            f"experiment {name!r} already holds a different config group ({len(existing)} runs). Use a new "
-            "experiment name, or Experiment(name, overwrite=True) to start it afresh"
+            f"experiment {name!r} already holds a different config group ({len(existing)} runs"
+            f"{_group_difference(existing, inputs.specs)}). Use a new experiment name, or "
+            "Experiment(name, overwrite=True) to start it afresh"
         )
     if trained_here:
         return None
