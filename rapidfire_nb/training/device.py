@@ -24,6 +24,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from rapidfire_nb.errors import ConfigError
+
 __all__ = ["DeviceThread"]
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,15 @@ class DeviceThread:
         return fut
 
     def run(self, fn: Callable[[], T]) -> T:
-        """Run ``fn()`` on the device thread and return its result (its exception is raised here)."""
-        return self.call(fn).result()
+        """Run ``fn()`` on the device thread and return its result (its exception is raised here).
+
+        A ``ConfigError`` (bad input found while building a run) is raised without the device thread's frames:
+        its message says what to fix, and a user should not read the thread plumbing above it first.
+        """
+        try:
+            return self.call(fn).result()
+        except ConfigError as exc:
+            raise exc.with_traceback(None)  # noqa: B904 - the same exception, its cause kept
 
     def close(self, timeout: float | None = None) -> None:
         """Run what is queued, then stop the thread (joined); later calls run on the calling thread."""
