@@ -76,9 +76,9 @@ def test_different_inputs_are_refused_before_training(
     try:
         with pytest.raises(ExperimentError, match=message) as err:
             exp.run_fit(_group(), _never, **args)
-        assert "unfinished runs [1]" in str(err.value) and "same num_chunks, seed and datasets" in str(
+        assert "unfinished runs [1]" in str(
             err.value
-        )
+        ) and "same num_chunks, seed, eval_generation_samples and datasets" in str(err.value)
     finally:
         exp.end()
 

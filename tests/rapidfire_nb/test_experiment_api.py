@@ -81,6 +81,7 @@ def test_runs_info_columns(done: dict[str, Any]) -> None:
         "eval_loss",
         "checkpoint_dir",
         "error",
+        "stop_reason",
     ]
 
 
