@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from rapidfire_nb.redact import redact
 
+from .base import BackendTracker
+
 if TYPE_CHECKING:
     from rapidfire_nb.tracking.base import TrackedRun
 
@@ -228,48 +230,16 @@ class TensorBoardTracker:
         self.close()
 
 
-class NullTracker:
-    """Stands in for a tracker when tracking is off: every method does nothing."""
+class NullTracker(BackendTracker):
+    """Stands in for a tracker when tracking is off: every method does nothing (:class:`~.base.BackendTracker`'s
+    defaults)."""
 
     name = "none"
-    metric_style = "split"
-
-    def describe(self) -> str | None:
-        return None
-
-    def start_run(self, run: TrackedRun, status: str) -> None:
-        return None
-
-    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
-        return None
 
     def log_metrics(
         self, run_id: int, step: int, metrics: Mapping[str, float], wall_time: float | None = None
     ) -> None:
-        return None
-
-    def end_batch(self) -> None:
-        return None
-
-    def log_scalars(
-        self, run_id: int, step: int, scalars: Mapping[str, Any], wall_time: float | None = None
-    ) -> None:
-        return None
-
-    def log_hparams(self, run_id: int, hparams: Mapping[str, Any], step: int = 0) -> None:
-        return None
-
-    def continue_from(self, run_id: int, step: int) -> None:
-        return None
-
-    def flush(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-    def mark_deleted(self, run_id: int) -> Path | None:
-        return None
+        return None  # what the recorder calls on its one tracker (a TrackerSet maps the names per backend)
 
     def __enter__(self) -> NullTracker:
         return self
