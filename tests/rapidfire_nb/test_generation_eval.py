@@ -387,3 +387,47 @@ def test_the_rapidfireai_tutorial_sft_cells_run_with_the_import_model_and_data_c
     experiment.end()
     assert list(info.status) == ["COMPLETED"] * 4
     assert info["eval_rougeL"].notna().all() and info["eval_rougeL"].between(0, 1).all()
+
+
+def char_code_score(eval_preds: Any) -> dict[str, float]:
+    """A ``compute_metrics`` whose value differs between runs that generate different text."""
+    predictions, _references = eval_preds
+    return {"score": float(sum(ord(c) for text in predictions for c in text) % 997)}
+
+
+def test_a_generation_metric_can_be_the_early_stopping_metric() -> None:
+    from rapidfire_nb.automl import SuccessiveHalving
+
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            peft_config=RFLoraConfig(**LORA),
+            training_args=RFSFTConfig(
+                learning_rate=List([3e-2, 1e-2, 3e-3, 1e-3]), per_device_train_batch_size=2, max_length=32
+            ),
+            formatting_func=qa_to_chat,
+            compute_metrics=char_code_score,
+            generation_config=GREEDY,
+        ),
+        "SFT",
+    )
+    exp = Experiment("gen-pruned")
+    exp.quiet = True
+    policy = SuccessiveHalving(metric="eval_score", mode="max", reduction_factor=2, grace_chunks=1)
+    exp.run_fit(
+        group,
+        tiny_create_model,
+        qa_dataset(8),
+        qa_dataset(4, seed=1),
+        num_chunks=2,
+        seed=SEED,
+        early_stopping=policy,
+    )
+    info = exp.get_runs_info()
+    pruned = info[info.status == "STOPPED"]
+    # 3 epochs x 2 chunks: rungs at chunks 1 (2 of 4 go on) and 2 (1 of 2 goes on)
+    assert len(pruned) == 3 and list(info.status).count("COMPLETED") == 1, info[["run_id", "status"]]
+    assert all("eval_score" in reason for reason in pruned.stop_reason), list(pruned.stop_reason)
+    rungs = sorted(reason.split(":")[0] for reason in pruned.stop_reason)
+    assert rungs == ["pruned at chunk 1/6", "pruned at chunk 1/6", "pruned at chunk 2/6"], rungs
+    exp.end()
