@@ -160,7 +160,7 @@ def best_metric(best_by: str, mode: str | None) -> tuple[str, str]:
 
 def report(info, results, metric: str, mode: str, elapsed: float) -> list[str]:
     """Print the runs table and the best config by ``metric``; return the hyperparameter columns."""
-    cols = [c for c in info.columns if c not in ("config", "checkpoint_dir", "error")]
+    cols = [c for c in info.columns if c not in ("config", "checkpoint_dir", "error", "stop_reason")]
     print()
     print(info[cols].to_string(index=False))
     hp = [c for c in cols if c not in (*PROGRESS, *METRICS)]
