@@ -126,6 +126,11 @@ class _Run:
         0  # the user resumed it after the policy stopped it at this chunk: not judged up to it
     )
 
+    def place(self, start: RunStart) -> None:
+        """Put the run where the executor says it starts (its plan and position; a warm clone starts mid-way)."""
+        self.plan, self.step = start.plan, start.step
+        self.segments_done, self.samples_seen = start.segments_done, start.samples_seen
+
     def position(self) -> tuple[int, int]:
         if self.plan is None:
             return (1, 1)
@@ -259,12 +264,7 @@ class Scheduler:
             stop_reason=stop_reason if status is RunStatus.STOPPED else None,
         )
         if start is not None:
-            run.plan, run.step, run.segments_done, run.samples_seen = (
-                start.plan,
-                start.step,
-                start.segments_done,
-                start.samples_seen,
-            )
+            run.place(start)
         elif progress is not None:
             run.step, run.fixed_total, run.segments_done, run.samples_seen = progress
         with self._lock:
@@ -804,12 +804,7 @@ class Scheduler:
             self._fail_child(child, op, f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
-            child.plan, child.step, child.segments_done, child.samples_seen = (
-                start.plan,
-                start.step,
-                start.segments_done,
-                start.samples_seen,
-            )
+            child.place(start)
             child.waiting_clone = None
             child.pending = False
         how = "from scratch"
@@ -914,12 +909,7 @@ class Scheduler:
             self._emit(run)
             return
         with self._lock:
-            run.plan, run.step, run.segments_done, run.samples_seen = (
-                start.plan,
-                start.step,
-                start.segments_done,
-                start.samples_seen,
-            )
+            run.place(start)
             run.pending = False
         self._emit(run)
 
