@@ -32,31 +32,10 @@ def fast_create_model(model_config: dict[str, Any] | None = None) -> tuple[Any, 
 
     The same weights in every process and on every call (drawn inside ``fork_rng``: the caller's RNG is unchanged).
     """
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from rapidfire_nb.testing import tiny_model, tiny_tokenizer
 
-    from rapidfire_nb.testing import TINY_SPECIAL_TOKENS, TINY_VOCAB_SIZE, tiny_tokenizer
-
-    special = {name: i for i, name in enumerate(TINY_SPECIAL_TOKENS)}
-    config = LlamaConfig(
-        vocab_size=TINY_VOCAB_SIZE,
-        num_key_value_heads=FAST_MODEL["num_attention_heads"],
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        pad_token_id=special["<pad>"],
-        bos_token_id=special["<|endoftext|>"],
-        eos_token_id=special["<|im_end|>"],
-        dtype="float32",
-        **FAST_MODEL,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id
-    )
-    model.train()
-    return model, tiny_tokenizer()
+    sizes = {**FAST_MODEL, "num_key_value_heads": FAST_MODEL["num_attention_heads"]}
+    return tiny_model(seed=0, sizes=sizes), tiny_tokenizer()
 
 
 def _model_inputs(model: str, n_train: int) -> tuple[Any, Any, Any, str, Any, dict[str, Any]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -134,7 +135,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_model(seed: int = 0, arch: str = "llama") -> PreTrainedModel:
+def tiny_model(seed: int = 0, arch: str = "llama", sizes: Mapping[str, int] | None = None) -> PreTrainedModel:
     """Build a tiny randomly initialised causal LM whose vocabulary matches :func:`tiny_tokenizer`.
 
     Sizes: hidden 64, 2 layers, 4 attention heads, 2 KV heads, MLP 128, vocabulary 512, 512 positions,
@@ -145,6 +146,9 @@ def tiny_model(seed: int = 0, arch: str = "llama") -> PreTrainedModel:
     Args:
         seed: torch seed of the initialisation.
         arch: ``"llama"`` (``LlamaForCausalLM``) or ``"qwen2"`` (``Qwen2ForCausalLM``).
+        sizes: config sizes that replace the defaults above (``hidden_size``, ``num_hidden_layers``,
+            ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``), e.g. the benchmark's larger
+            "fast steps" model.
 
     Returns:
         The model in train mode, on the CPU, with ``config.pad/bos/eos_token_id`` and its
@@ -161,13 +165,17 @@ def tiny_model(seed: int = 0, arch: str = "llama") -> PreTrainedModel:
         raise ValueError(f"arch must be one of {sorted(classes)}, got {arch!r}.")
     config_cls, model_cls = classes[arch]
     special = {name: i for i, name in enumerate(TINY_SPECIAL_TOKENS)}
+    dims = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        **(sizes or {}),
+    }
     config = config_cls(
         vocab_size=TINY_VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **dims,
         max_position_embeddings=512,
         tie_word_embeddings=False,
         pad_token_id=special["<pad>"],
