@@ -24,6 +24,9 @@ class SegmentResult:
         error: the error text when the run failed (the run is then FAILED).
         metrics: the metrics the run logged during the segment, latest value per name (TRL's names, e.g. the
             chunk-end ``eval_loss``); what early-stopping policies compare.
+        device_lost: the device's worker died during the segment (killed, out of memory, a crash): not the run's
+            fault. The run becomes INTERRUPTED and continues from its latest checkpoint on another device;
+            ``error`` then says what happened to the worker.
     """
 
     step: int
@@ -31,6 +34,7 @@ class SegmentResult:
     finished: bool = False
     error: str | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
+    device_lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,9 +50,33 @@ class RunStart:
 class Executor(ABC):
     """Trains runs segment by segment. Called only from the scheduler thread.
 
-    At most one segment runs at a time. ``run_segment`` must not block: it returns a Future resolved with a
-    :class:`SegmentResult` (never with an exception: a failing run reports ``error``).
+    At most one segment runs at a time per device (:attr:`devices`; one device unless the executor says more).
+    ``run_segment`` must not block: it returns a Future resolved with a :class:`SegmentResult` (never with an
+    exception: a failing run reports ``error``).
     """
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices this executor trains on, by name (e.g. ``("cpu:0", "cpu:1")``); one by default."""
+        from .arbiter import DEFAULT_DEVICE
+
+        return (DEFAULT_DEVICE,)
+
+    def device_of(self, run_id: int) -> str:
+        """The device run ``run_id`` is on (its trainer and base model live there)."""
+        return self.devices[0]
+
+    def alive(self, device: str) -> bool:
+        """False once ``device``'s worker died (its runs must move elsewhere)."""
+        return True
+
+    def move_run(self, run_id: int, spec: Any, device: str) -> RunStart:
+        """Move a parked run to ``device`` through its latest boundary checkpoint (the crash-resume path).
+
+        Used when a device would otherwise idle or break the fairness invariant, and for the runs of a device
+        whose worker died (then from the latest checkpoint on disk). Raises on an executor with one device.
+        """
+        raise NotImplementedError("this executor has a single device")
 
     @abstractmethod
     def add_run(self, run_id: int, spec: Any, warm_from: int | None = None) -> RunStart:
