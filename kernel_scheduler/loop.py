@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from .arbiter import DeviceArbiter, Lease, device_arbiter
+from .arbiter import DeviceArbiter, device_arbiter
 from .chunks import ChunkPlan
 from .early_stopping import (
     EARLY_STOPPING,
@@ -30,7 +30,9 @@ from .early_stopping import (
 )
 from .executor import Executor, RunStart, SegmentResult
 from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide
+from .placement import Assignment, DeviceView, FairPlacement, PlacedRun
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
+from .slots import DeviceSlots
 from .status import RunStatus, check_transition
 
 __all__ = ["Scheduler", "RunSnapshot", "SchedulerListener"]
@@ -56,6 +58,8 @@ class RunSnapshot:
         stop_reason: why a STOPPED run stopped: the early-stopping policy's reason (``"pruned at chunk 2/8:
             ..."``) or ``"stopped by the user (panel)"``; None for a run that is not STOPPED.
         pruned: True when the early-stopping policy stopped it (and nobody resumed it since).
+        device: the device the run is on (its trainer and base model live there), e.g. ``"cpu:1"``; ``""``
+            for a run not placed (finished in an earlier process).
     """
 
     run_id: int
@@ -74,6 +78,7 @@ class RunSnapshot:
     steps_per_epoch: int = 0
     stop_reason: str | None = None
     pruned: bool = False
+    device: str = ""
 
     @property
     def epoch(self) -> float:
@@ -103,6 +108,10 @@ class SchedulerListener:
     def on_note(self, text: str) -> None:
         """A sentence for the user from the early-stopping policy (e.g. a metric no run logs)."""
 
+    def on_rewound(self, snap: RunSnapshot, step: int) -> None:
+        """The run continues from its checkpoint at ``step`` (its worker died): what it logged after ``step`` is
+        void and will be logged again."""
+
 
 @dataclass
 class _Run:
@@ -125,6 +134,10 @@ class _Run:
     exempt_through: int = (
         0  # the user resumed it after the policy stopped it at this chunk: not judged up to it
     )
+    device: str | None = None  # where its trainer lives (None: not built in this process)
+    lost: bool = False  # its device's worker died: it moves to another device before it trains again
+    moving: bool = False  # a move to another device is queued
+    seconds_per_step: float | None = None  # measured over its latest segment (placement estimates)
 
     def place(self, start: RunStart) -> None:
         """Put the run where the executor says it starts (its plan and position; a warm clone starts mid-way)."""
@@ -177,7 +190,6 @@ class Scheduler:
         # trains and while boundary actions call the executor, and given back between segments
         self._arbiter = arbiter if arbiter is not None else device_arbiter()
         self._owner = owner or f"scheduler {id(self):x}"
-        self._lease: Lease | None = None
         self._listener = listener or SchedulerListener()
         self._policy = policy or FurthestBehindFirst()
         self._idle_poll_s = idle_poll_s
@@ -188,7 +200,12 @@ class Scheduler:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
-        self._current: tuple[int, Future[SegmentResult]] | None = None
+        # segments in flight, leases and the executor calls waiting for a device to be free, per device
+        self._slots = DeviceSlots(executor.devices, self._arbiter, self._owner, self._wake.set)
+        self._placement = FairPlacement()
+        self._started_at: dict[
+            int, tuple[float, int]
+        ] = {}  # run id -> (monotonic start, step) of its segment
         self._acks: dict[str, OpAck] = {}
         # a stop/resume/delete that is queued or waiting for a chunk boundary, by (kind, run id) -> its op id; a
         # second request of the same kind for the same run follows it (same outcome, applied once)
@@ -204,9 +221,6 @@ class Scheduler:
         # then waits on the run in flight). qsize() alone is not enough: submit() puts an op on the queue
         # after releasing the lock, and the loop takes it off before applying it.
         self._unapplied = 0
-        # Executor calls other than run_segment wait until no segment is running (they touch the shared model
-        # and the process-wide RNG): status notifications and clones queue here until the boundary.
-        self._at_boundary: list[Callable[[], None]] = []
         self._loop_error: str | None = None
         self._halted: str | None = None  # why training stopped for good (halt()); None while it goes on
         # the early-stopping policy, asked at chunk boundaries (its stops are ops from source "early_stopping")
@@ -265,6 +279,7 @@ class Scheduler:
         )
         if start is not None:
             run.place(start)
+            run.device = self._device_of(run_id)
         elif progress is not None:
             run.step, run.fixed_total, run.segments_done, run.samples_seen = progress
         with self._lock:
@@ -304,9 +319,29 @@ class Scheduler:
             return self._snap(r) if r else None
 
     def on_device(self) -> int | None:
-        """Run id training right now, or None."""
-        cur = self._current
-        return cur[0] if cur else None
+        """Run id training right now (the first device's, with several), or None."""
+        running = self._slots.running_ids()
+        return next(iter(running.values()), None)
+
+    def training(self) -> dict[str, int]:
+        """Device -> id of the run training there right now (devices with no segment left out). Any thread."""
+        return self._slots.running_ids()
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The executor's devices, in order."""
+        return self._slots.devices
+
+    def device_states(self) -> dict[str, str]:
+        """Device -> ``"training run N"``, ``"idle"`` or ``"lost"`` (its worker died). Any thread."""
+        running = self._slots.running_ids()
+        out = {}
+        for device in self._slots.devices:
+            if device in running:
+                out[device] = f"training run {running[device]}"
+            else:
+                out[device] = "idle" if self._alive(device) else "lost"
+        return out
 
     def submit(self, op: Op) -> OpAck:
         """Queue an op; returns its acknowledgement at once. The same ``op_id`` is applied once.
@@ -408,7 +443,7 @@ class Scheduler:
         return ", ".join(names)
 
     def _queued_message(self, op: Op) -> str:
-        on_device = self._current is not None and self._current[0] == op.run_id
+        on_device = self._slots.running(op.run_id)
         when = "at the end of its current chunk" if on_device else "now"
         if op.kind is OpKind.STOP:
             return f"stop requested for run {op.run_id} — applies {when}"
@@ -471,7 +506,7 @@ class Scheduler:
                 )
                 and not self._unapplied
             )
-        if self._busy or self._current is not None or self._unapplied or self._at_boundary:
+        if self._busy or self._slots.any_running() or self._unapplied or self._slots.pending():
             return False
         return self._choose() is None
 
@@ -504,13 +539,73 @@ class Scheduler:
             self._emit(run)
 
     def _choose(self) -> int | None:
+        """The run the first free device trains next (one device: the policy's choice), or None."""
         if self._halted is not None:
             return None
-        views = [
-            RunView(r.run_id, r.status, r.position(), ready=r.plan is not None and not r.pending)
-            for r in self._runs.values()
+        if not self._multi():
+            views = [
+                RunView(r.run_id, r.status, r.position(), ready=self._ready(r)) for r in self._runs.values()
+            ]
+            return self._policy.choose(views)
+        picks = self._assign(list(self._slots.devices))
+        return picks[0].run_id if picks else None
+
+    def _multi(self) -> bool:
+        return len(self._slots.devices) > 1
+
+    def _ready(self, r: _Run) -> bool:
+        return r.plan is not None and not r.pending and not r.moving
+
+    def _alive(self, device: str) -> bool:
+        try:
+            return bool(self._executor.alive(device))
+        except Exception:
+            return False
+
+    def _device_of(self, run_id: int) -> str:
+        try:
+            return str(self._executor.device_of(run_id))
+        except Exception:
+            return self._slots.devices[0]
+
+    def _placed(self) -> list[PlacedRun]:
+        return [
+            PlacedRun(
+                run_id=r.run_id,
+                status=r.status,
+                segments_done=r.segments_done,
+                device=r.device,
+                ready=self._ready(r),
+                in_flight=self._slots.running(r.run_id),
+                remaining_steps=max(0, r.plan.total_steps - r.step) if r.plan is not None else 0,
+                seconds_per_step=r.seconds_per_step,
+            )
+            for r in sorted(self._runs.values(), key=lambda r: r.run_id)
         ]
-        return self._policy.choose(views)
+
+    def _device_views(self) -> list[DeviceView]:
+        return [DeviceView(d, alive=self._alive(d), busy=self._slots.busy(d)) for d in self._slots.devices]
+
+    def _assign(self, free: Sequence[str]) -> list[Assignment]:
+        """What each of the ``free`` devices trains next (several devices: the placement policy)."""
+        if self._halted is not None:
+            return []
+        if not self._multi():
+            run_id = self._choose()
+            return [Assignment(run_id, free[0])] if run_id is not None and free else []
+        wanted = set(free)
+        return [
+            a for a in self._placement.assign_free(self._device_views(), self._placed()) if a.device in wanted
+        ]
+
+    def _place_new(self) -> str:
+        """The device a new run (a cold clone, a search's trial) is built on: where the least work remains."""
+        if not self._multi():
+            return self._slots.devices[0]
+        try:
+            return self._placement.place_new(self._device_views(), self._placed())
+        except ValueError:  # no device alive: the build fails with the executor's own error
+            return self._slots.devices[0]
 
     def _main(self) -> None:
         if self.on_thread_start is not None:
@@ -524,58 +619,72 @@ class Scheduler:
                     log.exception("rapidfire scheduler error")
                     self._closing.wait(0.1)
         finally:
-            self._release_device()
+            self._slots.release_all()
         with self._changed:
             self._changed.notify_all()
 
     def _turn(self) -> None:
         self._listener.on_heartbeat()
         self._drain_commands()
-        if self._current is None:
-            if self._halted is not None:
+        finished = self._slots.finished()
+        for device, run_id, fut in finished:
+            try:
+                res = fut.result()
+            except Exception as exc:  # the contract says never; a raising Future must not wedge the loop
+                run = self._runs[run_id]
+                res = SegmentResult(
+                    step=run.step, samples_seen=run.samples_seen, error=f"{type(exc).__name__}: {exc}"
+                )
+            self._finish_segment(device, run_id, res)
+        if finished:
+            return
+        free = [d for d in self._slots.devices if not self._slots.busy(d)]
+        if free:
+            if self._halted is not None and not self._slots.any_running():
                 self._interrupt_all()
-            if self._needs_device() and not self._device_held():
+            self._find_lost()
+            wanted = [d for d in free if self._needs_device(d)]
+            held = [d for d in wanted if self._slots.held(d)]
+            if wanted and not held and not self._slots.any_running():
                 self._idle_wait()  # the grant sets _wake
                 return
             self._flush_boundary()
             self._resolve_waiting_clones()
             self._consult()  # a run left the rotation: a rung may be decided now
             with self._lock:
-                run_id = self._choose()
-                if run_id is None:
+                picks = [a for a in self._assign(free) if a.device in held or self._slots.held(a.device)]
+                if not picks and not self._slots.any_running():
                     self._busy = False
                     self._changed.notify_all()
-            if run_id is None:
-                if not self._at_boundary:
-                    self._release_device()
+            for pick in picks:
+                self._begin(pick)
+            if picks:
+                return
+            if not self._slots.any_running():
+                for device in free:
+                    if not self._slots.pending(device):
+                        self._slots.release(device)
                 self._idle_wait()
                 return
-            self._begin(run_id)
-            return
-        run_id, fut = self._current
-        if not fut.done():
-            self._wake.wait(self._idle_poll_s)
-            self._wake.clear()
-            if not fut.done():
-                self._poll_inbox()  # ops from other processes for parked runs apply without waiting a chunk
-            return
-        try:
-            res = fut.result()
-        except Exception as exc:  # the contract says never; a raising Future must not wedge the loop
-            run = self._runs[run_id]
-            res = SegmentResult(
-                step=run.step, samples_seen=run.samples_seen, error=f"{type(exc).__name__}: {exc}"
-            )
-        self._finish_segment(run_id, res)
+        self._wake.wait(self._idle_poll_s)
+        self._wake.clear()
+        if not self._slots.finished():
+            self._poll_inbox()  # ops from other processes for parked runs apply without waiting a chunk
 
-    def _begin(self, run_id: int) -> None:
+    def _begin(self, pick: Assignment) -> None:
+        run_id, device = pick.run_id, pick.device
+        if pick.move_from is not None or self._runs[run_id].device != device:
+            if not self._move(self._runs[run_id], device):
+                return
         with self._lock:
             run = self._runs[run_id]
             assert run.plan is not None
             if run.segments_done >= run.plan.num_segments or run.step >= run.plan.total_steps:
                 # nothing left to train (e.g. a warm clone of a parent that made its last step)
                 self._set_status(run, RunStatus.COMPLETED)
-                self._at_boundary.append(partial(self._executor.on_status, run_id, RunStatus.COMPLETED.value))
+                self._slots.queue(
+                    device, partial(self._executor.on_status, run_id, RunStatus.COMPLETED.value)
+                )
                 done = True
             else:
                 done = False
@@ -585,7 +694,7 @@ class Scheduler:
                 self._busy = True
         if done:
             self._emit(run)
-            self._flush_boundary()
+            self._slots.flush(device)
             return
         try:
             fut = self._executor.run_segment(run_id, stop)
@@ -597,27 +706,101 @@ class Scheduler:
                 )
             )
         fut.add_done_callback(lambda _f: self._wake.set())
-        self._current = (run_id, fut)
+        self._started_at[run_id] = (time.monotonic(), run.step)
+        self._slots.start(device, run_id, fut)
         self._emit(run)
 
-    def _finish_segment(self, run_id: int, res: SegmentResult) -> None:
+    def _move(self, run: _Run, device: str) -> bool:
+        """Move ``run`` to ``device`` through its latest boundary checkpoint (the crash-resume path); False when
+        the move failed (the run is then FAILED, or INTERRUPTED when its device died meanwhile)."""
+        source = run.device
+        try:
+            start = self._executor.move_run(run.run_id, run.spec, device)
+        except Exception as exc:
+            with self._lock:
+                run.error = f"moving it from {source} to {device} failed: {type(exc).__name__}: {exc}"
+                if run.status.in_rotation() or run.status is RunStatus.INTERRUPTED:
+                    self._set_status(run, RunStatus.FAILED)
+            self._emit(run)
+            return False
+        rewound = run.lost and start.step != run.step
         with self._lock:
-            self._current = None
+            run.place(start)
+            run.device, run.lost, run.moving = device, False, False
+            if run.status is RunStatus.INTERRUPTED:
+                self._set_status(run, RunStatus.ONGOING)
+        snap = self._snap(run)
+        if rewound:
+            try:
+                self._listener.on_rewound(snap, start.step)
+            except Exception:
+                log.exception("listener.on_rewound failed")
+        self._note(f"run {run.run_id} moved from {source} to {device} at step {start.step}")
+        self._emit(run)
+        return True
+
+    def _find_lost(self) -> None:
+        """Runs on a device whose worker died: ONGOING ones become INTERRUPTED; all move before training again."""
+        if not self._multi():
+            return
+        dead = {d for d in self._slots.devices if not self._slots.busy(d) and not self._alive(d)}
+        if not dead:
+            return
+        changed = []
+        names = ", ".join(sorted(dead))
+        with self._lock:
+            for run in self._runs.values():
+                if run.device in dead and not run.lost and not run.status.is_finished():
+                    run.lost = True
+                    if run.status is RunStatus.ONGOING:
+                        self._set_status(run, RunStatus.INTERRUPTED)
+                    changed.append(run)
+            live = [d for d in self._slots.devices if self._alive(d)]
+            alive = bool(live)
+            if live:  # what waited for a dead device (a clone, a status change) runs on a live one
+                self._slots.reroute(dead, live[0])
+        for run in changed:
+            self._emit(run)
+        if changed:
+            self._note(
+                f"the worker of {names} died; runs {', '.join(str(r.run_id) for r in changed)} continue from "
+                "their latest checkpoints on the other devices"
+                if alive
+                else f"the worker of {names} died and no device is left: training stops"
+            )
+        if not alive and self._halted is None:
+            self.halt(f"every device's worker died ({names})")
+
+    def _finish_segment(self, device: str, run_id: int, res: SegmentResult) -> None:
+        with self._lock:
+            self._slots.end(device)
             run = self._runs[run_id]
             before = run.segments_done
-            run.step = res.step
-            run.samples_seen = res.samples_seen
-            if run.plan is not None:
-                run.segments_done = run.plan.segments_done_at(res.step)
-            if res.error is not None:
-                run.error = res.error
-                self._set_status(run, RunStatus.FAILED)
-            elif res.finished or (run.plan is not None and res.step >= run.plan.total_steps):
-                self._set_status(run, RunStatus.COMPLETED)
-            if run.status.is_finished():
-                self._at_boundary.append(partial(self._executor.on_status, run_id, run.status.value))
-            deferred, run.deferred = run.deferred, []
+            started = self._started_at.pop(run_id, None)
+            if started is not None and res.step > started[1]:
+                run.seconds_per_step = (time.monotonic() - started[0]) / (res.step - started[1])
+            if res.device_lost:  # not the run's fault: it continues from its checkpoint elsewhere
+                run.error = None
+                run.lost = True
+                if run.status is RunStatus.ONGOING:
+                    self._set_status(run, RunStatus.INTERRUPTED)
+                deferred, run.deferred = run.deferred, []
+            else:
+                run.step = res.step
+                run.samples_seen = res.samples_seen
+                if run.plan is not None:
+                    run.segments_done = run.plan.segments_done_at(res.step)
+                if res.error is not None:
+                    run.error = res.error
+                    self._set_status(run, RunStatus.FAILED)
+                elif res.finished or (run.plan is not None and res.step >= run.plan.total_steps):
+                    self._set_status(run, RunStatus.COMPLETED)
+                if run.status.is_finished():
+                    self._slots.queue(device, partial(self._executor.on_status, run_id, run.status.value))
+                deferred, run.deferred = run.deferred, []
         self._emit(run)
+        if res.device_lost:
+            self._find_lost()
         # the boundary: first warm clones that waited for this run, then the ops deferred to it
         self._flush_boundary()
         self._resolve_waiting_clones()
@@ -625,7 +808,7 @@ class Scheduler:
             self._apply(op)
         self._flush_boundary()
         self._consult(run, res, before)  # early stopping: its stops apply before another chunk starts
-        self._release_device()  # another experiment's segment may train now; the next turn asks again
+        self._slots.release(device)  # another experiment's segment may train now; the next turn asks again
         self._poll_inbox()
         with self._changed:
             self._changed.notify_all()
@@ -636,36 +819,22 @@ class Scheduler:
         self._wake.clear()
         self._poll_inbox()
 
-    def _needs_device(self) -> bool:
-        """True when the loop has executor work: boundary actions, a clone waiting, or a run to train."""
+    def _needs_device(self, device: str) -> bool:
+        """True when the loop has executor work on ``device``: boundary actions, a clone waiting, or a run."""
         with self._lock:
-            if self._at_boundary or any(r.waiting_clone is not None for r in self._runs.values()):
+            if self._slots.pending(device) or any(r.waiting_clone is not None for r in self._runs.values()):
                 return True
-            return self._choose() is not None
-
-    def _device_held(self) -> bool:
-        """True when this scheduler holds the device; otherwise asks for it (the grant wakes the loop)."""
-        if self._lease is None:
-            self._lease = self._arbiter.request(self._owner, on_grant=self._wake.set)
-        return self._lease.granted
-
-    def _release_device(self) -> None:
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.release()
+            return any(a.device == device for a in self._assign([device]))
 
     def _flush_boundary(self) -> None:
-        while self._current is None and self._at_boundary and self._device_held():
-            fn = self._at_boundary.pop(0)
-            try:
-                fn()
-            except Exception:
-                self._loop_error = traceback.format_exc()
-                log.exception("rapidfire scheduler: boundary action failed")
+        """Run the executor calls waiting for their device (on every device with no segment in flight)."""
+        self._slots.flush()
+        if self._slots.error is not None:
+            self._loop_error, self._slots.error = self._slots.error, None
 
-    def _when_free(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` now if no segment is running, else at the end of the current segment."""
-        self._at_boundary.append(fn)
+    def _when_free(self, fn: Callable[[], None], device: str | None = None) -> None:
+        """Run ``fn`` now if no segment trains on ``device`` (default: the first device), else at its boundary."""
+        self._slots.queue(device if device is not None else self._slots.devices[0], fn)
         self._flush_boundary()
 
     def _poll_inbox(self) -> None:
@@ -697,7 +866,7 @@ class Scheduler:
             if prev is not None and prev.state != OpState.QUEUED.value:
                 return  # answered meanwhile (cancelled by a later op): never applied
             run = self._runs.get(op.run_id)
-            on_device = self._current is not None and self._current[0] == op.run_id
+            on_device = self._slots.running(op.run_id)
             decision = decide(
                 op.kind, run.status if run else None, on_device, op.run_id, self._pending_of(op)
             )
@@ -742,7 +911,9 @@ class Scheduler:
                 run.stop_reason = why or (
                     "stopped by early stopping" if by_policy else f"stopped by the user ({op.source})"
                 )
-            self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.STOPPED.value))
+            self._when_free(
+                partial(self._executor.on_status, run.run_id, RunStatus.STOPPED.value), run.device
+            )
             self._resolved(op, f"run {run.run_id} stopped at step {run.step}" + (f": {why}" if why else ""))
         elif op.kind is OpKind.RESUME:
             with self._lock:
@@ -750,16 +921,35 @@ class Scheduler:
                 if run.pruned and op.source != EARLY_STOPPING:  # the user's own op wins over the policy
                     run.exempt_through = self._chunks(run, run.segments_done)
                 run.pruned, run.stop_reason = False, None
-            self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.ONGOING.value))
+            self._when_free(
+                partial(self._executor.on_status, run.run_id, RunStatus.ONGOING.value), run.device
+            )
             self._resolved(op, f"run {run.run_id} resumed from step {run.step}")
         elif op.kind is OpKind.DELETE:
             with self._lock:
                 self._set_status(run, RunStatus.DELETED)
-            self._when_free(partial(self._executor.on_status, run.run_id, RunStatus.DELETED.value))
+            self._when_free(
+                partial(self._executor.on_status, run.run_id, RunStatus.DELETED.value), run.device
+            )
             self._resolved(op, f"run {run.run_id} deleted")
         elif op.kind is OpKind.CLONE:
-            self._when_free(lambda: self._apply_clone_or_reject(op))
+            self._when_free(lambda: self._apply_clone_or_reject(op), self._clone_device(op))
         self._emit(run)
+
+    def _clone_device(self, op: Op) -> str:
+        """Where a clone is built: a warm clone on its parent's device (the parent's boundary snapshot is there;
+        a device that would idle may take it over later), a cold one where the least work remains."""
+        with self._lock:
+            parent = self._runs.get(op.run_id)
+            if op.payload.get("warm_start") and parent is not None and parent.device is not None:
+                return parent.device
+            return self._place_new()
+
+    def _add_to(self, device: str, run_id: int, spec: Any, warm_from: int | None = None) -> RunStart:
+        """``executor.add_run`` on ``device`` (an executor with one device is not told)."""
+        if self._multi():
+            return self._executor.add_run(run_id, spec, warm_from=warm_from, device=device)  # type: ignore[call-arg]
+        return self._executor.add_run(run_id, spec, warm_from=warm_from)
 
     def _apply_clone_or_reject(self, op: Op) -> None:
         try:
@@ -799,12 +989,14 @@ class Scheduler:
             )
             return
         try:
-            start = self._executor.add_run(child_id, child.spec, warm_from=op.run_id if warm else None)
+            device = self._clone_device(op)
+            start = self._add_to(device, child_id, child.spec, warm_from=op.run_id if warm else None)
         except Exception as exc:
             self._fail_child(child, op, f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
             child.place(start)
+            child.device = self._device_of(child_id)
             child.waiting_clone = None
             child.pending = False
         how = "from scratch"
@@ -892,15 +1084,16 @@ class Scheduler:
             self._listener.on_added(snap, dict(new.info))
         except Exception:
             log.exception("listener.on_added failed")
-        self._when_free(partial(self._build_new_run, run))
+        device = self._place_new()
+        self._when_free(partial(self._build_new_run, run, device), device)
         return run_id
 
-    def _build_new_run(self, run: _Run) -> None:
+    def _build_new_run(self, run: _Run, device: str) -> None:
         if run.status is RunStatus.DELETED:  # deleted before it was built
             run.pending = False
             return
         try:
-            start = self._executor.add_run(run.run_id, run.spec)
+            start = self._add_to(device, run.run_id, run.spec)
         except Exception as exc:
             with self._lock:
                 run.pending = False
@@ -910,6 +1103,7 @@ class Scheduler:
             return
         with self._lock:
             run.place(start)
+            run.device = self._device_of(run.run_id)
             run.pending = False
         self._emit(run)
 
@@ -981,7 +1175,6 @@ class Scheduler:
             log.exception("listener.on_run failed")
 
     def _snap(self, r: _Run) -> RunSnapshot:
-        cur = self._current
         return RunSnapshot(
             run_id=r.run_id,
             status=r.status,
@@ -991,7 +1184,7 @@ class Scheduler:
             num_segments=r.plan.num_segments if r.plan else r.segments_done,
             position=r.position(),
             samples_seen=r.samples_seen,
-            on_device=cur is not None and cur[0] == r.run_id,
+            on_device=self._slots.running(r.run_id),
             parent_id=r.parent_id,
             warm_start=r.warm_start,
             error=r.error,
@@ -999,6 +1192,7 @@ class Scheduler:
             steps_per_epoch=r.plan.steps_per_epoch if r.plan else 0,
             stop_reason=r.stop_reason if r.status is RunStatus.STOPPED else None,
             pruned=r.pruned and r.status is RunStatus.STOPPED,
+            device=r.device or "",
         )
 
     # test helper

@@ -31,7 +31,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import EARLY_STOPPING, Op, OpAck, OpKind, RunSnapshot, RunStatus, SchedulerListener
+from kernel_scheduler import (
+    DEFAULT_DEVICE,
+    EARLY_STOPPING,
+    Op,
+    OpAck,
+    OpKind,
+    RunSnapshot,
+    RunStatus,
+    SchedulerListener,
+)
 
 from .._priority import lower_thread_priority
 from ..clock import CLOCK_META_KEY, TrainingClock
@@ -42,7 +51,10 @@ from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
 from .reporter import Reporter
 
-__all__ = ["NOT_EDITABLE", "Recorder"]
+__all__ = ["DEVICES_META_KEY", "NOT_EDITABLE", "Recorder"]
+
+DEVICES_META_KEY = "devices"
+"""Store meta: ``{"<run id>": "<device>"}``, the device each run trains on (written when it changes)."""
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +124,7 @@ class Recorder(SchedulerListener):
         ] = {}  # recorder thread: chunks reported per run (a restart starts there)
         self._reported_end: set[int] = set()  # recorder thread: runs whose COMPLETED/FAILED line was printed
         self._status: dict[int, RunStatus] = {}  # recorder thread: each run's status as the trackers know it
+        self._devices: dict[str, str] = dict(store.get_meta(DEVICES_META_KEY, {}) or {})  # recorder thread
         self.tracked_run: Callable[[int, Any, int | None, bool], Any] | None = (
             None  # (run id, spec, parent id, warm start) -> TrackedRun, for a clone's tracker run
         )
@@ -182,8 +195,13 @@ class Recorder(SchedulerListener):
         self._put(("added", snap, dict(info)))
 
     def on_note(self, text: str) -> None:
-        """A sentence from the early-stopping policy (e.g. a metric no run logs): printed in the cell."""
+        """A sentence from the scheduler (early stopping, a worker that died, a run moved): printed in the cell."""
         self._put(("say", text))
+
+    def on_rewound(self, snap: RunSnapshot, step: int) -> None:
+        """Run ``snap.run_id`` continues from its checkpoint at ``step`` (its worker died): the metric rows it
+        logged after ``step`` are dropped from the store, and the trackers continue from ``step``."""
+        self._put(("rewound", snap.run_id, step))
 
     def on_metrics(self, run_id: int, step: int, samples_seen: int, logs: Mapping[str, Any]) -> None:
         """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows), from its training thread."""
@@ -348,6 +366,9 @@ class Recorder(SchedulerListener):
             item[1]()
         elif kind == "track":
             self._write_track(item[1], item[2])
+        elif kind == "rewound":
+            self.store.delete_metrics_after(item[1], item[2])
+            self.tracker.continue_from(item[1], item[2])
 
     def _write_run(self, snap: RunSnapshot, at: float) -> None:
         ckpt = self._checkpoint_dir(snap.run_id)
@@ -363,6 +384,9 @@ class Recorder(SchedulerListener):
             error=snap.error,
             last_checkpoint=str(ckpt) if ckpt else None,
         )
+        if snap.device not in ("", DEFAULT_DEVICE) and self._devices.get(str(snap.run_id)) != snap.device:
+            self._devices[str(snap.run_id)] = snap.device  # the server page and restarts read it
+            self.store.set_meta(DEVICES_META_KEY, dict(self._devices))
         if self._status.get(snap.run_id) is not snap.status:
             self._status[snap.run_id] = snap.status
             if snap.status is RunStatus.DELETED:

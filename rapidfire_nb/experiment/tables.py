@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernel_scheduler import RunSnapshot, RunStatus
+from kernel_scheduler import DEFAULT_DEVICE, RunSnapshot, RunStatus
 
 from ..stops import stop_history
 
@@ -32,6 +32,9 @@ def runs_table(
     eval_loss 2.71 not in the best 4 of 8 at this rung (cutoff 2.43)"``) or ``"stopped by the user (panel)"``;
     None for the other statuses.
 
+    ``device`` (after ``stop_reason``, only when the experiment trained on several devices: ``run_fit(devices=...)``)
+    is the device each run trains on, e.g. ``"cpu:1"`` or ``"cuda:3"`` (store meta ``devices``).
+
     Args:
         live: the scheduler's snapshots by run id (empty when nothing trains in this process).
         columns: this process's hyperparameter columns (added after the stored ones).
@@ -42,6 +45,8 @@ def runs_table(
     generated = [str(n) for n in store.get_meta("eval_metric_names", []) or [] if n not in _PROGRESS_COLUMNS]
     latest = store.latest_metrics(["loss", "eval_loss", *generated])
     stops = stop_history(store.ops())
+    devices = dict(store.get_meta("devices", {}) or {})
+    devices.update({str(rid): s.device for rid, s in live.items() if s.device and s.device != DEFAULT_DEVICE})
     cols = list(store.get_meta("hparam_columns", []) or [])
     cols += [c for c in columns if c not in cols]
     rows = []
@@ -79,10 +84,13 @@ def runs_table(
             if r["status"] == RunStatus.STOPPED.value
             else None
         )
+        if devices:
+            row["device"] = devices.get(str(r["run_id"]))
         rows.append(row)
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
+    tail += ["device"] if devices else []
     table = pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *tail])
-    for name in ("checkpoint_dir", "error", "stop_reason"):  # text columns: None stays None, never NaN
+    for name in ("checkpoint_dir", "error", "stop_reason", *(["device"] if devices else [])):  # text columns: None stays None, never NaN
         table[name] = table[name].astype(object).where(table[name].notna(), None)
     return table
 

@@ -1,0 +1,126 @@
+"""DeviceSlots: the scheduler thread's per-device bookkeeping (segments in flight, leases, boundary actions).
+
+One segment at most is in flight per device. Executor calls other than ``run_segment`` (status changes, final
+saves, clones, moves) touch a device's shared base model and its process-wide RNG, so they wait in that device's
+queue until no segment runs there. A lease of the process-wide :class:`~kernel_scheduler.arbiter.DeviceArbiter`
+is held per device while a segment trains on it and while its queued actions run, so two experiments of one
+process take turns on a device chunk by chunk. Owned by the scheduler thread (nothing here is locked), except
+:meth:`running_ids`, which other threads may read (a copy of a dict).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from .arbiter import DeviceArbiter, Lease
+from .executor import SegmentResult
+
+__all__ = ["DeviceSlots"]
+
+log = logging.getLogger(__name__)
+
+
+class DeviceSlots:
+    """Segments in flight, leases and queued boundary actions, per device name.
+
+    Args:
+        devices: the executor's device names, in order.
+        arbiter: the process-wide device arbiter.
+        owner: the name leases are held under (the experiment's name).
+        on_grant: called when a requested lease is granted (wakes the loop).
+    """
+
+    def __init__(
+        self, devices: Sequence[str], arbiter: DeviceArbiter, owner: str, on_grant: Callable[[], None]
+    ) -> None:
+        self.devices = tuple(devices)
+        self._arbiter = arbiter
+        self._owner = owner
+        self._on_grant = on_grant
+        self._leases: dict[str, Lease] = {}
+        self.inflight: dict[str, tuple[int, Future[SegmentResult]]] = {}
+        self._actions: list[tuple[str, Callable[[], None]]] = []
+        self.error: str | None = None  # traceback of the latest boundary action that raised
+
+    # ------------------------------------------------------------------ segments
+    def start(self, device: str, run_id: int, fut: Future[SegmentResult]) -> None:
+        self.inflight[device] = (run_id, fut)
+
+    def end(self, device: str) -> None:
+        self.inflight.pop(device, None)
+
+    def finished(self) -> list[tuple[str, int, Future[SegmentResult]]]:
+        """The segments whose Future is resolved, in device order."""
+        return [(d, rid, fut) for d, (rid, fut) in list(self.inflight.items()) if fut.done()]
+
+    def running(self, run_id: int) -> bool:
+        return any(rid == run_id for rid, _ in self.inflight.values())
+
+    def running_ids(self) -> dict[str, int]:
+        """Device -> run id training there now (any thread: a copy)."""
+        return {d: rid for d, (rid, _) in list(self.inflight.items())}
+
+    def busy(self, device: str) -> bool:
+        return device in self.inflight
+
+    def any_running(self) -> bool:
+        return bool(self.inflight)
+
+    # ------------------------------------------------------------------ leases
+    def held(self, device: str) -> bool:
+        """True when this scheduler holds ``device``; otherwise asks for it (the grant calls ``on_grant``)."""
+        lease = self._leases.get(device)
+        if lease is None:
+            lease = self._leases[device] = self._arbiter.request(
+                self._owner, on_grant=self._on_grant, device=device
+            )
+        return lease.granted
+
+    def release(self, device: str) -> None:
+        lease = self._leases.pop(device, None)
+        if lease is not None:
+            lease.release()
+
+    def release_all(self) -> None:
+        for device in list(self._leases):
+            self.release(device)
+
+    # ------------------------------------------------------------------ boundary actions
+    def queue(self, device: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once no segment trains on ``device`` (and this scheduler holds it); in order per device."""
+        self._actions.append((device, fn))
+
+    def pending(self, device: str | None = None) -> bool:
+        """True when actions wait (for ``device``, or for any device)."""
+        return any(device is None or d == device for d, _ in self._actions)
+
+    def reroute(self, dead: set[str], to: str) -> None:
+        """Hand the actions waiting for the ``dead`` devices to device ``to`` (their worker died; the executor
+        ignores what no longer applies there, e.g. a lost run's status change)."""
+        self._actions = [(to if d in dead else d, fn) for d, fn in self._actions]
+
+    def flush(self, device: str | None = None) -> None:
+        """Run the waiting actions of every free device (or only ``device``'s) that this scheduler holds.
+
+        An action that raises is logged (``error`` keeps its traceback) and the next one runs.
+        """
+        while True:
+            index = next(
+                (
+                    i
+                    for i, (d, _) in enumerate(self._actions)
+                    if (device is None or d == device) and d not in self.inflight and self.held(d)
+                ),
+                None,
+            )
+            if index is None:
+                return
+            _, fn = self._actions.pop(index)
+            try:
+                fn()
+            except Exception:
+                self.error = traceback.format_exc()
+                log.exception("rapidfire scheduler: boundary action failed")
