@@ -1,7 +1,8 @@
 """kernel_scheduler: the pure scheduling core of rapidfire_nb (standard library only, no torch).
 
-Run states and their legal transitions, chunk maths, the fairness policy, IC Op rules, early-stopping policies
-(successive halving and median stopping on chunk rungs) and the loop thread that drives an :class:`Executor`.
+Run states and their legal transitions, chunk maths, the fairness policy and its placement on several devices,
+IC Op rules, early-stopping policies (successive halving and median stopping on chunk rungs) and the loop thread
+that drives an :class:`Executor`.
 """
 
 from .arbiter import DEFAULT_DEVICE, DeviceArbiter, Lease, device_arbiter
@@ -20,6 +21,7 @@ from .early_stopping import (
 from .executor import Executor, RunStart, SegmentResult
 from .loop import RunSnapshot, Scheduler, SchedulerListener
 from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide, expected_status, new_op_id
+from .placement import Assignment, DeviceView, FairPlacement, PlacedRun
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
 from .status import TRANSITIONS, IllegalTransition, RunStatus, check_transition
 
@@ -55,6 +57,10 @@ __all__ = [
     "expected_status",
     "decide",
     "new_op_id",
+    "Assignment",
+    "DeviceView",
+    "FairPlacement",
+    "PlacedRun",
     "FurthestBehindFirst",
     "RunView",
     "SchedulingPolicy",
