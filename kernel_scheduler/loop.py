@@ -203,6 +203,7 @@ class Scheduler:
         # segments in flight, leases and the executor calls waiting for a device to be free, per device
         self._slots = DeviceSlots(executor.devices, self._arbiter, self._owner, self._wake.set)
         self._placement = FairPlacement()
+        self._noted_dead: set[str] = set()  # devices whose death the user was told about
         self._started_at: dict[
             int, tuple[float, int]
         ] = {}  # run id -> (monotonic start, step) of its segment
@@ -718,6 +719,7 @@ class Scheduler:
             start = self._executor.move_run(run.run_id, run.spec, device)
         except Exception as exc:
             with self._lock:
+                run.moving = False
                 run.error = f"moving it from {source} to {device} failed: {type(exc).__name__}: {exc}"
                 if run.status.in_rotation() or run.status is RunStatus.INTERRUPTED:
                     self._set_status(run, RunStatus.FAILED)
@@ -746,11 +748,11 @@ class Scheduler:
         dead = {d for d in self._slots.devices if not self._slots.busy(d) and not self._alive(d)}
         if not dead:
             return
-        changed = []
+        changed: list[_Run] = []
         names = ", ".join(sorted(dead))
         with self._lock:
             for run in self._runs.values():
-                if run.device in dead and not run.lost and not run.status.is_finished():
+                if run.device in dead and not run.moving and not run.status.is_finished():
                     run.lost = True
                     if run.status is RunStatus.ONGOING:
                         self._set_status(run, RunStatus.INTERRUPTED)
@@ -761,7 +763,15 @@ class Scheduler:
                 self._slots.reroute(dead, live[0])
         for run in changed:
             self._emit(run)
-        if changed:
+        if alive and changed:  # each to the live device with the least work left, once that device is free
+            moving = {r.run_id for r in changed}
+            for move in self._placement.relocate(self._device_views(), self._placed()):
+                run = self._runs[move.run_id]
+                if move.run_id in moving:
+                    run.moving = True
+                    self._slots.queue(move.device, partial(self._relocate, run, move.device))
+        if changed and not self._noted_dead >= dead:
+            self._noted_dead |= dead
             self._note(
                 f"the worker of {names} died; runs {', '.join(str(r.run_id) for r in changed)} continue from "
                 "their latest checkpoints on the other devices"
@@ -770,6 +780,16 @@ class Scheduler:
             )
         if not alive and self._halted is None:
             self.halt(f"every device's worker died ({names})")
+
+    def _relocate(self, run: _Run, device: str) -> None:
+        """A queued move of a run whose device died (on ``device``, now free)."""
+        if not run.lost or run.status is RunStatus.DELETED:
+            run.moving = False
+            return
+        if not self._alive(device):  # that one died too: the next turn places it again
+            run.moving = False
+            return
+        self._move(run, device)
 
     def _finish_segment(self, device: str, run_id: int, res: SegmentResult) -> None:
         with self._lock:

@@ -181,6 +181,8 @@ class Experiment:
         checkpoint_every: int = 1,
         eval_generation_samples: int | None = None,
         early_stopping: Any = None,
+        devices: Any = None,
+        backend: str | None = None,
     ) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
@@ -210,6 +212,15 @@ class Experiment:
                 mode="min", reduction_factor=2, grace_chunks=1)`` or ``MedianStopping(...)`` from
                 ``rapidfire_nb.automl``; its stops are IC Ops from source ``early_stopping`` with the reason
                 (``get_runs_info()``'s ``stop_reason``), and a pruned run stays resumable. None: no early stopping.
+            devices: where the runs train. None: every visible CUDA GPU, one worker process each (one GPU or
+                none: the kernel process, as a single device). ``N``: the first N GPUs, or on a machine without
+                a GPU N CPU workers with ``cores // N`` torch threads each. A list: ``["cuda:0", "cuda:3"]`` or
+                ``["cpu", "cpu"]``. Runs stick to a device; a device that would idle takes a run over through its
+                latest chunk checkpoint (exact, as a crash resume is), and a worker that dies hands its runs to
+                the others (INTERRUPTED, then continued from their checkpoints).
+            backend: ``"local"`` (default: spawned worker processes on this machine) or ``"ray"`` (Ray actors, one
+                per device, placed with a placement group on the cluster ``ray.init`` joined; needs
+                ``pip install rapidfire_nb[ray]``).
 
         In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
         goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
@@ -231,6 +242,8 @@ class Experiment:
                 "checkpoint_every": checkpoint_every,
                 "eval_generation_samples": eval_generation_samples,
                 "early_stopping": early_stopping,
+                "devices": devices,
+                "backend": backend,
             },
         )
 

@@ -44,6 +44,8 @@ class FitInputs:
         checkpoint_every: write boundary checkpoints every this many chunks.
         eval_generation_samples: eval rows generated for by runs that evaluate by generating (None: all).
         early_stopping: the early-stopping policy (a fresh copy of the one given), or None.
+        devices: where the runs train (:class:`~rapidfire_nb.devices.resolve.DevicePlan`); None: the kernel
+            process, one device.
     """
 
     specs: tuple[Any, ...]
@@ -57,6 +59,7 @@ class FitInputs:
     checkpoint_every: int = 1
     eval_generation_samples: int | None = None
     early_stopping: Any = None
+    devices: Any = None
 
     def meta(self) -> dict[str, Any]:
         """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against)."""
@@ -80,6 +83,8 @@ def check_fit_inputs(
     eval_generation_samples: Any = None,
     early_stopping: Any = None,
     exp_dir: Any = None,
+    devices: Any = None,
+    backend: Any = None,
 ) -> FitInputs:
     """Check ``run_fit``'s arguments and expand the config group (nothing is built or loaded).
 
@@ -118,6 +123,7 @@ def check_fit_inputs(
             f"param_config must be RFGridSearch(configs=..., trainer_type=...) or RFRandomSearch(...), got "
             f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one"
         )
+    plan = check_devices(devices, backend)
     policy = check_early_stopping(early_stopping, eval_dataset)
     if isinstance(param_config, EarlyStoppingPolicy):  # a search that also prunes (RFOptuna)
         if policy is not None:
@@ -142,7 +148,40 @@ def check_fit_inputs(
         checkpoint_every=checkpoint_every,
         eval_generation_samples=eval_generation_samples,
         early_stopping=policy,
+        devices=plan,
     )
+
+
+def check_devices(devices: Any, backend: Any) -> Any:
+    """``run_fit``'s ``devices`` and ``backend`` resolved against this machine (a ``DevicePlan``).
+
+    Raises:
+        ConfigError: a bad value (:func:`~rapidfire_nb.devices.resolve.resolve_devices`), or ``backend="ray"``
+            without Ray installed (naming the extra).
+    """
+    import os
+
+    from ..devices.resolve import resolve_devices
+
+    plan = resolve_devices(devices, backend, _cuda_count(), len(os.sched_getaffinity(0)))
+    if plan.backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError(
+                'backend="ray" needs Ray: pip install "rapidfire_nb[ray]" (or leave backend out for worker '
+                "processes on this machine)"
+            )
+    return plan
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:  # no torch / a broken CUDA setup: no GPU to spread over
+        return 0
 
 
 def column_names(specs: Any) -> list[str]:

@@ -62,7 +62,7 @@ def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> Non
         exp: the experiment.
         fit_args: ``(param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed)``.
         options: ``num_gpus``, ``monte_carlo_simulations``, ``background``, ``checkpoint_every``,
-            ``eval_generation_samples``, ``early_stopping``.
+            ``eval_generation_samples``, ``early_stopping``, ``devices``, ``backend``.
 
     Raises:
         ConfigError: bad input, before any training starts.
@@ -89,6 +89,8 @@ def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> Non
             eval_generation_samples=options.get("eval_generation_samples"),
             early_stopping=options.get("early_stopping"),
             exp_dir=exp.path,
+            devices=options.get("devices"),
+            backend=options.get("backend"),
         )
         existing = check_group(exp.experiment_name, exp.store, inputs, trained_here=exp._session is not None)
         if existing is None:

@@ -148,23 +148,42 @@ def open_session(
         checkpoint_dir=lambda rid: late["executor"].checkpoint_dir(rid),
         inbox=lambda: late["session"].inbox_ops(),
     )
-    executor = runtime.make_executor(
-        inputs.trainer_type,
-        inputs.create_model_fn,
-        inputs.train_dataset,
-        inputs.eval_dataset,
-        inputs.num_chunks,
-        inputs.seed,
-        exp_dir,
-        recorder.on_metrics,
-        reporter.say,
-        recorder.on_final,
-        checkpoint_every=inputs.checkpoint_every,
-        on_storage_error=lambda failure: late["session"].storage_failed(failure),
-        in_record_order=recorder.in_order,
-        eval_generation_samples=inputs.eval_generation_samples,
-        on_eval_metrics=lambda names: recorder.in_order(lambda: _note_eval_metrics(store, names)),
-    )
+    callbacks: dict[str, Any] = {
+        "metric_sink": recorder.on_metrics,
+        "notes": reporter.say,
+        "on_final": recorder.on_final,
+        "on_storage_error": lambda failure: late["session"].storage_failed(failure),
+        "in_record_order": recorder.in_order,
+        "on_eval_metrics": lambda names: recorder.in_order(lambda: _note_eval_metrics(store, names)),
+    }
+    plan = inputs.devices
+    if plan is not None and plan.workers:  # one worker process (or Ray actor) per device
+        from ..devices.build import make_pool
+
+        try:
+            executor: Any = make_pool(plan, inputs, exp_dir, callbacks, runtime.load_final_model, reporter.say)
+        except BaseException:
+            recorder.close()
+            tracker.close()
+            raise
+    else:
+        executor = runtime.make_executor(
+            inputs.trainer_type,
+            inputs.create_model_fn,
+            inputs.train_dataset,
+            inputs.eval_dataset,
+            inputs.num_chunks,
+            inputs.seed,
+            exp_dir,
+            callbacks["metric_sink"],
+            callbacks["notes"],
+            callbacks["on_final"],
+            checkpoint_every=inputs.checkpoint_every,
+            on_storage_error=callbacks["on_storage_error"],
+            in_record_order=callbacks["in_record_order"],
+            eval_generation_samples=inputs.eval_generation_samples,
+            on_eval_metrics=callbacks["on_eval_metrics"],
+        )
     late["executor"] = executor
     scheduler = Scheduler(
         executor,

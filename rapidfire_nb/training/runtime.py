@@ -9,7 +9,7 @@ from typing import Any
 from .executor import TorchExecutor
 from .quiet import silence_globally
 
-__all__ = ["make_executor", "silence_globally"]
+__all__ = ["load_final_model", "make_executor", "silence_globally"]
 
 
 def make_executor(
@@ -46,3 +46,23 @@ def make_executor(
         eval_generation_samples=eval_generation_samples,
         on_eval_metrics=on_eval_metrics,
     )
+
+
+def load_final_model(create_model_fn: Callable[[dict], Any], spec: Any, final_dir: Path) -> tuple[Any, Any]:
+    """A fresh ``(model, tokenizer)`` with a run's saved final weights, built in this process.
+
+    Used for runs that trained in a worker process (``run_fit(devices=...)``): their ``final/`` folder is on
+    the shared disk; the model is built here with ``create_model_fn``, then the run's adapter (LoRA) or its full
+    weights are loaded on it.
+    """
+    from .models import BaseModels, load_trained_weights
+
+    model, tok = BaseModels(create_model_fn, lambda text: None).create(spec.model_config_dict())
+    if spec.lora is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(final_dir))
+    else:
+        model = load_trained_weights(model, Path(final_dir))
+    model.eval()
+    return model, tok

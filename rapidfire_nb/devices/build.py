@@ -1,0 +1,86 @@
+"""Making the executor of a ``run_fit`` that trains on worker processes or Ray actors (torch-free)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .datasets import share_datasets
+from .pool import DevicePool, ModelLoader
+from .resolve import DevicePlan
+from .settings import WorkerSettings
+
+__all__ = ["make_pool"]
+
+
+def make_pool(
+    plan: DevicePlan,
+    inputs: Any,
+    exp_dir: Path,
+    callbacks: Mapping[str, Any],
+    load_final_model: Callable[[Any, Any, Path], tuple[Any, Any]],
+    say: Callable[[str], None],
+) -> DevicePool:
+    """One worker per device of ``plan``, behind a :class:`~rapidfire_nb.devices.pool.DevicePool`.
+
+    The datasets are written once into ``<exp_dir>/datasets/`` (Arrow; the workers memory-map them), and
+    ``create_model_fn`` is shipped to every worker with cloudpickle. The workers start in parallel (each imports
+    torch and TRL: seconds); the first call to one waits for it.
+
+    Args:
+        plan: the devices (``run_fit(devices=..., backend=...)`` resolved).
+        inputs: the checked ``run_fit`` inputs (``FitInputs``).
+        exp_dir: the experiment folder.
+        callbacks: ``metric_sink``, ``notes``, ``on_final``, ``on_storage_error``, ``in_record_order``,
+            ``on_eval_metrics`` (as ``TorchExecutor`` takes them).
+        load_final_model: ``(create_model_fn, spec, final_dir) -> (model, tokenizer)`` in the kernel process.
+        say: a line for the user (which devices train).
+
+    Raises:
+        ConfigError: ``create_model_fn`` or a dataset cannot be sent to a worker (before anything trains).
+    """
+    train_path, eval_path = share_datasets(exp_dir, inputs.train_dataset, inputs.eval_dataset)
+    members: dict[str, Any] = {}
+    try:
+        for index, name in enumerate(plan.names):
+            settings = WorkerSettings(
+                device=name,
+                trainer_type=inputs.trainer_type,
+                create_model_fn=inputs.create_model_fn,
+                train_path=str(train_path),
+                eval_path=str(eval_path) if eval_path is not None else None,
+                num_chunks=inputs.num_chunks,
+                seed=inputs.seed,
+                exp_dir=str(exp_dir),
+                checkpoint_every=inputs.checkpoint_every,
+                eval_generation_samples=inputs.eval_generation_samples,
+                torch_threads=plan.threads,
+                env=plan.env(index),
+            )
+            members[name] = _member(plan, index, settings, callbacks)
+    except BaseException:
+        for member in members.values():
+            member.close()
+        raise
+    create = inputs.create_model_fn
+
+    def load(spec: Any, final_dir: Path) -> tuple[Any, Any]:
+        return load_final_model(create, spec, final_dir)
+
+    loader: ModelLoader = load
+    say(
+        f"training on {len(plan.names)} devices ({', '.join(plan.names)}; {plan.backend} workers, "
+        f"{plan.threads} torch thread(s) each)"
+    )
+    return DevicePool(members, exp_dir, loader)
+
+
+def _member(plan: DevicePlan, index: int, settings: WorkerSettings, callbacks: Mapping[str, Any]) -> Any:
+    if plan.backend == "ray":
+        from .ray_backend import RayWorkerExecutor
+
+        return RayWorkerExecutor(settings, index=index, gpus=plan.gpus[index] is not None, **callbacks)
+    from .local import WorkerExecutor
+
+    return WorkerExecutor(settings, **callbacks)
