@@ -7,4 +7,4 @@ bash scripts/setup_venv.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy kernel_scheduler rapidfire_nb/spec rapidfire_nb/schema.py rapidfire_nb/view.py \
-  rapidfire_nb/view_text.py rapidfire_nb/clock.py rapidfire_nb/stops.py
+  rapidfire_nb/view_text.py rapidfire_nb/clock.py rapidfire_nb/stops.py rapidfire_nb/devices

@@ -6,7 +6,7 @@ Every import counts: module level, inside functions and methods, under ``if TYPE
 parent packages, which Python also runs: every module would otherwise import ``rapidfire_nb/__init__``).
 Imports built from strings (``importlib.import_module``) are not seen.
 
-Two checks:
+Checks:
 
 * **No cycle** between modules (a package's ``__init__`` is the module named like the package).
 * **Layers**: each module belongs to a *unit* (``kernel_scheduler``, the ``rapidfire_nb`` root, or
@@ -14,7 +14,8 @@ Two checks:
   ``rapidfire_nb.experiment`` is one unit whether a module or a package). A unit may import only units of a
   lower rank in ``RANKS``; two units of the same rank may not import each other (``automl`` and ``training``).
   A unit missing from ``RANKS`` gets ``DEFAULT_RANK`` (just below ``experiment``). Besides: ``kernel_scheduler``
-  imports only the standard library, and ``server`` only ``SERVER_MAY_IMPORT`` plus jupyter_server/tornado.
+  imports only the standard library, and ``server`` only ``SERVER_MAY_IMPORT`` plus jupyter_server/tornado;
+  ``devices`` imports ``training`` and torch only inside ``devices._child``'s functions (the worker process).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ RANKS: dict[str, int] = {
     "rapidfire_nb.training": 3,
     "rapidfire_nb.data": 3,
     "rapidfire_nb.view": 3,
+    "rapidfire_nb.devices": 4,  # worker processes; training only inside devices._child's functions (below)
     "rapidfire_nb.progress": 4,
     "rapidfire_nb.static_panel": 4,
     "rapidfire_nb.panel": 5,
@@ -320,6 +322,19 @@ def test_server_imports_only_store_view_wire_paths_and_jupyter_server() -> None:
         elif imp.target not in sys.stdlib_module_names and imp.target not in SERVER_THIRD_PARTY:
             bad.append(str(imp))
     assert not bad, "the server extension imports more than it may:\n  " + "\n  ".join(bad)
+
+
+def test_devices_import_training_and_torch_only_inside_the_worker_entry_point() -> None:
+    """``rapidfire_nb.devices`` is torch-free in the kernel: only the worker process (``_child``'s functions)
+    imports the training layer or torch."""
+    bad = [
+        str(i)
+        for i in IMPORTS
+        if unit(i.source) == "rapidfire_nb.devices"
+        and (unit(i.target) == "rapidfire_nb.training" or i.target == "torch")
+        and (i.source != "rapidfire_nb.devices._child" or i.where == "module level")
+    ]
+    assert not bad, "rapidfire_nb.devices imports torch / training outside the worker:\n  " + "\n  ".join(bad)
 
 
 def test_the_rank_table_names_only_units_that_exist_or_are_planned() -> None:

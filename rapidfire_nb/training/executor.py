@@ -201,6 +201,32 @@ class TorchExecutor(Executor):
         if status == "DELETED":
             run.worker.release()
 
+    def drop_run(self, run_id: int) -> None:
+        """Forget run ``run_id`` (it moved to another device): unwind its paused ``train()`` and delete its adapter
+        from the shared base, on the device thread after what is queued there (a segment in progress); returns at
+        once. Its run folder stays. Unknown runs are ignored."""
+        run = self._runs.pop(run_id, None)
+        if run is None:
+            return
+        self._writer.written.pop(run_id, None)
+
+        def release() -> None:
+            run.worker.release()  # on the device thread: runs inline
+            base, adapter = run.base, run.adapter
+            if (
+                base is not None
+                and adapter is not None
+                and adapter in base.adapters
+                and len(base.adapters) > 1
+            ):
+                try:
+                    base.model.delete_adapter(adapter)
+                    base.adapters.remove(adapter)
+                except Exception as exc:  # memory only: the adapter stays, unused
+                    log.warning("rapidfire_nb: could not delete adapter %s: %s", adapter, exc)
+
+        self.device.call(release)
+
     def close(self) -> None:
         for run in self._runs.values():
             run.worker.release(timeout=10)
