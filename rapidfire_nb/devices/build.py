@@ -40,8 +40,22 @@ def make_pool(
     Raises:
         ConfigError: ``create_model_fn`` or a dataset cannot be sent to a worker (before anything trains).
     """
+    said: set[str] = set()
+    notes = callbacks.get("notes")
+
+    def note_once(text: str) -> None:  # every worker says the same CPU adaptations: once is enough
+        if text not in said and notes is not None:
+            said.add(text)
+            notes(text)
+
+    callbacks = {**callbacks, "notes": note_once}
     train_path, eval_path = share_datasets(exp_dir, inputs.train_dataset, inputs.eval_dataset)
     members: dict[str, Any] = {}
+    group = None
+    if plan.backend == "ray":
+        from .ray_backend import placement_group_for
+
+        group = placement_group_for([gpu is not None for gpu in plan.gpus], plan.threads)
     try:
         for index, name in enumerate(plan.names):
             settings = WorkerSettings(
@@ -58,7 +72,7 @@ def make_pool(
                 torch_threads=plan.threads,
                 env=plan.env(index),
             )
-            members[name] = _member(plan, index, settings, callbacks)
+            members[name] = _member(plan, index, settings, callbacks, group)
     except BaseException:
         for member in members.values():
             member.close()
@@ -76,11 +90,13 @@ def make_pool(
     return DevicePool(members, exp_dir, loader)
 
 
-def _member(plan: DevicePlan, index: int, settings: WorkerSettings, callbacks: Mapping[str, Any]) -> Any:
+def _member(
+    plan: DevicePlan, index: int, settings: WorkerSettings, callbacks: Mapping[str, Any], group: Any
+) -> Any:
     if plan.backend == "ray":
         from .ray_backend import RayWorkerExecutor
 
-        return RayWorkerExecutor(settings, index=index, gpus=plan.gpus[index] is not None, **callbacks)
+        return RayWorkerExecutor(settings, group, index, **callbacks)
     from .local import WorkerExecutor
 
     return WorkerExecutor(settings, **callbacks)

@@ -1,0 +1,146 @@
+"""``run_fit(devices=2)`` on a CPU machine: two worker processes, every run exact against plain TRL.
+
+One experiment (4 LoRA runs on the tiny model, 3 chunks) where the runs of one device have 3x the steps of the
+other's, so the fast device runs out of allowed work and takes runs over through their checkpoints; a second
+one where a worker is killed with SIGKILL in the middle of a chunk and its runs continue on the other worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from tests.helpers import (
+    adapter_from_folder,
+    max_abs_diff,
+    metric_points,
+    qa_dataset,
+    qa_to_chat,
+    train_plain_trl,
+)
+
+SEED = 7
+
+
+def _group(batches: list[int], lrs: list[float]) -> Any:
+    from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+
+    configs = List(
+        [
+            RFModelConfig(
+                model_name="tiny",
+                formatting_func=qa_to_chat,
+                peft_config=RFLoraConfig(r=2 + 2 * (i % 2), lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+                training_args=RFSFTConfig(
+                    learning_rate=lr,
+                    per_device_train_batch_size=batch,
+                    num_train_epochs=1,
+                    max_length=48,
+                    logging_steps=1,
+                ),
+            )
+            for i, (batch, lr) in enumerate(zip(batches, lrs, strict=True))
+        ]
+    )
+    return RFGridSearch(configs=configs, trainer_type="SFT")
+
+
+def _children() -> set[int]:
+    """Pids of this process' live child processes (Linux /proc)."""
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.testing import tiny_create_model
+
+    root = tmp_path_factory.mktemp("devices")
+    train, evald = qa_dataset(24, seed=0), qa_dataset(6, seed=1)
+    # runs 1, 3 (cpu:0) take 4 steps; runs 2, 4 (cpu:1) 12: cpu:0 runs out of allowed work and takes runs over
+    group = _group([6, 2, 6, 2], [1e-3, 1e-3, 5e-4, 5e-4])
+    before = _children()
+    exp = Experiment("two-devices", experiment_path=root)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=3, seed=SEED, devices=2)
+    info = exp.get_runs_info()
+    ops_notes = exp.session.scheduler.snapshot()
+    exp.end()
+    refs = {
+        rid: train_plain_trl(leaf, tiny_create_model, train, evald, SEED, root / f"plain-{rid}")
+        for rid, leaf in enumerate(group.expand(SEED), start=1)
+    }
+    return {"exp": exp, "info": info, "refs": refs, "snaps": ops_notes, "leftover": _children() - before}
+
+
+def test_every_run_on_two_workers_equals_plain_trl(two_devices: dict[str, Any]) -> None:
+    info = two_devices["info"].set_index("run_id")
+    assert list(info.status) == ["COMPLETED"] * 4
+    assert set(info.device) <= {"cpu:0", "cpu:1"} and "cpu:0" in set(info.device)
+    for rid, ref in two_devices["refs"].items():
+        saved = adapter_from_folder(info.loc[rid, "checkpoint_dir"])
+        assert max_abs_diff(saved, ref.final) == 0.0, f"run {rid}"
+
+
+def test_the_fast_device_took_runs_over_and_the_schedule_stayed_fair(two_devices: dict[str, Any]) -> None:
+    results = two_devices["exp"].get_results()
+    moved = [s for s in two_devices["snaps"] if s.device == "cpu:0" and s.run_id in (2, 4)]
+    assert moved, "no run of cpu:1 was taken over by cpu:0"
+    # the losses logged by a moved run are plain TRL's, step by step (its checkpoint carried it exactly)
+    for snap in moved:
+        ref = two_devices["refs"][snap.run_id].series("loss")
+        mine = results[(results.run_id == snap.run_id) & results["loss"].notna()].sort_values("step")
+        assert list(mine.step) == [s for s, _ in ref]
+        assert max(abs(a - b) for a, (_, b) in zip(mine["loss"], ref, strict=True)) == 0.0
+
+
+def test_no_worker_outlives_end(two_devices: dict[str, Any]) -> None:
+    assert two_devices["leftover"] == set()
+
+
+def test_a_killed_worker_hands_its_runs_to_the_other_and_they_end_exact(tmp_path: Any) -> None:
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.testing import tiny_create_model
+
+    train, evald = qa_dataset(24, seed=0), qa_dataset(6, seed=1)
+    group = _group([2, 2], [1e-3, 5e-4])  # 12 steps each, chunks of 4
+    before = _children()
+    exp = Experiment("killed", experiment_path=tmp_path)
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=3, seed=SEED, devices=2, background=True)
+    pool = exp.session.executor
+    victim = pool.member("cpu:1")
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # run 2 (cpu:1) inside its second chunk
+        snap = exp.session.scheduler.run_snapshot(2)
+        if snap is not None and snap.on_device and snap.segments_done == 1 and exp.session.recorder.live_step(2):
+            if (exp.session.recorder.live_step(2) or 0) > 4:
+                break
+        time.sleep(0.05)
+    else:
+        pytest.fail("run 2 never reached its second chunk")
+    os.kill(victim.pid, signal.SIGKILL)
+    assert exp.wait(timeout=300)
+    info = exp.get_runs_info().set_index("run_id")
+    losses = [(p["run_id"], p["step"]) for p in metric_points(exp, "loss")]
+    exp.end()
+    assert list(info.status) == ["COMPLETED", "COMPLETED"], info[["status", "error"]]
+    assert list(info.device) == ["cpu:0", "cpu:0"]
+    # what run 2 logged after its checkpoint, before the kill, was dropped: every step once
+    assert sorted(losses) == sorted(set(losses)) and len([k for k in losses if k[0] == 2]) == 12
+    for rid, leaf in enumerate(group.expand(SEED), start=1):
+        ref = train_plain_trl(leaf, tiny_create_model, train, evald, SEED, tmp_path / f"plain-{rid}")
+        assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, f"run {rid}"
+    assert _children() - before == set()
