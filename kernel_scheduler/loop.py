@@ -112,6 +112,10 @@ class SchedulerListener:
         """The run continues from its checkpoint at ``step`` (its worker died): what it logged after ``step`` is
         void and will be logged again."""
 
+    def on_early_stopping(self, progress: Mapping[str, Any]) -> None:
+        """The early-stopping policy's progress changed (:meth:`Scheduler.early_stopping_progress`): at start and
+        whenever a decision point changes it ({} once a broken policy was switched off)."""
+
 
 @dataclass
 class _Run:
@@ -230,6 +234,7 @@ class Scheduler:
             if early_stopping is not None
             else None
         )
+        self._stopper_progress: dict[str, Any] = {}  # its latest progress(), asked on the scheduler thread
         self.on_thread_start: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ setup
@@ -291,6 +296,7 @@ class Scheduler:
         """Start the scheduler thread (idempotent)."""
         if self._thread is not None:
             return
+        self._report_progress()  # the policy's progress before the first chunk (the thread has not started)
         self._thread = threading.Thread(target=self._main, name="rapidfire-scheduler", daemon=True)
         self._thread.start()
 
@@ -1051,8 +1057,25 @@ class Scheduler:
 
     # ------------------------------------------------------------------ early stopping (scheduler thread)
     def early_stopping_progress(self) -> dict[str, Any] | None:
-        """What the early-stopping policy reports for the panel header (None without one). Any thread."""
-        return self._stopper.progress() if self._stopper is not None else None
+        """What the early-stopping policy reports for the panel header (None without one; {} once a broken policy
+        was switched off): its latest ``progress()``, asked on the scheduler thread at each decision point (the
+        policy is never called from another thread). Any thread."""
+        if self._stopper is None:
+            return None
+        return dict(self._stopper_progress)
+
+    def _report_progress(self) -> None:
+        """Ask the policy for its progress; tell the listener when it changed."""
+        if self._stopper is None:
+            return
+        progress = self._stopper.progress()
+        if progress == self._stopper_progress and self._thread is not None:
+            return
+        self._stopper_progress = progress
+        try:
+            self._listener.on_early_stopping(dict(progress))
+        except Exception:
+            log.exception("listener.on_early_stopping failed")
 
     def _consult(self, run: _Run | None = None, res: SegmentResult | None = None, before: int = 0) -> None:
         """Ask the early-stopping policy: ``run``'s finished chunk (``res``), then the runs that changed; its stop
@@ -1068,6 +1091,7 @@ class Scheduler:
         stopper.review(self._run_states())
         self._drain_commands()
         self._flush_boundary()
+        self._report_progress()
 
     def _run_states(self) -> list[RunState]:
         """Every run as the early-stopping policy sees it (chunks counted over all epochs)."""

@@ -189,7 +189,12 @@ _STATUS_FIRST = ["status", "loss", "eval_loss", "step", "chunks_done", "epoch"]
 
 def _status(exp: Any) -> Any:
     """``get_runs_info()`` for reading: indexed by run id, metrics first, steps as ``done/total``, no config
-    or checkpoint path (the API's table has them), the error / stop_reason columns only when a run failed / stopped."""
+    or checkpoint path (the API's table has them), the error / stop_reason columns only when a run failed / stopped.
+    With an early-stopping policy or a search, its line is printed first (``[rapidfire] Optuna: 3 of 6 trials asked
+    · 1 pruned · 2 running``, :func:`rapidfire_nb.view.early_stopping_text`)."""
+    line = exp.panel_snapshot().get("early_stopping")
+    if line:  # trials asked / budget, or the rung policy's pruned runs and next rung
+        print(f"[rapidfire] {line}")
     df = exp.get_runs_info()
     df = df.drop(columns=["config", "checkpoint_dir"], errors="ignore")
     for col in ("error", "stop_reason"):  # shown only when a run failed / was stopped

@@ -335,6 +335,7 @@ def _header(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], note
     chips = [
         f"training time {fmt_duration(snapshot.get('elapsed_s'))}",
         str(snapshot.get("progress") or ""),
+        str(snapshot.get("early_stopping") or ""),
         stats_text(snapshot.get("stats") or {}),
         ", ".join(f"{n} {st.lower()}" for st, n in counts.items()),
     ]

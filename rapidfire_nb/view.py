@@ -33,6 +33,7 @@ from .view_text import (
     best_run,
     chunk_line,
     chunk_position,
+    early_stopping_text,
     final_summary,
     fmt_metric,
     fmt_num,
@@ -42,6 +43,7 @@ from .view_text import (
 from .wire import json_type_name
 
 __all__ = [
+    "EARLY_STOPPING_META_KEY",
     "ENDED_HINT",
     "FIELD_TYPES",
     "KernelState",
@@ -52,6 +54,7 @@ __all__ = [
     "chunk_line",
     "chunk_position",
     "device_status",
+    "early_stopping_text",
     "editable_fields",
     "final_summary",
     "fmt_metric",
@@ -67,6 +70,10 @@ __all__ = [
     "reported_status",
     "store_snapshot",
 ]
+
+#: Meta key of the early-stopping policy's progress (``EarlyStoppingPolicy.progress()``), written by the
+#: kernel's recorder whenever it changes; the server page and a kernel without the scheduler read it.
+EARLY_STOPPING_META_KEY = "early_stopping"
 
 #: Keys of one ops-log entry in a snapshot.
 OP_FIELDS = ("op_id", "run_id", "kind", "state", "message", "requested_at", "applied_at")
@@ -139,6 +146,8 @@ class KernelState:
         on_device: run id training right now, or None.
         live_steps: latest logged optimizer step per run (the run on the device moves within a chunk).
         accepting: False once the experiment was ended (no op would be applied: no legal op).
+        early_stopping: the scheduler's early-stopping progress (``Scheduler.early_stopping_progress()``: None
+            without a policy); used while ``runs`` is given, else the store's meta ``early_stopping`` is shown.
     """
 
     started_at: float | None
@@ -148,6 +157,7 @@ class KernelState:
     on_device: int | None = None
     live_steps: Mapping[int, int] = field(default_factory=dict)
     accepting: bool = True
+    early_stopping: Mapping[str, Any] | None = None
 
 
 # ------------------------------------------------------------------------------------------------ rules
@@ -472,7 +482,14 @@ def kernel_snapshot(
         )
     started = kernel.started_at or rows.meta.get("created_at")
     out = _common(name, rows, started, kernel.num_chunks, kernel.hparam_columns, now)
-    out = {**out, "progress": progress, "on_device": kernel.on_device, "runs": runs}
+    stopper = kernel.early_stopping if kernel.runs is not None else rows.meta.get(EARLY_STOPPING_META_KEY)
+    out = {
+        **out,
+        "progress": progress,
+        "on_device": kernel.on_device,
+        "runs": runs,
+        "early_stopping": early_stopping_text(stopper, runs),
+    }
     return {**out, **_timing(rows, out, kernel.runs is not None), "ended": not kernel.accepting}
 
 
@@ -509,7 +526,11 @@ def store_snapshot(
     trainer = ENDED if ended else ALIVE if writer_alive else GONE
     progress = progress_text(zip(statuses, positions, strict=True), num_chunks, trainer)
     out = _common(name, rows, rows.meta.get("created_at"), num_chunks, columns, now)
-    out = {**out, "runs": runs}
+    out = {
+        **out,
+        "runs": runs,
+        "early_stopping": early_stopping_text(rows.meta.get(EARLY_STOPPING_META_KEY), runs),
+    }
     return {
         **out,
         **_timing(rows, out, writer_alive, last_beat),

@@ -19,6 +19,7 @@ __all__ = [
     "best_run",
     "chunk_line",
     "chunk_position",
+    "early_stopping_text",
     "final_summary",
     "fmt_metric",
     "fmt_num",
@@ -160,6 +161,51 @@ def format_chunk_line(
     hparams = run.get("hparams") or {}
     parts += [f"{_short_col(col)}={fmt_num(hparams[col])}" for col in hparam_columns if col in hparams]
     return "  ".join(p for p in parts if p)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def early_stopping_text(
+    progress: Mapping[str, Any] | None, runs: Iterable[Mapping[str, Any]] = ()
+) -> str | None:
+    """The header's early-stopping line, from the policy's progress (``EarlyStoppingPolicy.progress()``).
+
+    Args:
+        progress: the policy's progress dict (the scheduler's, or meta ``early_stopping``); None or ``{}``: no
+            policy, or it was switched off.
+        runs: the snapshot's run entries (their ``pruned`` flags count the runs a rung policy stopped).
+
+    Returns:
+        ``"Optuna: 11 of 24 trials asked · 5 pruned · 3 running"`` for a search, ``"successive halving (η=2) on
+        eval_loss: 4 pruned, next rung at chunk 4"`` for a rung policy (``"no rung left"`` once none is ahead),
+        the policy's label for any other; None without a progress dict. Values of the wrong type are left out,
+        never raised on (the dict may come from an older store).
+    """
+    if not isinstance(progress, Mapping) or not progress:
+        return None
+    label = progress.get("label")
+    label = label if isinstance(label, str) and label else "early stopping"
+    name = progress.get("name")
+    name = name if isinstance(name, str) and name else label
+    pruned_runs = sum(1 for r in runs if r.get("pruned"))
+    kind = progress.get("kind")
+    if kind == "search" and _count(progress.get("trials")) is not None:
+        text = f"{name}: {progress['trials']}"
+        budget = _count(progress.get("budget"))
+        text += f" of {budget} trials asked" if budget is not None else " trials asked"
+        pruned = _count(progress.get("pruned"))
+        text += f" · {pruned_runs if pruned is None else pruned} pruned"
+        running = _count(progress.get("running"))
+        return text + (f" · {running} running" if running is not None else "")
+    if kind == "rungs":
+        metric = progress.get("metric")
+        text = f"{name} on {metric}" if isinstance(metric, str) and metric else name
+        rung = _count(progress.get("next_rung"))
+        ahead = f"next rung at chunk {rung}" if rung is not None else "no rung left"
+        return f"{text}: {pruned_runs} pruned, {ahead}"
+    return label
 
 
 def best_run(runs: Iterable[Mapping[str, Any]], metric: str = "eval_loss") -> tuple[int, float] | None:

@@ -22,7 +22,7 @@ import { DEFAULT_METRICS } from "./format.js";
  * @typedef {{experiment: string, started_at: number, now?: number, progress: string, on_device: number|null,
  *   num_chunks: number, hparam_columns: string[], runs: Run[], ops: OpRecord[], metric_names: string[],
  *   device_status?: string, elapsed_s?: number, training?: boolean, ended?: boolean, writer_alive?: boolean,
- *   source?: string, stats?: Stats}} Snapshot
+ *   source?: string, stats?: Stats, early_stopping?: string|null}} Snapshot
  * @typedef {{percent: number|null, steps_per_s: number|null, s_per_chunk: number|null, eta_s: number|null,
  *   training: boolean}} Stats
  * @typedef {{names: string[], run: number[], step: number[], samples: number[], name: number[],
@@ -237,6 +237,16 @@ export function statusCounts(state) {
   /** @type {Record<string, number>} */ const counts = {};
   for (const r of state.snapshot?.runs || []) counts[r.status] = (counts[r.status] || 0) + 1;
   return counts;
+}
+
+/**
+ * The header's early-stopping line: the snapshot's (the kernel words it, e.g. "Optuna: 11 of 24 trials asked ·
+ * 5 pruned · 3 running"), "" without a policy or a snapshot. @param {Snapshot|null|undefined} snap
+ * @returns {string}
+ */
+export function earlyStoppingText(snap) {
+  const text = snap?.early_stopping;
+  return typeof text === "string" ? text.trim() : "";
 }
 
 /** Whether something trains (a run on the device, or runs in the rotation). @param {Snapshot} snap */

@@ -2,13 +2,14 @@
 /**
  * One rendered view of the panel (anywidget's `render`), drawn from the model's state (widgets/state.js):
  * the header (training time, frozen while nothing trains; tqdm-like progress: percentage, steps/s, s/chunk,
- * time left; the run on the device), one reserved line for op notices (nothing below moves), the compare bar
+ * time left; the early-stopping line: trials asked / budget, pruned runs; the run on the device), one reserved line for op notices (nothing below moves), the compare bar
  * (best run by a metric, "stop all but the best k", CSV export), the run table (widgets/table.js), the curve
  * controls (x axis step / samples / wall time, smoothing, log scale), the legend, the curves (widgets/plots.js),
  * the parallel-coordinates view (widgets/compare.js) and the ops log. When the experiment ends, the static copy
  * the kernel sends (`frozen`) replaces it all.
  *
- * Test hooks: data-rf-panel, [data-rf-elapsed][data-training], [data-rf-stats], [data-rf-plots][data-points],
+ * Test hooks: data-rf-panel, [data-rf-elapsed][data-training], [data-rf-stats], [data-rf-early-stopping],
+ * [data-rf-plots][data-points],
  * button[data-x], input[data-rf-smoothing], input[data-rf-log], select[data-rf-best-by],
  * input[data-rf-keep] + button[data-rf-stop-all-but], button[data-rf-export], input[data-rf-show-deleted],
  * .rf-legend-item[data-run-id], .rf-op-item[data-state], .rf-notice[data-state], [data-rf-frozen], and the
@@ -21,7 +22,7 @@ import { csvName, download, metricsCsv, runsCsv } from "./export.js";
 import { fmtClock, fmtDuration, runColor, statsText, STATUSES } from "./format.js";
 import { PlotArea } from "./plots.js";
 import { bestRun, nextSort, stopAllButBest } from "./rank.js";
-import { metricOrder, notice, noticesNewestFirst, statusCounts, visibleRuns } from "./state.js";
+import { earlyStoppingText, metricOrder, notice, noticesNewestFirst, statusCounts, visibleRuns } from "./state.js";
 import { RunTable } from "./table.js";
 
 /**
@@ -75,12 +76,15 @@ export class PanelView {
     this.statsEl = h("span", { class: "rf-chip rf-stats", title: "overall progress · speed · time left" },
       h("span", { class: "rf-meter" }, this.statsFill), this.statsText);
     this.progressEl = h("span", { class: "rf-chip rf-progress", title: "chunk progress" });
+    this.stopperEl = h("span", { class: "rf-chip rf-early-stopping", "data-rf-early-stopping": "",
+      title: "early stopping / search: trials asked of the budget, runs pruned" });
     this.deviceEl = h("span", { class: "rf-chip rf-device" });
     this.countsEl = h("div", { class: "rf-counts" });
     const header = h("div", { class: "rf-header" },
       h("div", { class: "rf-heading" }, h("span", { class: "rf-logo", "aria-hidden": "true" }), this.titleEl,
         this.countsEl),
-      h("div", { class: "rf-chips" }, elapsed, this.statsEl, this.progressEl, this.deviceEl));
+      h("div", { class: "rf-chips" }, elapsed, this.statsEl, this.progressEl, this.stopperEl,
+        this.deviceEl));
     this.noticesEl = h("div", { class: "rf-notices", "aria-live": "polite" });
     this.statusLine = h("div", { class: "rf-waiting", text: "Connecting to the kernel…" });
     this.legendEl = h("div", { class: "rf-legend", "data-rf-legend": "", role: "group",
@@ -246,6 +250,9 @@ export class PanelView {
     this.statsText.textContent = statsText(stats) || "–";
     this.statsFill.style.width = `${Math.max(0, Math.min(100, stats?.percent ?? 0)).toFixed(1)}%`;
     this.statsEl.hidden = !stats;
+    const stopper = earlyStoppingText(snap);
+    this.stopperEl.textContent = stopper;
+    this.stopperEl.hidden = !stopper;
     this.deviceEl.replaceChildren();
     if (s.on_device !== null && s.on_device !== undefined) {
       this.deviceEl.append(h("span", { class: "rf-dot rf-pulse", style: { background: runColor(s.on_device) } }),

@@ -150,8 +150,29 @@ class EarlyStoppingPolicy(ABC):
         return None
 
     def progress(self) -> dict[str, Any]:
-        """What the panel's header shows about the policy (``{"label": ...}``; searches add ``trials``/``budget``)."""
+        """What the panel's header shows about the policy: a JSON-able dict, stored in the experiment's meta.
+
+        Always ``"label"`` (:meth:`describe`). A rung policy adds ``"kind": "rungs"``, ``"name"`` (e.g.
+        ``"successive halving (η=2)"``), ``"metric"`` and ``"next_rung"`` (the next chunk count runs are compared
+        at, None when none is left); a search adds ``"kind": "search"``, ``"name"``, ``"trials"`` (asked so far),
+        ``"budget"``, ``"pruned"`` and ``"running"`` (trials). Called on the scheduler thread only.
+        """
         return {"label": self.describe()}
+
+    def restore_added(self, added: Mapping[int, Mapping[str, Any]]) -> dict[int, Any]:
+        """A restarted kernel: take back the runs this policy added in an earlier one.
+
+        Called once by ``run_fit``, before the scheduler starts (also when ``added`` is empty, so a search can
+        settle trials it asked that no run got).
+
+        Args:
+            added: run id -> the :attr:`NewRun.info` the policy gave that run when it added it.
+
+        Returns:
+            run id -> the run's spec again, for the runs it rebuilds (they continue as its own: their trials or
+            values count again); a run left out cannot be continued. The default rebuilds none.
+        """
+        return {}
 
     @abstractmethod
     def describe(self) -> str:

@@ -52,6 +52,16 @@ class SuccessiveHalving(RungPolicy):
         self.reduction_factor = _positive_int("reduction_factor", reduction_factor, 2)
         self.grace_chunks = _positive_int("grace_chunks", grace_chunks, 1)
 
+    @property
+    def name(self) -> str:
+        return f"successive halving (η={self.reduction_factor})"
+
+    def next_rung(self, after: int, last: int) -> int | None:
+        rung = self.grace_chunks
+        while rung <= after:
+            rung *= self.reduction_factor
+        return rung if rung <= last else None
+
     def is_rung(self, chunk: int) -> bool:
         if chunk < self.grace_chunks or chunk % self.grace_chunks:
             return False

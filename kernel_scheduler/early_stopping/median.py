@@ -39,6 +39,14 @@ class MedianStopping(RungPolicy):
         self.grace_chunks = _positive_int("grace_chunks", grace_chunks, 1)
         self.min_runs = _positive_int("min_runs", min_runs, 2)
 
+    @property
+    def name(self) -> str:
+        return "median stopping"
+
+    def next_rung(self, after: int, last: int) -> int | None:
+        rung = max(after + 1, self.grace_chunks)
+        return rung if rung <= last else None
+
     def is_rung(self, chunk: int) -> bool:
         return chunk >= self.grace_chunks
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .base import ChunkResult, Decisions, EarlyStop, EarlyStoppingPolicy, RunState, check_metric, check_mode
 
@@ -102,6 +103,7 @@ class RungPolicy(EarlyStoppingPolicy):
         self.mode = check_mode(mode)
         self._book = RungBook()
         self._missing_said = False
+        self._next_rung: int | None = None  # the next rung the active runs reach (for progress())
 
     @abstractmethod
     def is_rung(self, chunk: int) -> bool:
@@ -110,6 +112,24 @@ class RungPolicy(EarlyStoppingPolicy):
     @abstractmethod
     def judge(self, run_id: int, rung: int, total_chunks: int, values: Mapping[int, float]) -> str | None:
         """The reason to stop ``run_id`` at ``rung`` given ``values`` (every run's value there), or None."""
+
+    @property
+    def name(self) -> str:
+        """How the panel's header names the policy (``"successive halving (η=2)"``); subclasses say."""
+        return "rungs"
+
+    def next_rung(self, after: int, last: int) -> int | None:
+        """The first rung above ``after`` chunks and at most ``last`` (None: there is none)."""
+        return next((c for c in range(after + 1, last + 1) if self.is_rung(c)), None)
+
+    def progress(self) -> dict[str, Any]:
+        return {
+            "label": self.describe(),
+            "kind": "rungs",
+            "name": self.name,
+            "metric": self.metric,
+            "next_rung": self._next_rung,
+        }
 
     def on_chunk(self, result: ChunkResult, runs: Sequence[RunState]) -> Decisions:
         notes: tuple[str, ...] = ()
@@ -126,6 +146,12 @@ class RungPolicy(EarlyStoppingPolicy):
 
     def _sweep(self, runs: Sequence[RunState]) -> Decisions:
         states = {s.run_id: s for s in runs}
+        active = [s for s in runs if s.active and s.total_chunks]
+        self._next_rung = (
+            self.next_rung(min(s.chunks_done for s in active), max(s.total_chunks for s in active))
+            if active
+            else None
+        )
         stops = []
         for rung, run_id in self._book.due(runs):
             state = states.get(run_id)

@@ -155,6 +155,8 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
         self._trials: dict[int, Any] = {}  # run id -> its running optuna Trial
         self._waiting: list[Any] = []  # trials asked, not yet given a run id
         self._last: dict[int, float] = {}
+        # trial number -> its state's name (RUNNING, PRUNED, ...), for progress()
+        self._states: dict[int, str] = {}
 
     # ------------------------------------------------------------------ config group
     def bind(self, folder: Path, num_chunks: int) -> None:
@@ -177,6 +179,7 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
                 directions=[d for d, _ in self.objectives],
             )
         stored = sorted(self.study.trials, key=lambda t: t.number)
+        self._states.update({t.number: t.state.name for t in stored})
         leaves = []
         for i in range(self.n_initial):
             if i < len(stored):  # a restarted kernel: the same runs, from the stored trials' parameters
@@ -185,9 +188,42 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
                     self._trials.setdefault(i + 1, optuna.trial.Trial(self.study, stored[i]._trial_id))
                 continue
             trial = self.study.ask()
+            self._states[trial.number] = "RUNNING"
             self._trials[i + 1] = trial
             leaves.append(self._leaf(trial))
         return leaves
+
+    def restore_added(self, added: Mapping[int, Mapping[str, Any]]) -> dict[int, LeafConfig]:
+        """A restarted kernel: the runs of the trials asked mid-experiment, rebuilt from their stored parameters.
+
+        Args:
+            added: run id -> the info its trial was added with (``{"source": "trial", "trial": <number>}``).
+
+        Returns:
+            run id -> its spec, for each run whose trial is in the study (``<experiment>/optuna.db``); a trial
+            still RUNNING there is this search's again (reported and told as before). A RUNNING trial that no run
+            holds (asked as the previous kernel died, before its run was recorded) is told FAIL: it counts
+            against the budget, as every trial asked does.
+        """
+        optuna = self._optuna
+        if self.study is None:
+            return {}
+        by_number = {t.number: t for t in self.study.trials}
+        out: dict[int, LeafConfig] = {}
+        for run_id, info in sorted(added.items()):
+            number = info.get("trial")
+            frozen = by_number.get(number) if isinstance(number, int) else None
+            if frozen is None:
+                continue
+            out[run_id] = self._leaf(optuna.trial.FixedTrial(frozen.params))
+            if frozen.state == optuna.trial.TrialState.RUNNING:
+                self._trials.setdefault(run_id, optuna.trial.Trial(self.study, frozen._trial_id))
+        held = {trial.number for trial in self._trials.values()} | {t.number for t in self._waiting}
+        for number, frozen in sorted(by_number.items()):
+            if frozen.state == optuna.trial.TrialState.RUNNING and number not in held:
+                self.study.tell(number, state=optuna.trial.TrialState.FAIL)
+                self._states[number] = "FAIL"
+        return out
 
     def _leaf(self, trial: Any) -> LeafConfig:
         index = (
@@ -279,18 +315,31 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
             self.study.tell(trial, values if len(values) > 1 else values[0])
         else:
             self.study.tell(trial, state=getattr(kind, str(state)))
+        self._states[trial.number] = "COMPLETE" if values is not None else str(state)
 
     def _replace(self) -> Decisions:
         if len(self.study.trials) >= self.budget:
             return Decisions()
         trial = self.study.ask()
+        self._states[trial.number] = "RUNNING"
         self._waiting.append(trial)
         info = {"source": "trial", "trial": trial.number}
         return Decisions(new_runs=(NewRun(self._leaf(trial), info),))
 
     def progress(self) -> dict[str, Any]:
-        asked = len(self.study.trials) if self.study is not None else 0
-        return {"label": self.describe(), "trials": asked, "budget": self.budget}
+        """``{"label", "kind": "search", "name": "Optuna", "trials", "budget", "pruned", "running"}``: trials
+        asked so far (a restarted kernel counts the earlier ones), of the budget, and how many of them Optuna
+        pruned / are still running (counted from what this search told the study; no database read)."""
+        states = list(self._states.values())
+        return {
+            "label": self.describe(),
+            "kind": "search",
+            "name": "Optuna",
+            "trials": len(states),
+            "budget": self.budget,
+            "pruned": states.count("PRUNED"),
+            "running": states.count("RUNNING"),
+        }
 
     def describe(self) -> str:
         objective = ", ".join(f"{d}:{m}" for d, m in self.objectives)

@@ -44,6 +44,7 @@ def panel_snapshot(name: str, store: Any, session: Any, ended: bool = False) -> 
             on_device=session.scheduler.on_device(),
             live_steps={s.run_id: session.recorder.live_step(s.run_id) for s in snaps},
             accepting=not ended,
+            early_stopping=session.scheduler.early_stopping_progress(),
         )
     return kernel_snapshot(name, StoreRows.read(store), kernel)
 

@@ -46,12 +46,12 @@ from .._priority import lower_thread_priority
 from ..clock import CLOCK_META_KEY, TrainingClock
 from ..errors import StorageError, storage_error
 from ..redact import is_secret_key, redact
-from ..view import chunk_line
+from ..view import EARLY_STOPPING_META_KEY, chunk_line
 from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
 from .reporter import Reporter
 
-__all__ = ["DEVICES_META_KEY", "NOT_EDITABLE", "Recorder"]
+__all__ = ["ADDED_RUNS_META_KEY", "DEVICES_META_KEY", "NOT_EDITABLE", "Recorder"]
 
 DEVICES_META_KEY = "devices"
 """Store meta: ``{"<run id>": "<device>"}``, the device each run trains on (written when it changes)."""
@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 
 #: hyperparameter columns that the panel, the magic and the server cannot change (functions: API only).
 NOT_EDITABLE = ("formatting_func", "compute_metrics", "reward_funcs", "model_type")
+
+ADDED_RUNS_META_KEY = "added_runs"
+"""Meta key: run id (str) -> the info the early-stopping policy added that run with (e.g. ``{"source": "trial",
+"trial": 9}``, an Optuna trial number); a restarted kernel hands it back to the policy to rebuild the runs."""
 
 HEARTBEAT_EVERY_S = 2.0
 """Seconds between two heartbeats written to the store while the scheduler runs."""
@@ -202,6 +206,11 @@ class Recorder(SchedulerListener):
         """Run ``snap.run_id`` continues from its checkpoint at ``step`` (its worker died): the metric rows it
         logged after ``step`` are dropped from the store, and the trackers continue from ``step``."""
         self._put(("rewound", snap.run_id, step))
+
+    def on_early_stopping(self, progress: Mapping[str, Any]) -> None:
+        """The early-stopping policy's progress changed: stored as meta ``early_stopping`` (the server page and a
+        kernel without the scheduler build the header's line from it, :func:`rapidfire_nb.view.early_stopping_text`)."""
+        self._put(("meta", EARLY_STOPPING_META_KEY, dict(progress)))
 
     def on_metrics(self, run_id: int, step: int, samples_seen: int, logs: Mapping[str, Any]) -> None:
         """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows), from its training thread."""
@@ -460,7 +469,13 @@ class Recorder(SchedulerListener):
             epoch=0.0,
             samples_seen=0,
         )
-        self.tracker.log_hparams(snap.run_id, spec.hparams())
+        # what a restarted kernel hands the policy back to rebuild this run (EarlyStoppingPolicy.restore_added)
+        added = dict(self.store.get_meta(ADDED_RUNS_META_KEY, {}) or {})
+        added[str(snap.run_id)] = redact(dict(info))
+        self.store.set_meta(ADDED_RUNS_META_KEY, added)
+        if self.tracked_run is not None:  # its tracker runs start now, as a clone's do when it is recorded
+            status = self._status.setdefault(snap.run_id, snap.status)
+            self.tracker.start_run(self.tracked_run(snap.run_id, spec, None, False), status.value)
         if "trial" in info:
             self.reporter.say(f"run {snap.run_id}: Optuna trial {info['trial']} joins the rotation")
 

@@ -19,7 +19,7 @@ from ..run_folder import run_dir
 from ..stops import StopInfo, stop_history
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs, column_names
-from .recorder import Recorder
+from .recorder import ADDED_RUNS_META_KEY, Recorder
 from .reporter import Reporter
 from .restore import RestoreAction, RunRestore, apply_restore, plan_restore
 from .session import FitSession
@@ -209,7 +209,7 @@ def open_session(
                     resumed,
                     reporter,
                 )
-            _register_clones(session, store, exp_dir, resumed, reporter)
+            _register_later_runs(session, store, exp_dir, resumed, reporter)
     except BaseException:
         executor.close()
         recorder.close()
@@ -239,12 +239,21 @@ def _track(session: FitSession) -> None:
     session.recorder.track_runs(runs, session.continued)
 
 
-def _register_clones(
+def _register_later_runs(
     session: FitSession, store: Any, exp_dir: Path, resumed: list[str], reporter: Reporter
 ) -> None:
-    """Rebuild the clones a previous kernel made (their recipes are in meta ``clones``) and register them."""
+    """Rebuild the runs a previous kernel added after its start and register them, in run id order (a clone of
+    a trial's run finds its parent registered): clones from their recipes (meta ``clones``), the runs the
+    early-stopping policy added (a search's trials, meta ``added_runs``) by that policy
+    (``EarlyStoppingPolicy.restore_added``: an Optuna trial from its parameters in the study)."""
     recipes = store.get_meta("clones", {}) or {}
+    added = {int(k): v for k, v in (store.get_meta(ADDED_RUNS_META_KEY, {}) or {}).items()}
+    policy = session.inputs.early_stopping
+    rebuilt = policy.restore_added(added) if policy is not None else {}
     for row in store.runs():
+        if row["run_id"] in added and row.get("source") != "clone":
+            _register_added(session, row, rebuilt.get(row["run_id"]), exp_dir, resumed, reporter)
+            continue
         recipe = recipes.get(str(row["run_id"]))
         if row.get("source") != "clone" or recipe is None:
             continue
@@ -258,6 +267,28 @@ def _register_clones(
             continue
         plan = plan_restore(row["run_id"], row, run_dir(exp_dir, row["run_id"]))
         _register(session, row["run_id"], spec, plan, resumed, reporter)
+
+
+def _register_added(
+    session: FitSession,
+    row: Mapping[str, Any],
+    spec: Any,
+    exp_dir: Path,
+    resumed: list[str],
+    reporter: Reporter,
+) -> None:
+    """A run the early-stopping policy added in an earlier kernel: continued (or shown as it ended) with the
+    spec the policy rebuilt; without one (the policy cannot rebuild it: another policy, its trial gone from the
+    study) an unfinished run becomes FAILED with the reason, a finished one stays as stored."""
+    run_id = row["run_id"]
+    if spec is None:
+        if not RunStatus(row["status"]).is_finished():
+            error = "cannot be continued after the restart: the early-stopping policy of this run_fit cannot rebuild it"
+            session.store.upsert_run(run_id, status=RunStatus.FAILED.value, error=error)
+            reporter.say(f"run {run_id} {error}")
+        return
+    plan = plan_restore(run_id, row, run_dir(exp_dir, run_id))
+    _register(session, run_id, spec, plan, resumed, reporter)
 
 
 def _register_broken_clone(

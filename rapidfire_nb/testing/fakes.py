@@ -295,6 +295,7 @@ class Recorder(SchedulerListener):
         self.threads: set[str] = set()
         self.notes: list[str] = []
         self.added: list[tuple[int, dict[str, Any]]] = []  # (run id, info) of runs a policy added
+        self.progress: list[dict[str, Any]] = []  # the early-stopping progress told, in order
 
     def on_run(self, snap: RunSnapshot) -> None:
         with self.cond:
@@ -331,6 +332,10 @@ class Recorder(SchedulerListener):
     def on_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
         with self.cond:
             self.added.append((snap.run_id, dict(info)))
+
+    def on_early_stopping(self, progress: Mapping[str, Any]) -> None:
+        with self.cond:
+            self.progress.append(dict(progress))
 
     def on_heartbeat(self) -> None:
         with self.cond:

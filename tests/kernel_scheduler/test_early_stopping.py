@@ -290,4 +290,50 @@ def test_describe_and_repr() -> None:
     assert repr(sh(mode="max", reduction_factor=3)) == (
         "SuccessiveHalving(metric='eval_loss', mode='max', reduction_factor=3, grace_chunks=1)"
     )
-    assert sh().progress() == {"label": "SuccessiveHalving(eval_loss, min, η=2, grace 1 chunk)"}
+    assert sh().progress() == {
+        "label": "SuccessiveHalving(eval_loss, min, η=2, grace 1 chunk)",
+        "kind": "rungs",
+        "name": "successive halving (η=2)",
+        "metric": "eval_loss",
+        "next_rung": None,  # no run seen yet
+    }
+
+
+def test_progress_says_the_next_rung_the_runs_reach() -> None:
+    w = World(sh(), 4)
+    w.change()
+    assert w.policy.progress()["next_rung"] == 1
+    w.round({1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0})  # rung 1: runs 3 and 4 stop
+    w.change()
+    assert w.policy.progress()["next_rung"] == 2
+    w.round({1: 1.0, 2: 2.0})  # rung 2: run 2 stops
+    w.change()
+    assert w.policy.progress()["next_rung"] == 4
+    for _ in range(5):  # run 1 trains on alone: rung 8 is its last chunk
+        w.round({1: 1.0})
+    w.change()
+    assert w.policy.progress()["next_rung"] == 8
+    w.round({1: 1.0})  # it completed: no rung is left
+    w.change()
+    assert w.policy.progress()["next_rung"] is None
+
+
+@pytest.mark.parametrize(
+    ("policy", "after", "rungs"),
+    [
+        (
+            SuccessiveHalving(reduction_factor=3, grace_chunks=2),
+            [0, 2, 5, 6, 17, 18],
+            [2, 6, 6, 18, 18, None],
+        ),
+        (MedianStopping(grace_chunks=3), [0, 2, 3, 7, 18], [3, 3, 4, 8, None]),
+    ],
+)
+def test_next_rung_matches_is_rung(
+    policy: EarlyStoppingPolicy, after: list[int], rungs: list[int | None]
+) -> None:
+    assert isinstance(policy, (SuccessiveHalving, MedianStopping))
+    assert [policy.next_rung(a, 18) for a in after] == rungs
+    for a in range(0, 18):  # the shortcut equals the scan over is_rung
+        assert policy.next_rung(a, 18) == next((c for c in range(a + 1, 19) if policy.is_rung(c)), None)
+    assert MedianStopping().progress()["name"] == "median stopping"

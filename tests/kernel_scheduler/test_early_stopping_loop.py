@@ -174,6 +174,18 @@ def test_a_broken_policy_is_switched_off_with_a_note(harnesses: list[Harness]) -
         "early stopping stopped working (RuntimeError: boom); the runs train on without it"
     ]
     assert h.sched.early_stopping_progress() == {}
+    assert h.rec.progress[-1] == {}  # the store's copy says so too
+
+
+def test_the_progress_is_told_at_start_and_whenever_it_changes(harnesses: list[Harness]) -> None:
+    h = make(harnesses, [spec(float(r)) for r in range(1, 5)])  # rungs 1, 2, 4, 8 of 8 chunks
+    assert h.sched.wait(timeout=TIMEOUT)
+    told = [p["next_rung"] for p in h.rec.progress]
+    assert told[0] is None  # at start, before any run was seen
+    assert [r for i, r in enumerate(told) if i == 0 or r != told[i - 1]] == told  # only changes are told
+    assert [r for r in told if r is not None] == [1, 2, 4, 8]
+    assert told[-1] is None and h.sched.early_stopping_progress() == h.rec.progress[-1]
+    assert h.rec.progress[-1]["name"] == "successive halving (η=2)"
 
 
 def test_a_metric_nobody_logs_prunes_nothing_and_says_so(harnesses: list[Harness]) -> None:

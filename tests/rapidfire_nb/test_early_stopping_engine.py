@@ -146,6 +146,9 @@ def test_after_the_kernel_the_store_still_says_why(halved: dict[str, Any]) -> No
     info = again.get_runs_info().set_index("run_id")
     for rid in before.index[(before.status == "STOPPED") & (before.completed_steps == 2)]:
         assert info.loc[rid, "stop_reason"] == before.loc[rid, "stop_reason"]
-    snap = {r["run_id"]: r for r in again.panel_snapshot()["runs"]}
+    whole = again.panel_snapshot()
+    snap = {r["run_id"]: r for r in whole["runs"]}
     assert sum(1 for r in snap.values() if r["pruned"]) == int((info.status == "STOPPED").sum())
+    pruned = sum(1 for r in snap.values() if r["pruned"])  # the header's line, from the store's meta
+    assert whole["early_stopping"] == f"successive halving (η=2) on eval_loss: {pruned} pruned, no rung left"
     again.end()

@@ -307,3 +307,61 @@ def test_a_queued_stop_makes_resume_legal_it_cancels_the_stop() -> None:
     assert [p.op_id for p in pending] == ["a"]
     assert view.legal_ops("ONGOING", pending=pending) == ["stop", "resume", "delete", "clone"]
     assert view.legal_ops("ONGOING", pending=view.pending_ops(ops, 2)) == ["stop", "delete", "clone"]
+
+
+OPTUNA = {
+    "label": "RFOptuna(minimize:eval_loss, tpe, pruner hyperband, budget 24)",
+    "kind": "search",
+    "name": "Optuna",
+    "trials": 11,
+    "budget": 24,
+    "pruned": 5,
+    "running": 3,
+}
+HALVING = {
+    "label": "SuccessiveHalving(eval_loss, min, η=2, grace 1 chunk)",
+    "kind": "rungs",
+    "name": "successive halving (η=2)",
+    "metric": "eval_loss",
+    "next_rung": 4,
+}
+
+
+def test_early_stopping_text_for_each_policy() -> None:
+    pruned = [{"pruned": True}, {"pruned": True}, {"pruned": False}, {}]
+    assert view.early_stopping_text(OPTUNA) == "Optuna: 11 of 24 trials asked · 5 pruned · 3 running"
+    assert view.early_stopping_text(HALVING, pruned) == (
+        "successive halving (η=2) on eval_loss: 2 pruned, next rung at chunk 4"
+    )
+    assert view.early_stopping_text({**HALVING, "next_rung": None}, pruned).endswith("2 pruned, no rung left")
+    assert view.early_stopping_text({"label": "MyPolicy(x)"}) == "MyPolicy(x)"
+    assert view.early_stopping_text(None) is None and view.early_stopping_text({}) is None
+    # an older or hand-written dict: wrong types are left out, never raised on
+    odd = {"kind": "search", "name": "Optuna", "trials": 3, "budget": "many", "pruned": None, "running": -1}
+    assert view.early_stopping_text(odd, pruned) == "Optuna: 3 trials asked · 2 pruned"
+    assert (
+        view.early_stopping_text({"kind": "rungs", "next_rung": True})
+        == "early stopping: 0 pruned, no rung left"
+    )
+
+
+def test_the_snapshots_carry_the_early_stopping_line() -> None:
+    rows = _rows(
+        _row(1, "ONGOING"), _row(2, "COMPLETED"), meta={**META, view.EARLY_STOPPING_META_KEY: OPTUNA}
+    )
+    line = "Optuna: 11 of 24 trials asked · 5 pruned · 3 running"
+    assert view.store_snapshot("exp", rows, writer_alive=True, now=3.0)["early_stopping"] == line
+    kernel = KernelState(started_at=None, num_chunks=0, hparam_columns=[])  # no scheduler here: the store's
+    assert view.kernel_snapshot("exp", rows, kernel)["early_stopping"] == line
+    live = {**OPTUNA, "trials": 12, "running": 4}  # the scheduler's is newer than the store's
+    kernel = KernelState(
+        started_at=1.0,
+        num_chunks=4,
+        hparam_columns=[],
+        runs=[_snap(1, RunStatus.ONGOING)],
+        early_stopping=live,
+    )
+    assert view.kernel_snapshot("exp", rows, kernel)["early_stopping"].startswith("Optuna: 12 of 24")
+    kernel = KernelState(started_at=1.0, num_chunks=4, hparam_columns=[], runs=[_snap(1, RunStatus.ONGOING)])
+    assert view.kernel_snapshot("exp", rows, kernel)["early_stopping"] is None  # this run_fit has no policy
+    assert view.store_snapshot("exp", _rows(_row(1, "NEW")), writer_alive=False)["early_stopping"] is None

@@ -40,7 +40,15 @@ def test_the_initial_trials_come_from_the_knobs(tmp_path: Path) -> None:
         hp = leaf.hparams()
         assert 1e-5 <= hp["learning_rate"] <= 1e-2 and hp["per_device_train_batch_size"] in (2, 4)
     assert (tmp_path / "optuna.db").exists()
-    assert search.progress() == {"label": search.describe(), "trials": 4, "budget": 6}
+    assert search.progress() == {
+        "label": search.describe(),
+        "kind": "search",
+        "name": "Optuna",
+        "trials": 4,
+        "budget": 6,
+        "pruned": 0,
+        "running": 4,
+    }
 
 
 def test_pruned_trials_are_stopped_and_replaced_until_the_budget(tmp_path: Path) -> None:
@@ -66,6 +74,9 @@ def test_pruned_trials_are_stopped_and_replaced_until_the_budget(tmp_path: Path)
     assert len(search.study.trials) == 10  # 2 replacements asked, then the budget is spent
     states_by_number = {t.number: t.state.name for t in search.study.trials}
     assert list(states_by_number.values()).count("PRUNED") == len(pruned)
+    progress = search.progress()  # counted from what the search told the study, as the study says
+    assert (progress["trials"], progress["budget"], progress["pruned"]) == (10, 10, len(pruned))
+    assert progress["running"] == list(states_by_number.values()).count("RUNNING")
 
 
 def test_a_completed_run_is_told_and_the_budget_is_respected(tmp_path: Path) -> None:
@@ -79,6 +90,31 @@ def test_a_completed_run_is_told_and_the_budget_is_respected(tmp_path: Path) -> 
     assert not d.new_runs  # the budget is spent
     done = [t for t in search.study.trials if t.state.name == "COMPLETE"]
     assert sorted(t.value for t in done) == [1.5, 2.5]
+
+
+def test_a_restart_gets_the_added_trials_back_and_fails_the_orphans(tmp_path: Path) -> None:
+    """Trials asked mid-experiment are rebuilt from the study's parameters; a RUNNING trial of no run (asked as
+    the kernel died) is told FAIL and counts against the budget."""
+    search = _search(tmp_path, budget=7, pruner=None)
+    search.expand(42)
+    runs = [RunState(r, ON, 3, 4) for r in range(1, 5)]
+    d = search.on_chunk(ChunkResult(1, 4, {"eval_loss": 1.5}, final=True), runs)
+    search.on_added(5, d.new_runs[0])  # trial 4 -> run 5
+    added_spec = d.new_runs[0].spec
+    search._replace()  # trial 5: asked, and the kernel died before its run was recorded
+    again = _search(tmp_path, budget=7, pruner=None)
+    again.expand(42)
+    rebuilt = again.restore_added({5: {"source": "trial", "trial": 4}, 9: {"source": "trial", "trial": 99}})
+    assert list(rebuilt) == [5] and rebuilt[5].fingerprint() == added_spec.fingerprint()
+    assert sorted(again._trials) == [2, 3, 4, 5]  # run 1's trial is complete; run 5's is running again
+    states = {t.number: t.state.name for t in again.study.trials}
+    assert states == {0: "COMPLETE", 1: "RUNNING", 2: "RUNNING", 3: "RUNNING", 4: "RUNNING", 5: "FAIL"}
+    assert again.progress()["trials"] == 6 and again.progress()["running"] == 4
+    d = again.on_chunk(ChunkResult(5, 4, {"eval_loss": 0.5}, final=True), runs)
+    assert len(d.new_runs) == 1  # trial 6: the last of the budget of 7
+    again.on_added(6, d.new_runs[0])
+    assert not again.on_chunk(ChunkResult(2, 4, {"eval_loss": 2.5}, final=True), runs).new_runs
+    assert len(again.study.trials) == 7
 
 
 def test_a_restart_gets_the_same_runs_back(tmp_path: Path) -> None:

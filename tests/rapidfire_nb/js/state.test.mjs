@@ -6,7 +6,8 @@ import { test } from "node:test";
 import { fmtElapsed, fmtHparam, fmtNum, parseValue, shortHparam } from "../../../widgets/format.js";
 import { inboxRequest, opBody, readCookie } from "../../../widgets/ops.js";
 import {
-  clickFailed, clickSent, createState, dismissNotice, expireClick, fadeNotice, isActive, isPending, MAX_NOTICES,
+  clickFailed, clickSent, createState, dismissNotice, earlyStoppingText, expireClick, fadeNotice, isActive, isPending,
+  MAX_NOTICES,
   metricOrder, noticesNewestFirst, postedToServer, reduce, statusCounts, visibleRuns,
 } from "../../../widgets/state.js";
 
@@ -144,6 +145,18 @@ test("runs: visible, counted, active", () => {
   assert.equal(isActive(s.snapshot), false);
   assert.equal(isActive({ ...s.snapshot, on_device: 2 }), true);
   assert.equal(isActive({ ...s.snapshot, runs: [run(4, "NEW")] }), true);
+});
+
+test("early stopping: the snapshot's line, nothing without one", () => {
+  const line = "Optuna: 3 of 6 trials asked · 1 pruned · 2 running";
+  assert.equal(earlyStoppingText(snapshot([run(1, "ONGOING")], [])), "");
+  assert.equal(earlyStoppingText({ ...snapshot([], []), early_stopping: null }), "");
+  assert.equal(earlyStoppingText({ ...snapshot([], []), early_stopping: ` ${line} ` }), line);
+  assert.equal(earlyStoppingText(null), "");
+  const s = createState();
+  reduce(s, { type: "snapshot", reset: true, points: null,
+    snapshot: { ...snapshot([run(1, "STOPPED", { pruned: true })], []), early_stopping: line } }, 0);
+  assert.equal(earlyStoppingText(s.snapshot), line);
 });
 
 test("formatting", () => {
