@@ -726,12 +726,14 @@ class Scheduler:
         except Exception as exc:
             with self._lock:
                 run.moving = False
+                if not self._alive(device) or (source is not None and not self._alive(source)):
+                    return False  # a worker died meanwhile: not the run's fault; the next turn places it again
                 run.error = f"moving it from {source} to {device} failed: {type(exc).__name__}: {exc}"
                 if run.status.in_rotation() or run.status is RunStatus.INTERRUPTED:
                     self._set_status(run, RunStatus.FAILED)
             self._emit(run)
             return False
-        rewound = run.lost and start.step != run.step
+        rewound = run.lost  # what it logged after its checkpoint (a chunk cut short) is void
         with self._lock:
             run.place(start)
             run.device, run.lost, run.moving = device, False, False
