@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 
@@ -15,12 +17,27 @@ __all__ = ["end_process", "exit_reason", "start_process"]
 _BOOT = "import sys; sys.path[:0] = {path!r}; from rapidfire_nb.devices._child import main; main()"
 
 
+_SPAWNER: ThreadPoolExecutor | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
 def start_process(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Connection]:
     """Start ``python -c <boot>`` running :func:`rapidfire_nb.devices._child.main` with this process' ``sys.path``
     and ``env`` on top of its environment; the kernel's end of the pipe (the other end is the child's only
     inherited descriptor besides stdin/stdout/stderr).
 
-    Not ``multiprocessing``'s spawn: that re-runs a script's ``__main__`` module in the child."""
+    Not ``multiprocessing``'s spawn: that re-runs a script's ``__main__`` module in the child. The child is
+    started from one long-lived thread of this process (``rapidfire-spawner``): Linux delivers the child's
+    ``PR_SET_PDEATHSIG`` when the *thread* that started it exits, so a ``run_fit`` called from a short-lived thread
+    must not take its workers down when that thread ends."""
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rapidfire-spawner")
+    return _SPAWNER.submit(_start, dict(env)).result()
+
+
+def _start(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Connection]:
     ours, theirs = Pipe()
     full = {**os.environ, **env, "RAPIDFIRE_PARENT_PID": str(os.getpid())}
     full["RAPIDFIRE_WORKER_FD"] = str(theirs.fileno())
