@@ -183,13 +183,15 @@ def _find_experiment(name: str | None) -> Any:
         return experiment_mod.Experiment(name)
 
 
-#: The status table's first columns (what fits a ~1000 px output); the hyperparameters follow.
-_STATUS_FIRST = ["status", "loss", "eval_loss", "step", "chunks_done", "epoch"]
+#: The status table's first columns (what fits a ~1000 px output); the hyperparameters follow. ``device`` is
+#: there only when the experiment trains on several devices (``run_fit(devices=...)``; get_runs_info's column).
+_STATUS_FIRST = ["status", "device", "loss", "eval_loss", "step", "chunks_done", "epoch"]
 
 
 def _status(exp: Any) -> Any:
     """``get_runs_info()`` for reading: indexed by run id, metrics first, steps as ``done/total``, no config
-    or checkpoint path (the API's table has them), the error / stop_reason columns only when a run failed / stopped.
+    or checkpoint path (the API's table has them), the error / stop_reason columns only when a run failed / stopped,
+    each run's device after its status when the experiment trains on several devices.
     With an early-stopping policy or a search, its line is printed first (``[rapidfire] Optuna: 3 of 6 trials asked
     · 1 pruned · 2 running``, :func:`rapidfire_nb.view.early_stopping_text`)."""
     line = exp.panel_snapshot().get("early_stopping")

@@ -283,10 +283,12 @@ def _run_cell(run: Mapping[str, Any], best: bool) -> str:
 
 def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best: int | None) -> str:
     cols = [c for c in snapshot.get("hparam_columns") or [] if isinstance(c, str)]
-    heads = ["Run", "Status", *cols, "Step", "Chunks", "Loss", "Eval loss", "Samples"]
-    fixed = {"Run", "Status", "Step", "Chunks", "Loss", "Eval loss", "Samples"}
+    device = any(r.get("device") for r in runs)  # several devices (run_fit(devices=...)): a Device column
+    first = ["Run", "Status", *(["Device"] if device else [])]
+    heads = [*first, *cols, "Step", "Chunks", "Loss", "Eval loss", "Samples"]
+    fixed = {*first, "Step", "Chunks", "Loss", "Eval loss", "Samples"}
     head = "".join(
-        f'<th style="{_TH}{"" if h in ("Run", "Status") else _NUM}" title="{_e(h)}">'
+        f'<th style="{_TH}{"" if h in first else _NUM}" title="{_e(h)}">'
         f"{_e(h if h in fixed else short_hparam(h))}</th>"
         for h in heads
     )
@@ -298,6 +300,11 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
         cells = [
             f'<td style="{_TD}">{_run_cell(run, run["run_id"] == best)}</td>',
             f'<td style="{_TD}">{_badge(status, _STATUS.get(status, _MUTED))}</td>',
+            *(
+                [f'<td style="{_TD}" data-rf-device-cell="">{_e(run.get("device") or "-")}</td>']
+                if device
+                else []
+            ),
             *(
                 f'<td style="{_TD}{_NUM};white-space:normal;word-break:break-word">'
                 f"{_e(_hparam((run.get('hparams') or {}).get(c)))}</td>"
@@ -328,6 +335,15 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
     )
 
 
+def _device_chips(snapshot: Mapping[str, Any]) -> list[str]:
+    """One chip per device with several devices (``cpu:0 · run 3``, ``cpu:1 · idle``, ``cpu:2 · lost``)."""
+    out = []
+    for d in snapshot.get("devices") or []:
+        rid = d.get("run_id") if d.get("state") == "training" else None
+        out.append(f"{d.get('name')} · {'run ' + str(rid) if rid is not None else d.get('state') or '—'}")
+    return out
+
+
 def _header(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], note: str) -> str:
     counts: dict[str, int] = {}
     for run in runs:
@@ -337,6 +353,7 @@ def _header(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], note
         str(snapshot.get("progress") or ""),
         str(snapshot.get("early_stopping") or ""),
         stats_text(snapshot.get("stats") or {}),
+        *_device_chips(snapshot),
         ", ".join(f"{n} {st.lower()}" for st, n in counts.items()),
     ]
     chip = (
@@ -407,7 +424,7 @@ def render_text(snapshot: Mapping[str, Any]) -> str:
         if run.get("status") == "DELETED":
             continue
         lines.append(
-            f"  run {run['run_id']}  {run.get('status')}  step {run.get('completed_steps') or 0}/"
+            f"  run {run['run_id']}  {run.get('status')}{'  ' + run['device'] if run.get('device') else ''}  step {run.get('completed_steps') or 0}/"
             f"{run.get('total_steps') or 0}  loss {fmt_metric(run.get('loss'))}  "
             f"eval_loss {fmt_metric(run.get('eval_loss'))}"
         )

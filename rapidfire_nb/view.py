@@ -5,7 +5,7 @@ fake panel source (:mod:`rapidfire_nb.testing.fake_source`) build their snapshot
 
 * :class:`StoreRows` — what the experiment's store holds (meta, run rows, latest loss/eval_loss, ops log);
 * :class:`KernelState` — in the kernel only: the scheduler's frozen :class:`~kernel_scheduler.RunSnapshot` s,
-  the run on the device and its live step (the store records neither).
+  the run on each device, each device's state and the live steps (the store records none of them).
 
 The snapshot's shape is the "Panel source" contract of ``docs/ARCHITECTURE.md``. Legal ops come from
 :func:`kernel_scheduler.ops.decide` (the rules the scheduler applies), statuses from
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
-from kernel_scheduler import OpKind, PendingOp, RunSnapshot, RunStatus, decide
+from kernel_scheduler import DEFAULT_DEVICE, OpKind, PendingOp, RunSnapshot, RunStatus, decide
 
 from .clock import CLOCK_META_KEY, is_training, progress_stats, training_seconds
 from .stops import StopInfo, stop_history
@@ -43,6 +43,8 @@ from .view_text import (
 from .wire import json_type_name
 
 __all__ = [
+    "DEVICES_META_KEY",
+    "DEVICE_STATES",
     "EARLY_STOPPING_META_KEY",
     "ENDED_HINT",
     "FIELD_TYPES",
@@ -53,6 +55,7 @@ __all__ = [
     "best_run",
     "chunk_line",
     "chunk_position",
+    "device_list",
     "device_status",
     "early_stopping_text",
     "editable_fields",
@@ -68,12 +71,21 @@ __all__ = [
     "position_text",
     "progress_text",
     "reported_status",
+    "run_device",
     "store_snapshot",
 ]
 
 #: Meta key of the early-stopping policy's progress (``EarlyStoppingPolicy.progress()``), written by the
 #: kernel's recorder whenever it changes; the server page and a kernel without the scheduler read it.
 EARLY_STOPPING_META_KEY = "early_stopping"
+
+#: Meta key of run id -> the device it trains on (``{"3": "cpu:1"}``), written by the kernel's recorder when the
+#: experiment trains on several devices (``run_fit(devices=...)``); the server page and restarts read it.
+DEVICES_META_KEY = "devices"
+
+#: A device's state in a snapshot's ``devices``: a run trains there, nothing does, its worker died, or (the server
+#: page: the store does not record it) unknown.
+DEVICE_STATES = ("training", "idle", "lost", "—")
 
 #: Keys of one ops-log entry in a snapshot.
 OP_FIELDS = ("op_id", "run_id", "kind", "state", "message", "requested_at", "applied_at")
@@ -143,7 +155,10 @@ class KernelState:
         num_chunks: chunks per epoch (0 before ``run_fit``).
         hparam_columns: the hyperparameters that differ between runs (shown as table columns).
         runs: the scheduler's frozen snapshots; None when nothing trains in this kernel (no scheduler).
-        on_device: run id training right now, or None.
+        on_device: run id training right now (the first device's, with several), or None.
+        devices: with several devices (``run_fit(devices=...)``; empty with one): device name -> ``"training"``,
+            ``"idle"`` or ``"lost"`` (its worker died), in the scheduler's device order.
+        device_runs: device -> id of the run training there right now (devices with no segment left out).
         live_steps: latest logged optimizer step per run (the run on the device moves within a chunk).
         accepting: False once the experiment was ended (no op would be applied: no legal op).
         early_stopping: the scheduler's early-stopping progress (``Scheduler.early_stopping_progress()``: None
@@ -155,6 +170,8 @@ class KernelState:
     hparam_columns: Sequence[str]
     runs: Sequence[RunSnapshot] | None = None
     on_device: int | None = None
+    devices: Mapping[str, str] = field(default_factory=dict)
+    device_runs: Mapping[str, int] = field(default_factory=dict)
     live_steps: Mapping[int, int] = field(default_factory=dict)
     accepting: bool = True
     early_stopping: Mapping[str, Any] | None = None
@@ -317,6 +334,56 @@ def device_status(statuses: Iterable[RunStatus | str], writer_alive: bool, ended
     return "device idle (kernel alive)"
 
 
+def _natural(name: str) -> tuple[str, int, str]:
+    """Sort key of a device name: ``cpu:2`` before ``cpu:10``."""
+    head, _, tail = name.rpartition(":")
+    return (head, int(tail), "") if tail.isdigit() else (name, -1, "")
+
+
+def _stored_devices(meta: Mapping[str, Any]) -> dict[int, str]:
+    """Run id -> device, from meta ``devices`` (empty when the experiment trained on one device)."""
+    stored = meta.get(DEVICES_META_KEY)
+    if not isinstance(stored, Mapping):
+        return {}
+    out = {}
+    for rid, dev in stored.items():
+        if isinstance(dev, str) and dev and dev != DEFAULT_DEVICE and str(rid).isdigit():
+            out[int(rid)] = dev
+    return out
+
+
+def run_device(snap: RunSnapshot | None, stored: Mapping[int, str], run_id: int) -> str | None:
+    """The device a run trains on: the scheduler's (unless the single in-kernel :data:`DEFAULT_DEVICE`), else
+    the one stored in meta ``devices``; None when unknown or the experiment uses one device."""
+    if snap is not None and snap.device and snap.device != DEFAULT_DEVICE:
+        return snap.device
+    return stored.get(run_id)
+
+
+def device_list(
+    states: Mapping[str, str], running: Mapping[str, int], stored: Iterable[str] = ()
+) -> list[dict[str, Any]]:
+    """The header's devices: one ``{"name", "state", "run_id"}`` per device, state one of :data:`DEVICE_STATES`.
+
+    Args:
+        states: the kernel's device -> ``"training"`` / ``"idle"`` / ``"lost"`` (in its device order); empty on
+            the server page or with one device.
+        running: device -> id of the run training there (a device in it is ``"training"``).
+        stored: device names the store knows (meta ``devices``): added, in natural order, with state ``"—"``.
+
+    Returns:
+        A list (empty with one device: the header shows its single "run N on device" chip then).
+    """
+    out = []
+    for name, state in states.items():
+        rid = running.get(name)
+        st = "training" if rid is not None else state if state in ("idle", "lost") else "idle"
+        out.append({"name": name, "state": st, "run_id": rid})
+    for name in sorted(set(stored) - set(states), key=_natural):
+        out.append({"name": name, "state": "—", "run_id": None})
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ formatting
 
 
@@ -386,6 +453,7 @@ def _run_entry(
     live_step: int | None = None,
     accepting: bool = True,
     closed_hint: str = NO_KERNEL_HINT,
+    device: str | None = None,
 ) -> dict[str, Any]:
     run_id = row["run_id"]
     hp = row.get("hparams")
@@ -397,6 +465,7 @@ def _run_entry(
         "run_id": run_id,
         "status": status,
         "on_device": bool(snap is not None and snap.on_device),
+        "device": device,
         "hparams": {c: hp.get(c) for c in columns} or dict(hp),
         "editable": _editable_values(rows.meta.get("editable_fields"), run_id, hp),
         **_progress_fields(row, snap, live_step),
@@ -456,20 +525,22 @@ def kernel_snapshot(
     Args:
         name: the experiment's name.
         rows: the store's rows.
-        kernel: what the kernel knows (its scheduler's snapshots, the run on the device, live steps).
+        kernel: what the kernel knows (its scheduler's snapshots, the run on each device, live steps).
         now: unix seconds stamped as ``now`` (default: the clock).
 
     Returns:
         The JSON-able snapshot of ``docs/ARCHITECTURE.md`` "Panel source" (runs also carry ``editable``).
     """
     live = {s.run_id: s for s in kernel.runs} if kernel.runs is not None else {}
+    stored = _stored_devices(rows.meta)
     runs = []
     for row in rows.runs:
         snap = live.get(row["run_id"])
         status = snap.status.value if snap is not None else str(row.get("status"))
         live_step = kernel.live_steps.get(row["run_id"])
+        device = run_device(snap, stored, row["run_id"])
         entry = _run_entry(
-            row, rows, kernel.hparam_columns, status, snap, live_step, kernel.accepting, ENDED_HINT
+            row, rows, kernel.hparam_columns, status, snap, live_step, kernel.accepting, ENDED_HINT, device
         )
         runs.append(entry)
     if kernel.runs is None:
@@ -487,6 +558,8 @@ def kernel_snapshot(
         **out,
         "progress": progress,
         "on_device": kernel.on_device,
+        "device_runs": dict(kernel.device_runs) if kernel.devices else {},
+        "devices": device_list(kernel.devices, kernel.device_runs, stored.values() if kernel.devices else ()),
         "runs": runs,
         "early_stopping": early_stopping_text(stopper, runs),
     }
@@ -498,8 +571,9 @@ def store_snapshot(
 ) -> dict[str, Any]:
     """The snapshot the server page shows, from the store alone.
 
-    Differences from :func:`kernel_snapshot`: ``on_device`` is None and no run is on the device (the store
-    does not record it); ONGOING runs of a dead writer are INTERRUPTED (:func:`reported_status`); without a
+    Differences from :func:`kernel_snapshot`: ``on_device`` is None, no run is on the device and
+    ``device_runs`` is empty (the store does not record it); ``devices`` are the names meta ``devices`` holds,
+    their state ``"—"``; ONGOING runs of a dead writer are INTERRUPTED (:func:`reported_status`); without a
     live writer, or once the experiment has ended (meta ``ended_at``), ``legal_ops`` are empty (nothing would
     apply them). Extra keys: ``writer_alive``, ``ended``, ``last_beat`` (unix s), ``source: "store"`` and
     ``device_status`` (:func:`device_status`).
@@ -515,8 +589,16 @@ def store_snapshot(
     num_chunks = rows.meta.get("num_chunks") or 0
     ended = rows.meta.get("ended_at") is not None
     accepting = writer_alive and not ended
+    stored = _stored_devices(rows.meta)
     runs = [
-        _run_entry(r, rows, columns, reported_status(str(r.get("status")), writer_alive), accepting=accepting)
+        _run_entry(
+            r,
+            rows,
+            columns,
+            reported_status(str(r.get("status")), writer_alive),
+            accepting=accepting,
+            device=stored.get(r["run_id"]),
+        )
         for r in rows.runs
     ]
     statuses = [parse_status(r["status"]) for r in runs]
@@ -536,6 +618,8 @@ def store_snapshot(
         **_timing(rows, out, writer_alive, last_beat),
         "progress": progress,
         "on_device": None,
+        "device_runs": {},
+        "devices": device_list({}, {}, stored.values()),
         "writer_alive": writer_alive,
         "ended": ended,
         "last_beat": last_beat,

@@ -19,7 +19,7 @@ function csv(rows) {
 }
 
 /**
- * The runs table: one row per run (DELETED ones too, with their status), every hyperparameter the snapshot
+ * The runs table: one row per run (DELETED ones too, with their status; the device with several devices), every hyperparameter the snapshot
  * carries (the differing columns first), progress and the latest loss / eval_loss.
  * @param {State} state @returns {string}
  */
@@ -30,12 +30,13 @@ export function runsCsv(state) {
   for (const r of runs) for (const k of Object.keys({ ...(r.editable || {}), ...(r.hparams || {}) })) {
     if (!cols.includes(k)) cols.push(k);
   }
-  const head = ["run_id", "status", "parent_id", "warm_start", ...cols, "completed_steps", "total_steps",
-    "chunks_done", "samples_seen", "loss", "eval_loss", "error"];
+  const device = runs.some((r) => typeof r.device === "string" && r.device !== ""); // several devices
+  const head = ["run_id", "status", ...(device ? ["device"] : []), "parent_id", "warm_start", ...cols,
+    "completed_steps", "total_steps", "chunks_done", "samples_seen", "loss", "eval_loss", "error"];
   return csv([head, ...runs.map((r) => {
     const hp = { ...(r.editable || {}), ...(r.hparams || {}) };
-    return [r.run_id, r.status, r.parent_id, r.warm_start, ...cols.map((c) => hp[c]), r.completed_steps,
-      r.total_steps, r.chunks_done, r.samples_seen, r.loss, r.eval_loss, r.error];
+    return [r.run_id, r.status, ...(device ? [r.device] : []), r.parent_id, r.warm_start, ...cols.map((c) => hp[c]),
+      r.completed_steps, r.total_steps, r.chunks_done, r.samples_seen, r.loss, r.eval_loss, r.error];
   })]);
 }
 

@@ -11,7 +11,7 @@
 import { DEFAULT_METRICS } from "./format.js";
 
 /**
- * @typedef {{run_id: number, status: string, on_device: boolean, hparams: Record<string, any>,
+ * @typedef {{run_id: number, status: string, on_device: boolean, device?: string|null, hparams: Record<string, any>,
  *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number, epoch?: number,
  *   samples_seen: number, loss: number|null, eval_loss: number|null, error: string|null, stop_reason?: string|null, pruned?: boolean,
  *   parent_id: number|null,
@@ -22,7 +22,10 @@ import { DEFAULT_METRICS } from "./format.js";
  * @typedef {{experiment: string, started_at: number, now?: number, progress: string, on_device: number|null,
  *   num_chunks: number, hparam_columns: string[], runs: Run[], ops: OpRecord[], metric_names: string[],
  *   device_status?: string, elapsed_s?: number, training?: boolean, ended?: boolean, writer_alive?: boolean,
- *   source?: string, stats?: Stats, early_stopping?: string|null}} Snapshot
+ *   source?: string, stats?: Stats, early_stopping?: string|null, devices?: Device[],
+ *   device_runs?: Record<string, number>}} Snapshot
+ * @typedef {{name: string, state: string, run_id: number|null}} Device
+ * @typedef {{name: string, text: string, state: string, runId: number|null, title: string}} DeviceChip
  * @typedef {{percent: number|null, steps_per_s: number|null, s_per_chunk: number|null, eta_s: number|null,
  *   training: boolean}} Stats
  * @typedef {{names: string[], run: number[], step: number[], samples: number[], name: number[],
@@ -249,9 +252,44 @@ export function earlyStoppingText(snap) {
   return typeof text === "string" ? text.trim() : "";
 }
 
-/** Whether something trains (a run on the device, or runs in the rotation). @param {Snapshot} snap */
+/**
+ * The header's device chips, one per device when the experiment trains on several (`run_fit(devices=...)`):
+ * "cpu:0 · run 3", "cpu:1 · idle", "cuda:2 · lost" (its worker died), "cpu:0 · —" (the server page: the store
+ * does not record what a device does). Empty with one device (the header's single "run N on device" chip).
+ * @param {Snapshot|null|undefined} snap @returns {DeviceChip[]}
+ */
+export function deviceChips(snap) {
+  const devices = Array.isArray(snap?.devices) ? snap.devices : [];
+  return devices.map((d) => {
+    const runId = d.state === "training" && typeof d.run_id === "number" ? d.run_id : null;
+    const what = runId !== null ? `run ${runId}` : d.state === "training" ? "training" : d.state || "—";
+    const title = runId !== null ? `${d.name}: run ${runId} is training there`
+      : d.state === "lost" ? `${d.name}: its worker died; its runs continue on the other devices`
+        : d.state === "idle" ? `${d.name}: nothing trains there now`
+          : `${d.name}: what it does now is known only to the kernel that trains the experiment`;
+    return { name: d.name, text: `${d.name} · ${what}`, state: runId !== null ? "training" : d.state || "—", runId, title };
+  });
+}
+
+/** Ids of the runs training right now, on any device (several at once with several devices).
+ * @param {Snapshot|null|undefined} snap @returns {number[]} */
+export function trainingRuns(snap) {
+  if (!snap) return [];
+  const ids = new Set(Object.values(snap.device_runs || {}).filter((v) => typeof v === "number"));
+  if (typeof snap.on_device === "number") ids.add(snap.on_device);
+  for (const r of snap.runs || []) if (r.on_device) ids.add(r.run_id);
+  return [...ids].sort((a, b) => a - b);
+}
+
+/** Whether the run table shows a Device column: some run has a device (several devices). @param {Snapshot|null|undefined} snap */
+export function hasDeviceColumn(snap) {
+  return (snap?.runs || []).some((r) => typeof r.device === "string" && r.device !== "");
+}
+
+/** Whether something trains (a run on a device, or runs in the rotation). @param {Snapshot} snap */
 export function isActive(snap) {
   return snap.on_device !== null && snap.on_device !== undefined
+    || Object.keys(snap.device_runs || {}).length > 0
     || (snap.runs || []).some((r) => r.status === "NEW" || r.status === "ONGOING");
 }
 

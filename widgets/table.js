@@ -8,13 +8,14 @@
  * Test hooks: tr[data-run-id][data-status][data-on-device][data-best][data-pruned], tr[data-error-for] (a failure
  * or, with class rf-pruned-row, why early stopping pruned the run), tr[data-config-for],
  * th[data-sort-key][aria-sort], button[data-op], button[data-config], form[data-clone-form],
- * [data-clone-warning].
+ * [data-clone-warning], td[data-rf-device-cell] (the Device column: only when some run has a device, i.e. the
+ * experiment trains on several: `run_fit(devices=...)`).
  */
 
 import { h, setKids, setText } from "./dom.js";
 import { fmtHparam, fmtInt, fmtMetric, OPS, parseValue, runColor, shortHparam } from "./format.js";
 import { duplicateConfig, latestValues, sortRuns } from "./rank.js";
-import { isPending, visibleRuns } from "./state.js";
+import { hasDeviceColumn, isPending, visibleRuns } from "./state.js";
 
 /**
  * @typedef {import("./state.js").State} State
@@ -75,20 +76,21 @@ export class RunTable {
   }
 
   colCount() {
-    return 8 + (this.state.snapshot?.hparam_columns?.length || 0);
+    return 8 + (this.state.snapshot?.hparam_columns?.length || 0) + (hasDeviceColumn(this.state.snapshot) ? 1 : 0);
   }
 
   render() {
     const snap = this.state.snapshot;
     const cols = snap?.hparam_columns || [];
-    this.renderHead(cols);
+    const device = hasDeviceColumn(snap);
+    this.renderHead(cols, device);
     const sort = this.host.sort;
     const metric = sort.key.startsWith("m:") ? latestValues(this.state, sort.key.slice(2)) : undefined;
     const runs = sortRuns(visibleRuns(this.state, this.host.showDeleted), sort, metric);
     const wanted = /** @type {HTMLElement[]} */ ([]);
     for (const run of runs) {
       let row = this.rows.get(run.run_id);
-      if (!row) { row = this.makeRow(run, cols); this.rows.set(run.run_id, row); }
+      if (!row) { row = this.makeRow(run, cols, device); this.rows.set(run.run_id, row); }
       this.updateRow(row, run, cols);
       wanted.push(row.tr);
       if (noteOf(run)) wanted.push(row.errorTr);
@@ -109,12 +111,13 @@ export class RunTable {
     this.host.onCounts();
   }
 
-  /** @param {string[]} cols */
-  renderHead(cols) {
+  /** @param {string[]} cols @param {boolean} device whether the Device column shows */
+  renderHead(cols, device) {
     const sort = this.host.sort;
-    const key = `${cols.join("\u0000")}|${sort.key}|${sort.dir}`;
+    const colsKey = `${cols.join("\u0000")}\u0001${device}`;
+    const key = `${colsKey}|${sort.key}|${sort.dir}`;
     if (key === this.headKey && this.theadRow.children.length) return;
-    const colsChanged = this.headKey.split("|")[0] !== cols.join("\u0000");
+    const colsChanged = this.headKey.split("|")[0] !== colsKey;
     this.headKey = key;
     const th = (/** @type {string} */ k, /** @type {string} */ t, /** @type {string} */ cls, /** @type {string} */ tip) => {
       const on = sort.key === k;
@@ -125,6 +128,7 @@ export class RunTable {
     };
     this.theadRow.replaceChildren(
       th("run", "Run", "rf-col-run", "run id"), th("status", "Status", "rf-col-status", "status"),
+      ...(device ? [th("device", "Device", "rf-col-device", "the device the run trains on (its worker process)")] : []),
       ...cols.map((c) => th(`hp:${c}`, shortHparam(c), "rf-num rf-col-hp", c)),
       ...TAIL_COLS.map(([k, t, tip]) => th(k, t, `rf-num${k === "step" ? " rf-col-step" : ""}`, tip)),
       h("th", { class: "rf-col-actions" }));
@@ -133,12 +137,13 @@ export class RunTable {
     this.rows.clear(); // rebuilt with the new columns
   }
 
-  /** @param {Run} run @param {string[]} cols @returns {Row} */
-  makeRow(run, cols) {
+  /** @param {Run} run @param {string[]} cols @param {boolean} device @returns {Row} */
+  makeRow(run, cols, device) {
     /** @type {Record<string, HTMLElement>} */ const cells = {};
     const td = (/** @type {string} */ name, /** @type {string} */ cls = "") => (cells[name] = h("td", { class: cls }));
     const tr = h("tr", { class: "rf-run-row" });
     tr.append(td("run", "rf-col-run"), td("status", "rf-col-status"),
+      ...(device ? [td("device", "rf-col-device")] : []),
       ...cols.map((c) => td(`hp:${c}`, "rf-num rf-col-hp")),
       td("step", "rf-num rf-col-step"), td("chunks", "rf-num"), td("loss", "rf-num"), td("eval", "rf-num"),
       td("samples", "rf-num"), td("actions", "rf-col-actions"));
@@ -174,6 +179,10 @@ export class RunTable {
     tr.classList.toggle("rf-active", !!run.on_device);
     tr.classList.toggle("rf-best", best);
     this.updateIdentity(row, run, best);
+    if (cells.device) {
+      cells.device.dataset.rfDeviceCell = run.device || "";
+      setText(cells.device, run.device || "–", run.device ? `run ${run.run_id} trains on ${run.device}` : "");
+    }
     for (const c of cols) {
       const v = run.hparams ? run.hparams[c] : undefined;
       setText(cells[`hp:${c}`], fmtHparam(v), `${c} = ${typeof v === "string" ? v : JSON.stringify(v)}`);
@@ -236,12 +245,13 @@ export class RunTable {
           onclick: () => this.toggleConfig(run.run_id) }),
         best ? h("span", { class: "rf-best-mark", title: `best ${this.host.bestMetric}`, text: "★" }) : null, origin);
     }
-    const statusKey = `${run.status}|${!!run.on_device}`;
+    const statusKey = `${run.status}|${!!run.on_device}|${run.device || ""}`;
     if (row.statusKey !== statusKey) {
       row.statusKey = statusKey;
       setKids(row.cells.status,
         h("span", { class: `rf-badge rf-st-${run.status.toLowerCase()}`, "data-badge": run.status, text: run.status }),
-        run.on_device ? h("span", { class: "rf-badge rf-on-device", "data-badge": "on-device", text: "on device" })
+        run.on_device ? h("span", { class: "rf-badge rf-on-device", "data-badge": "on-device",
+          text: run.device ? `on ${run.device}` : "on device" })
           : null);
     }
   }

@@ -2,13 +2,15 @@
 /**
  * One rendered view of the panel (anywidget's `render`), drawn from the model's state (widgets/state.js):
  * the header (training time, frozen while nothing trains; tqdm-like progress: percentage, steps/s, s/chunk,
- * time left; the early-stopping line: trials asked / budget, pruned runs; the run on the device), one reserved line for op notices (nothing below moves), the compare bar
+ * time left; the early-stopping line: trials asked / budget, pruned runs; the run on the device, or with several
+ * devices one chip per device: "cpu:0 · run 3", "cpu:1 · idle", "cuda:2 · lost"), one reserved line for op notices (nothing below moves), the compare bar
  * (best run by a metric, "stop all but the best k", CSV export), the run table (widgets/table.js), the curve
  * controls (x axis step / samples / wall time, smoothing, log scale), the legend, the curves (widgets/plots.js),
  * the parallel-coordinates view (widgets/compare.js) and the ops log. When the experiment ends, the static copy
  * the kernel sends (`frozen`) replaces it all.
  *
  * Test hooks: data-rf-panel, [data-rf-elapsed][data-training], [data-rf-stats], [data-rf-early-stopping],
+ * [data-rf-devices] > [data-rf-device][data-state][data-run-id],
  * [data-rf-plots][data-points],
  * button[data-x], input[data-rf-smoothing], input[data-rf-log], select[data-rf-best-by],
  * input[data-rf-keep] + button[data-rf-stop-all-but], button[data-rf-export], input[data-rf-show-deleted],
@@ -22,7 +24,9 @@ import { csvName, download, metricsCsv, runsCsv } from "./export.js";
 import { fmtClock, fmtDuration, runColor, statsText, STATUSES } from "./format.js";
 import { PlotArea } from "./plots.js";
 import { bestRun, nextSort, stopAllButBest } from "./rank.js";
-import { earlyStoppingText, metricOrder, notice, noticesNewestFirst, statusCounts, visibleRuns } from "./state.js";
+import {
+  deviceChips, earlyStoppingText, metricOrder, notice, noticesNewestFirst, statusCounts, visibleRuns,
+} from "./state.js";
 import { RunTable } from "./table.js";
 
 /**
@@ -79,12 +83,15 @@ export class PanelView {
     this.stopperEl = h("span", { class: "rf-chip rf-early-stopping", "data-rf-early-stopping": "",
       title: "early stopping / search: trials asked of the budget, runs pruned" });
     this.deviceEl = h("span", { class: "rf-chip rf-device" });
+    /** the chips of several devices (run_fit(devices=...)), in place of deviceEl */
+    this.devicesEl = h("span", { class: "rf-devices", "data-rf-devices": "", hidden: true });
+    this.devicesKey = "";
     this.countsEl = h("div", { class: "rf-counts" });
     const header = h("div", { class: "rf-header" },
       h("div", { class: "rf-heading" }, h("span", { class: "rf-logo", "aria-hidden": "true" }), this.titleEl,
         this.countsEl),
       h("div", { class: "rf-chips" }, elapsed, this.statsEl, this.progressEl, this.stopperEl,
-        this.deviceEl));
+        this.deviceEl, this.devicesEl));
     this.noticesEl = h("div", { class: "rf-notices", "aria-live": "polite" });
     this.statusLine = h("div", { class: "rf-waiting", text: "Connecting to the kernel…" });
     this.legendEl = h("div", { class: "rf-legend", "data-rf-legend": "", role: "group",
@@ -254,6 +261,10 @@ export class PanelView {
     this.stopperEl.textContent = stopper;
     this.stopperEl.hidden = !stopper;
     this.deviceEl.replaceChildren();
+    const chips = deviceChips(snap); // several devices: one chip each, in place of the single device chip
+    this.renderDevices(chips);
+    // the server page knows the devices' names, not what they do: its device_status chip stays
+    this.deviceEl.hidden = chips.some((c) => c.state !== "—");
     if (s.on_device !== null && s.on_device !== undefined) {
       this.deviceEl.append(h("span", { class: "rf-dot rf-pulse", style: { background: runColor(s.on_device) } }),
         `run ${s.on_device} on device`);
@@ -264,6 +275,21 @@ export class PanelView {
       this.deviceEl.classList.add("rf-idle");
     }
     this.tick();
+  }
+
+  /** One chip per device (rebuilt only when one changed: the pulse animations keep running).
+   * @param {import("./state.js").DeviceChip[]} chips */
+  renderDevices(chips) {
+    const key = JSON.stringify(chips);
+    this.devicesEl.hidden = chips.length === 0;
+    if (key === this.devicesKey) return;
+    this.devicesKey = key;
+    this.devicesEl.replaceChildren(...chips.map((c) => h("span", {
+      class: `rf-chip rf-device rf-device-${c.state === "—" ? "unknown" : c.state}${c.runId === null ? " rf-idle" : ""}`,
+      "data-rf-device": c.name, "data-state": c.state, "data-run-id": c.runId === null ? null : String(c.runId),
+      title: c.title,
+    }, c.runId !== null ? h("span", { class: "rf-dot rf-pulse", style: { background: runColor(c.runId) } }) : null,
+    c.text)));
   }
 
   /** Training time: the snapshot's, moving on with the kernel's clock only while something trains. */

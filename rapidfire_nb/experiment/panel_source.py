@@ -35,18 +35,29 @@ def panel_snapshot(name: str, store: Any, session: Any, ended: bool = False) -> 
     if session is None:
         kernel = KernelState(started_at=None, num_chunks=0, hparam_columns=[], accepting=not ended)
     else:
-        snaps = session.scheduler.snapshot()
+        scheduler = session.scheduler
+        snaps = scheduler.snapshot()
+        running = scheduler.training()  # read once: the header's chips and the runs' devices agree
+        several = len(scheduler.devices) > 1
         kernel = KernelState(
             started_at=session.started_at,
             num_chunks=session.num_chunks,
             hparam_columns=session.columns,
             runs=snaps,
-            on_device=session.scheduler.on_device(),
+            on_device=scheduler.on_device(),
+            devices=_device_states(scheduler.device_states(), running) if several else {},
+            device_runs=running if several else {},
             live_steps={s.run_id: session.recorder.live_step(s.run_id) for s in snaps},
             accepting=not ended,
-            early_stopping=session.scheduler.early_stopping_progress(),
+            early_stopping=scheduler.early_stopping_progress(),
         )
     return kernel_snapshot(name, StoreRows.read(store), kernel)
+
+
+def _device_states(states: dict[str, str], running: dict[str, int]) -> dict[str, str]:
+    """``Scheduler.device_states()`` (``"training run N"`` / ``"idle"`` / ``"lost"``) as the view's words
+    (``"training"`` / ``"idle"`` / ``"lost"``), a device in ``running`` training."""
+    return {d: "training" if d in running else "lost" if st == "lost" else "idle" for d, st in states.items()}
 
 
 def metrics_since(store: Any, cursor: int) -> tuple[list[dict[str, Any]], int]:

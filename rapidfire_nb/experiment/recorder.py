@@ -46,14 +46,13 @@ from .._priority import lower_thread_priority
 from ..clock import CLOCK_META_KEY, TrainingClock
 from ..errors import StorageError, storage_error
 from ..redact import is_secret_key, redact
-from ..view import EARLY_STOPPING_META_KEY, chunk_line
+from ..view import DEVICES_META_KEY, EARLY_STOPPING_META_KEY, chunk_line
 from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
 from .reporter import Reporter
 
 __all__ = ["ADDED_RUNS_META_KEY", "DEVICES_META_KEY", "NOT_EDITABLE", "Recorder"]
 
-DEVICES_META_KEY = "devices"
 """Store meta: ``{"<run id>": "<device>"}``, the device each run trains on (written when it changes)."""
 
 log = logging.getLogger(__name__)

@@ -207,3 +207,20 @@ def test_a_clean_kernel_shutdown_freezes_the_displayed_panels(monkeypatch: pytes
 def test_on_kernel_shutdown_outside_a_kernel_registers_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(frontend, "ipython", lambda: None)
     assert frontend.on_kernel_shutdown(lambda: None) is False
+
+
+def test_several_devices_a_device_column_and_a_chip_per_device() -> None:
+    runs = [_run(1, device="cpu:0"), _run(2, "ONGOING", device="cpu:1")]
+    devices = [
+        {"name": "cpu:0", "state": "idle", "run_id": None},
+        {"name": "cpu:1", "state": "training", "run_id": 2},
+        {"name": "cpu:2", "state": "lost", "run_id": None},
+    ]
+    bundle = static_bundle(_snapshot(runs, devices=devices), [])
+    html = bundle["text/html"]
+    assert ">Device</th>" in html
+    assert re.findall(r'data-rf-device-cell="">([^<]*)<', html) == ["cpu:0", "cpu:1"]
+    assert all(c in html for c in ("cpu:0 · idle", "cpu:1 · run 2", "cpu:2 · lost"))
+    assert "run 2  ONGOING  cpu:1  step" in bundle["text/plain"]
+    one = static_bundle(_snapshot([_run(1, device=None)]), [])["text/html"]  # one device: nothing new
+    assert "Device</th>" not in one and "data-rf-device-cell" not in one

@@ -365,3 +365,69 @@ def test_the_snapshots_carry_the_early_stopping_line() -> None:
     kernel = KernelState(started_at=1.0, num_chunks=4, hparam_columns=[], runs=[_snap(1, RunStatus.ONGOING)])
     assert view.kernel_snapshot("exp", rows, kernel)["early_stopping"] is None  # this run_fit has no policy
     assert view.store_snapshot("exp", _rows(_row(1, "NEW")), writer_alive=False)["early_stopping"] is None
+
+
+# ------------------------------------------------------------------------------------------------ devices
+
+
+def test_one_device_shows_no_device_and_no_device_list() -> None:
+    rows = _rows(_row(1, "ONGOING"), _row(2, "NEW"))
+    kernel = KernelState(
+        started_at=1.0,
+        num_chunks=4,
+        hparam_columns=[],
+        runs=[_snap(1, RunStatus.ONGOING, on_device=True, device="device"), _snap(2, RunStatus.NEW)],
+        on_device=1,
+    )
+    snap = view.kernel_snapshot("exp", rows, kernel, now=2.0)
+    assert [r["device"] for r in snap["runs"]] == [None, None]  # the in-kernel device is never shown
+    assert (snap["devices"], snap["device_runs"], snap["on_device"]) == ([], {}, 1)
+    page = view.store_snapshot("exp", rows, writer_alive=True, now=2.0)
+    assert [r["device"] for r in page["runs"]] == [None, None] and page["devices"] == []
+
+
+def test_kernel_snapshot_with_two_devices_two_runs_training() -> None:
+    meta = {**META, "devices": {"1": "cpu:0", "2": "cpu:1", "3": "cpu:1"}}
+    rows = _rows(_row(1, "ONGOING"), _row(2, "ONGOING"), _row(3, "COMPLETED"), meta=meta)
+    kernel = KernelState(
+        started_at=1.0,
+        num_chunks=4,
+        hparam_columns=[],
+        runs=[
+            _snap(1, RunStatus.ONGOING, on_device=True, device="cpu:1"),  # moved: the scheduler's device wins
+            _snap(2, RunStatus.ONGOING, on_device=True, device="cpu:0"),
+            _snap(3, RunStatus.COMPLETED, step=12, device=""),  # finished earlier: the stored device
+        ],
+        on_device=2,
+        devices={"cpu:0": "training", "cpu:1": "training", "cpu:2": "lost"},
+        device_runs={"cpu:0": 2, "cpu:1": 1},
+    )
+    snap = view.kernel_snapshot("exp", rows, kernel, now=2.0)
+    assert [(r["run_id"], r["device"], r["on_device"]) for r in snap["runs"]] == [
+        (1, "cpu:1", True),
+        (2, "cpu:0", True),
+        (3, "cpu:1", False),
+    ]
+    assert snap["devices"] == [
+        {"name": "cpu:0", "state": "training", "run_id": 2},
+        {"name": "cpu:1", "state": "training", "run_id": 1},
+        {"name": "cpu:2", "state": "lost", "run_id": None},
+    ]
+    assert snap["device_runs"] == {"cpu:0": 2, "cpu:1": 1} and snap["on_device"] == 2
+    assert snap["training"] is False  # (the clock's flag; the meta here has no clock)
+
+
+def test_store_snapshot_names_the_stored_devices_state_unknown() -> None:
+    meta = {**META, "devices": {"1": "cpu:10", "2": "cpu:2", "4": "device", "x": "cpu:9"}}
+    rows = _rows(_row(1, "ONGOING"), _row(2, "COMPLETED"), _row(3, "NEW", chunks_done=0), meta=meta)
+    snap = view.store_snapshot("exp", rows, writer_alive=True, now=2.0)
+    assert [r["device"] for r in snap["runs"]] == ["cpu:10", "cpu:2", None]
+    assert snap["devices"] == [
+        {"name": "cpu:2", "state": "—", "run_id": None},
+        {"name": "cpu:10", "state": "—", "run_id": None},
+    ]
+    assert snap["device_runs"] == {} and snap["on_device"] is None
+    assert view.device_list({"cuda:0": "idle"}, {}, ["cuda:0", "cuda:1"]) == [
+        {"name": "cuda:0", "state": "idle", "run_id": None},
+        {"name": "cuda:1", "state": "—", "run_id": None},
+    ]

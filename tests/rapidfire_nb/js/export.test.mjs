@@ -31,3 +31,12 @@ test("the runs table and the metrics as CSV", () => {
   assert.equal(metricsCsv(s), "run_id,step,samples_seen,wall_time,eval_loss,loss\r\n" +
     "1,1,4,10.5,2.5,2\r\n2,5,20,20,,1.9\r\n");
 });
+
+test("with several devices the runs CSV has a device column", () => {
+  const s = createState();
+  const runs = [{ run_id: 1, status: "ONGOING", device: "cpu:1", hparams: {}, completed_steps: 1, total_steps: 2,
+    chunks_done: 0, samples_seen: 2, loss: null, eval_loss: null, error: null, parent_id: null, warm_start: false }];
+  reduce(s, { type: "snapshot", reset: true, snapshot: { experiment: "e", runs, hparam_columns: [], ops: [] } }, 0);
+  assert.equal(runsCsv(s).split("\r\n")[0].split(",").slice(0, 3).join(","), "run_id,status,device");
+  assert.equal(runsCsv(s).split("\r\n")[1].split(",").slice(0, 3).join(","), "1,ONGOING,cpu:1");
+});

@@ -59,3 +59,9 @@ test("a clone that repeats an existing run's config is found", () => {
   assert.equal(duplicateConfig(s, a, {}), 1); // a clone without changes repeats its parent
   assert.equal(duplicateConfig(s, a, { lr: 2e-4 }), null);
 });
+
+test("the Device column sorts by device name, runs without one last", () => {
+  const runs = [{ run_id: 1, device: "cpu:1" }, { run_id: 2, device: null }, { run_id: 3, device: "cpu:0" }];
+  assert.deepEqual(sortRuns(runs, { key: "device", dir: 1 }).map((r) => r.run_id), [3, 1, 2]);
+  assert.deepEqual(sortRuns(runs, { key: "device", dir: -1 }).map((r) => r.run_id), [1, 3, 2]);
+});

@@ -6,7 +6,7 @@ import { test } from "node:test";
 import { fmtElapsed, fmtHparam, fmtNum, parseValue, shortHparam } from "../../../widgets/format.js";
 import { inboxRequest, opBody, readCookie } from "../../../widgets/ops.js";
 import {
-  clickFailed, clickSent, createState, dismissNotice, earlyStoppingText, expireClick, fadeNotice, isActive, isPending,
+  clickFailed, clickSent, createState, deviceChips, dismissNotice, earlyStoppingText, hasDeviceColumn, trainingRuns, expireClick, fadeNotice, isActive, isPending,
   MAX_NOTICES,
   metricOrder, noticesNewestFirst, postedToServer, reduce, statusCounts, visibleRuns,
 } from "../../../widgets/state.js";
@@ -194,4 +194,32 @@ test("wall times ride along with the points", () => {
   const enc = points([[1, 1, 8, "loss", 2.0]]);
   reduce(s, { type: "points", points: { ...enc, wall: [1700000000.5] } }, 0);
   assert.deepEqual(s.series.get("loss").get(1).wall, [1700000000.5]);
+});
+
+test("several devices: one header chip each, two runs training at once, the Device column", () => {
+  const runs = [run(1, "ONGOING", { on_device: true, device: "cpu:0" }), run(2, "ONGOING", { on_device: true, device: "cpu:1" }),
+    run(3, "NEW", { device: "cpu:1" })];
+  const snap = { ...snapshot(runs, []), on_device: 1, device_runs: { "cpu:0": 1, "cpu:1": 2 },
+    devices: [{ name: "cpu:0", state: "training", run_id: 1 }, { name: "cpu:1", state: "training", run_id: 2 },
+      { name: "cuda:2", state: "lost", run_id: null }, { name: "cuda:3", state: "idle", run_id: null }] };
+  const chips = deviceChips(snap);
+  assert.deepEqual(chips.map((c) => [c.text, c.state, c.runId]), [
+    ["cpu:0 · run 1", "training", 1], ["cpu:1 · run 2", "training", 2], ["cuda:2 · lost", "lost", null],
+    ["cuda:3 · idle", "idle", null]]);
+  assert.match(chips[2].title, /worker died/);
+  assert.deepEqual(trainingRuns(snap), [1, 2]);
+  assert.equal(hasDeviceColumn(snap), true);
+  assert.equal(isActive({ ...snap, on_device: null, runs: [] }), true); // a device trains
+  // the server page: names from the store, state unknown
+  const page = deviceChips({ ...snap, devices: [{ name: "cpu:0", state: "—", run_id: null }] });
+  assert.deepEqual(page.map((c) => [c.text, c.state]), [["cpu:0 · —", "—"]]);
+});
+
+test("one device: no chips, no Device column, the single run on the device", () => {
+  const snap = { ...snapshot([run(1, "ONGOING", { on_device: true, device: null }), run(2, "NEW")], []), on_device: 1 };
+  assert.deepEqual(deviceChips(snap), []);
+  assert.deepEqual(deviceChips({ ...snap, devices: [] }), []);
+  assert.equal(hasDeviceColumn(snap), false);
+  assert.deepEqual(trainingRuns(snap), [1]);
+  assert.deepEqual(trainingRuns(null), []);
 });
