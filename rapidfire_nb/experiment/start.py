@@ -161,7 +161,9 @@ def open_session(
         from ..devices.build import make_pool
 
         try:
-            executor: Any = make_pool(plan, inputs, exp_dir, callbacks, runtime.load_final_model, reporter.say)
+            executor: Any = make_pool(
+                plan, inputs, exp_dir, callbacks, runtime.load_final_model, reporter.say
+            )
         except BaseException:
             recorder.close()
             tracker.close()

@@ -90,7 +90,12 @@ def runs_table(
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
     tail += ["device"] if devices else []
     table = pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *tail])
-    for name in ("checkpoint_dir", "error", "stop_reason", *(["device"] if devices else [])):  # text columns: None stays None, never NaN
+    for name in (
+        "checkpoint_dir",
+        "error",
+        "stop_reason",
+        *(["device"] if devices else []),
+    ):  # text columns: None stays None, never NaN
         table[name] = table[name].astype(object).where(table[name].notna(), None)
     return table
 

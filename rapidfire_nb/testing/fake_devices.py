@@ -67,7 +67,9 @@ class FakeDevices(Executor):
         self.inflight: dict[str, tuple[int, Future[SegmentResult], threading.Timer]] = {}
         self.schedule: list[SegmentRecord] = []
         self.moves: list[tuple[int, str, str, int]] = []  # (run id, from, to, step)
-        self.events: list[tuple[Any, ...]] = []  # ("add_run", id, device, warm_from, device asked), ("on_status", ...)
+        self.events: list[
+            tuple[Any, ...]
+        ] = []  # ("add_run", id, device, warm_from, device asked), ("on_status", ...)
         self.violations: list[str] = []
 
     # ------------------------------------------------------------------ devices

@@ -7,6 +7,7 @@ one where a worker is killed with SIGKILL in the middle of a chunk and its runs 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -24,6 +25,7 @@ from tests.helpers import (
 )
 
 SEED = 7
+DEVICES = ["cpu:0", "cpu:1"]
 
 
 def _group(batches: list[int], lrs: list[float]) -> Any:
@@ -34,7 +36,9 @@ def _group(batches: list[int], lrs: list[float]) -> Any:
             RFModelConfig(
                 model_name="tiny",
                 formatting_func=qa_to_chat,
-                peft_config=RFLoraConfig(r=2 + 2 * (i % 2), lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+                peft_config=RFLoraConfig(
+                    r=2 + 2 * (i % 2), lora_alpha=8, target_modules=["q_proj", "v_proj"]
+                ),
                 training_args=RFSFTConfig(
                     learning_rate=lr,
                     per_device_train_batch_size=batch,
@@ -66,8 +70,9 @@ def _children() -> set[int]:
 
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from rapidfire_nb import Experiment
+    from rapidfire_nb import Experiment, magic
     from rapidfire_nb.testing import tiny_create_model
+    from rapidfire_nb.view import StoreRows, store_snapshot
 
     root = tmp_path_factory.mktemp("devices")
     train, evald = qa_dataset(24, seed=0), qa_dataset(6, seed=1)
@@ -75,15 +80,74 @@ def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     group = _group([6, 2, 6, 2], [1e-3, 1e-3, 5e-4, 5e-4])
     before = _children()
     exp = Experiment("two-devices", experiment_path=root)
-    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=3, seed=SEED, devices=2)
+    exp.quiet = True
+    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=3, seed=SEED, devices=2, background=True)
+    both = None  # a panel snapshot taken while two runs trained at the same moment
+    deadline = time.monotonic() + 240
+    while both is None and time.monotonic() < deadline and not exp.wait(timeout=0.01):
+        snap = exp.panel_snapshot()
+        if _two_training(snap):
+            both = snap
+    assert exp.wait(timeout=300)
+    views = {
+        "both": both,
+        "final": exp.panel_snapshot(),
+        "status": magic._status(exp),
+        "page": store_snapshot("two-devices", StoreRows.read(exp.store), writer_alive=True),
+        "points": exp.metrics_since(0)[0],
+    }
     info = exp.get_runs_info()
-    ops_notes = exp.session.scheduler.snapshot()
+    snaps = exp.session.scheduler.snapshot()
     exp.end()
     refs = {
         rid: train_plain_trl(leaf, tiny_create_model, train, evald, SEED, root / f"plain-{rid}")
         for rid, leaf in enumerate(group.expand(SEED), start=1)
     }
-    return {"exp": exp, "info": info, "refs": refs, "snaps": ops_notes, "leftover": _children() - before}
+    return {
+        "exp": exp,
+        "info": info,
+        "refs": refs,
+        "snaps": snaps,
+        "views": views,
+        "leftover": _children() - before,
+    }
+
+
+def _two_training(snap: dict[str, Any]) -> bool:
+    """Two runs train at this moment, one per device, and the runs' entries agree with the header's map."""
+    running = snap["device_runs"]
+    if len(running) != 2 or len(set(running.values())) != 2:
+        return False
+    runs = {r["run_id"]: r for r in snap["runs"]}
+    return all(runs[rid]["on_device"] and runs[rid]["device"] == dev for dev, rid in running.items())
+
+
+def test_two_runs_train_at_once_and_every_view_names_their_device(two_devices: dict[str, Any]) -> None:
+    from rapidfire_nb.static_panel import static_bundle
+
+    views, info = two_devices["views"], two_devices["info"].set_index("run_id")
+    both, final, status, page = views["both"], views["final"], views["status"], views["page"]
+    assert both is not None, "never saw two runs training at the same moment"
+    # the moment both trained: the header's chips, the runs' devices
+    assert [d["name"] for d in both["devices"]] == DEVICES
+    assert all(d["state"] == "training" for d in both["devices"])
+    assert len(set(both["device_runs"].values())) == 2
+    json.dumps(both)  # the snapshot goes to the front end as it is
+    # when it is over: the devices idle, each run's device known everywhere
+    assert final["devices"] == [{"name": d, "state": "idle", "run_id": None} for d in DEVICES]
+    assert final["device_runs"] == {}
+    devices = {r["run_id"]: r["device"] for r in final["runs"]}
+    assert set(devices.values()) <= set(DEVICES)
+    assert info.device.to_dict() == devices  # get_runs_info()
+    assert (
+        list(status.columns[:2]) == ["status", "device"] and status.device.to_dict() == devices
+    )  # %rapidfire
+    assert {r["run_id"]: r["device"] for r in page["runs"]} == devices  # the server page, from the store
+    assert [(d["name"], d["state"]) for d in page["devices"]] == [
+        (d, "—") for d in sorted(set(devices.values()))
+    ]
+    html = static_bundle(final, views["points"])["text/html"]  # the static copy end() leaves
+    assert ">Device</th>" in html and all(f"{d} · idle" in html for d in DEVICES)
 
 
 def test_every_run_on_two_workers_equals_plain_trl(two_devices: dict[str, Any]) -> None:
@@ -125,7 +189,12 @@ def test_a_killed_worker_hands_its_runs_to_the_other_and_they_end_exact(tmp_path
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # run 2 (cpu:1) inside its second chunk
         snap = exp.session.scheduler.run_snapshot(2)
-        if snap is not None and snap.on_device and snap.segments_done == 1 and exp.session.recorder.live_step(2):
+        if (
+            snap is not None
+            and snap.on_device
+            and snap.segments_done == 1
+            and exp.session.recorder.live_step(2)
+        ):
             if (exp.session.recorder.live_step(2) or 0) > 4:
                 break
         time.sleep(0.05)
@@ -142,5 +211,7 @@ def test_a_killed_worker_hands_its_runs_to_the_other_and_they_end_exact(tmp_path
     assert sorted(losses) == sorted(set(losses)) and len([k for k in losses if k[0] == 2]) == 12
     for rid, leaf in enumerate(group.expand(SEED), start=1):
         ref = train_plain_trl(leaf, tiny_create_model, train, evald, SEED, tmp_path / f"plain-{rid}")
-        assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, f"run {rid}"
+        assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, (
+            f"run {rid}"
+        )
     assert _children() - before == set()

@@ -79,8 +79,12 @@ def test_a_killed_kernel_takes_its_workers_with_it_and_a_new_one_continues_exact
     try:
         deadline = time.monotonic() + 240
         runs = tmp_path / "restart" / "runs"
-        while time.monotonic() < deadline:  # both runs have a complete checkpoint: the kill comes mid-training
-            done = [p for p in runs.glob("*/checkpoint-*") if (p / "COMPLETE").exists()] if runs.is_dir() else []
+        while (
+            time.monotonic() < deadline
+        ):  # both runs have a complete checkpoint: the kill comes mid-training
+            done = (
+                [p for p in runs.glob("*/checkpoint-*") if (p / "COMPLETE").exists()] if runs.is_dir() else []
+            )
             if len({p.parent.name for p in done}) == 2 and pids_file.exists():
                 break
             assert child.poll() is None, "the child ended before it was killed"
@@ -108,4 +112,6 @@ def test_a_killed_kernel_takes_its_workers_with_it_and_a_new_one_continues_exact
     assert sorted(continued) == [1, 2] and min(continued.values()) > 0  # from their checkpoints, not from 0
     for rid, leaf in enumerate(group().expand(SEED), start=1):
         ref = train_plain_trl(leaf, tiny_create_model, train, evald, SEED, tmp_path / f"plain-{rid}")
-        assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, f"run {rid}"
+        assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, (
+            f"run {rid}"
+        )
