@@ -41,6 +41,7 @@ from .generation_spec import check_generation_eval, generation_enabled
 from .kinds import TrainerKind, get_kind
 from .malloc import tune_malloc
 from .models import BaseModels, SharedBase, attach_run_model, load_trained_weights
+from .offload import Parked, park, unpark
 from .quiet import quiet_libraries
 from .rng import capture_rng
 from .worker import HandoffClock, RunWorker
@@ -69,6 +70,9 @@ class _Run:
     last: BoundarySnapshot | None = None
     final_dir: Path | None = None
     released: bool = False
+    parked: Parked | None = (
+        None  # full fine-tuning on an accelerator: weights + optimizer state in host memory
+    )
 
 
 class TorchExecutor(Executor):
@@ -541,6 +545,9 @@ class TorchExecutor(Executor):
     def _activate(self, run_id: int) -> None:
         t0 = time.perf_counter()
         run = self._runs[run_id]
+        if run.parked is not None:  # full fine-tuning parked off the accelerator: back before it trains
+            unpark(run.worker.trainer.model, run.worker.trainer.optimizer, run.parked)
+            run.parked = None
         if run.adapter is not None and run.base is not None:
             run.base.model.set_adapter(run.adapter)
             active = run.base.model.active_adapter
@@ -557,6 +564,9 @@ class TorchExecutor(Executor):
         if run.plan.segments_done_at(step) % self.checkpoint_every == 0:
             snap, folder = run.last, run.run_dir
             self._in_record_order(lambda: self._writer.submit(snap, folder))
+        if run.adapter is None and sum(1 for r in self._runs.values() if not r.worker.done) > 1:
+            # another run trains next on this device: a full fine-tuning run's weights and AdamW state leave it
+            run.parked = park(run.worker.trainer.model, run.worker.trainer.optimizer)
         self.switch_seconds += time.perf_counter() - t0
 
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:

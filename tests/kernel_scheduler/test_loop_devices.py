@@ -72,7 +72,9 @@ def test_a_slow_device_hands_runs_to_the_fast_one_and_fairness_holds():
 
 
 def test_a_device_that_dies_hands_its_runs_over_and_they_rewind_to_their_checkpoint():
-    fake = FakeDevices(("d0", "d1"), num_chunks=4, seconds_per_step={"d0": 0.01, "d1": 0.01}, checkpoint_lag=1)
+    fake = FakeDevices(
+        ("d0", "d1"), num_chunks=4, seconds_per_step={"d0": 0.01, "d1": 0.01}, checkpoint_lag=1
+    )
     sched, rec = _scheduler(fake, 4)
     killed = []
 
@@ -122,7 +124,9 @@ def test_clones_go_to_the_parent_device_warm_and_where_least_work_remains_cold()
     sched, _ = _scheduler(fake, 3)  # d0: runs 1, 3; d1: run 2
     sched.start()
     assert sched.wait(timeout=20, chunks=1)
-    warm = sched.submit(Op(OpKind.CLONE, run_id=1, payload={"spec": FakeSpec(rows=32, batch=4), "warm_start": True}))
+    warm = sched.submit(
+        Op(OpKind.CLONE, run_id=1, payload={"spec": FakeSpec(rows=32, batch=4), "warm_start": True})
+    )
     cold = sched.submit(Op(OpKind.CLONE, run_id=1, payload={"spec": FakeSpec(rows=32, batch=4)}))
     assert sched.wait(timeout=30)
     sched.close(5)
