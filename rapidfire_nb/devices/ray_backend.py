@@ -397,11 +397,13 @@ class RayWorkerExecutor:
             out.set_result(self._lost_segment(run_id, str(exc)))
             return out
         with self._lock:
-            if self._death is not None:
-                out.set_result(self._lost_segment(run_id, self._death))
-                return out
-            key = self._next_key = self._next_key + 1
-            self._segments[key] = (out, run_id)
+            death = self._death
+            if death is None:
+                key = self._next_key = self._next_key + 1
+                self._segments[key] = (out, run_id)
+        if death is not None:  # resolved outside the lock: the Future's callbacks may call back in
+            out.set_result(self._lost_segment(run_id, death))
+            return out
         ref = self._actor.segment.remote(key, run_id, stop_step)
 
         def died(fut: Future[Any]) -> None:
