@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,13 @@ def make_pool(
         load_final_model: ``(create_model_fn, spec, final_dir) -> (model, tokenizer)`` in the kernel process.
         say: a line for the user (which devices train).
 
+    With ``backend="ray"`` the devices are actors on one placement group (one bundle per device, as many CPUs as
+    torch threads: ``plan.threads``, at most the cluster's CPUs divided among the devices); the pool removes the
+    group when it closed the actors (``DevicePool(on_closed=...)``).
+
     Raises:
-        ConfigError: ``create_model_fn`` or a dataset cannot be sent to a worker (before anything trains).
+        ConfigError: ``create_model_fn`` or a dataset cannot be sent to a worker (before anything trains), or the
+            Ray cluster cannot hold the devices.
     """
     said: set[str] = set()
     notes = callbacks.get("notes")
@@ -52,10 +58,16 @@ def make_pool(
     train_path, eval_path = share_datasets(exp_dir, inputs.train_dataset, inputs.eval_dataset)
     members: dict[str, Any] = {}
     group = None
+    on_closed: Callable[[], None] | None = None
     if plan.backend == "ray":
-        from .ray_backend import placement_group_for
+        from .ray_backend import fit_threads, placement_group_for, remove_placement_group
 
+        plan = dataclasses.replace(plan, threads=fit_threads(len(plan.names), plan.threads))
         group = placement_group_for([gpu is not None for gpu in plan.gpus], plan.threads)
+
+        def on_closed() -> None:  # after the actors were killed: their bundles go back to the cluster
+            remove_placement_group(group)
+
     try:
         for index, name in enumerate(plan.names):
             settings = WorkerSettings(
@@ -76,6 +88,8 @@ def make_pool(
     except BaseException:
         for member in members.values():
             member.close()
+        if on_closed is not None:
+            on_closed()
         raise
     create = inputs.create_model_fn
 
@@ -87,7 +101,7 @@ def make_pool(
         f"training on {len(plan.names)} devices ({', '.join(plan.names)}; {plan.backend} workers, "
         f"{plan.threads} torch thread(s) each)"
     )
-    return DevicePool(members, exp_dir, loader)
+    return DevicePool(members, exp_dir, loader, on_closed)
 
 
 def _member(

@@ -38,14 +38,23 @@ class DevicePool(Executor):
         members: device name -> that device's executor (one device each), in device order.
         exp_dir: the experiment folder (``runs/<id>/`` holds the checkpoints a move resumes from).
         load_model: loads a run's final weights in the kernel process (``Experiment.load_model``).
+        on_closed: called once by :meth:`close` after every member closed (the Ray backend removes its placement
+            group there); what it raises is logged, not raised.
 
     Called from the scheduler thread (and, before it starts, from ``run_fit``'s thread), except
     :meth:`checkpoint_dir` (the recorder thread).
     """
 
-    def __init__(self, members: Mapping[str, Any], exp_dir: Path, load_model: ModelLoader) -> None:
+    def __init__(
+        self,
+        members: Mapping[str, Any],
+        exp_dir: Path,
+        load_model: ModelLoader,
+        on_closed: Callable[[], None] | None = None,
+    ) -> None:
         if not members:
             raise ValueError("a DevicePool needs at least one device")
+        self._on_closed = on_closed
         self._members = dict(members)
         self._exp_dir = Path(exp_dir)
         self._load = load_model
@@ -156,7 +165,8 @@ class DevicePool(Executor):
         self._drops = [t for t in self._drops if t.is_alive()] + [thread]
 
     def close(self) -> None:
-        """Shut every device's worker down (in parallel; each joins its worker, then kills it if it must)."""
+        """Shut every device's worker down (in parallel; each joins its worker, then kills it if it must; up to
+        ~60 s each), then call ``on_closed`` (once, even when called again)."""
         for thread in self._drops:
             thread.join(timeout=10)
         threads = [
@@ -166,7 +176,13 @@ class DevicePool(Executor):
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(timeout=60)
+            thread.join(timeout=90)
+        hook, self._on_closed = self._on_closed, None
+        if hook is not None:
+            try:
+                hook()
+            except Exception:
+                log.exception("rapidfire_nb: closing the devices")
 
     # ------------------------------------------------------------------ extras used by the experiment layer
     def flush(self) -> None:

@@ -10,19 +10,30 @@ lags the worker by a fraction of a second. An actor that dies (its node lost, ki
 device: its segment's Future resolves with ``device_lost=True``, later calls raise
 :class:`~rapidfire_nb.devices.errors.WorkerLost`.
 
-``ray.init`` is the user's: an existing cluster (``ray.init(address="auto")``) or, when Ray is not initialised,
-a local one started here with this machine's CPUs and GPUs. Every node needs rapidfire_nb and the user's imports
-installed; the datasets and checkpoints are in the experiment folder, which every node must see at the same path
-(a shared file system) — on one machine it always does.
+``ray.init`` is the user's: an existing cluster (``ray.init(address="auto")``), a local one
+(``ray.init(num_cpus=2)``) or, when Ray is not initialised, a local one started here with this machine's CPUs and
+GPUs, its workers' output kept out of the notebook (``log_to_driver=False``: the actors' logs stay in Ray's
+session folder, ``/tmp/ray/session_latest/logs``) and Ray's own log lines below WARNING dropped. A Ray started
+here stays up after ``end()`` (the next ``run_fit`` reuses it; ``ray.shutdown()`` ends it, as does the
+interpreter's exit). With a Ray of your own, pass ``log_to_driver=False`` too, or the workers' TRL and torch output
+lands in the cell.
+
+Every node needs rapidfire_nb and the user's imports installed (the actors get the kernel's ``sys.path`` as
+``PYTHONPATH``); functions defined in the notebook travel by value (:func:`~rapidfire_nb.devices.shipping.ship`).
+The datasets and checkpoints are in the experiment folder, which every node must see at the same path (a shared
+file system) — on one machine it always does. Each bundle has as many CPUs as the device's torch threads, at most
+the cluster's CPUs divided among the devices (:func:`fit_threads`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -30,57 +41,94 @@ from typing import Any
 from kernel_scheduler import RunStart, SegmentResult
 
 from ..errors import ConfigError, StorageError
+from ._replies import remote_error, report_storage
 from .errors import WorkerLost
 from .settings import WorkerSettings
 from .shipping import ship
 
-__all__ = ["RayWorkerExecutor", "placement_group_for"]
+__all__ = ["RayWorkerExecutor", "actor_env", "fit_threads", "placement_group_for", "remove_placement_group"]
 
 log = logging.getLogger(__name__)
 
 _ACTOR_CONCURRENCY = 8  # a segment, a drain, an export and a few quick calls at once
+_DRAIN_WAIT_S = 0.2  # the longest a drain waits in the actor for a first event
 
 
 class _Actor:
-    """The actor's body (made a Ray actor class on first use, so that importing this module needs no Ray)."""
+    """The actor's body (made a Ray actor class on first use, so that importing this module needs no Ray).
+
+    A failure to start (``create_model_fn`` not loadable there, a dataset folder missing, torch failing) is kept
+    and returned by :meth:`ready` rather than raised: an actor whose ``__init__`` raises is dead, and the kernel
+    would read a Ray error instead of the cause.
+    """
 
     def __init__(self, settings: WorkerSettings, fn_bytes: bytes) -> None:
-        import dataclasses
         import queue
 
-        import cloudpickle
-
-        os.environ.update({k: v for k, v in settings.env.items() if k != "CUDA_VISIBLE_DEVICES" or v})
-        import torch
-
-        if settings.torch_threads:
-            torch.set_num_threads(int(settings.torch_threads))
-        from rapidfire_nb.training.host import WorkerHost
-
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        fn = cloudpickle.loads(fn_bytes)
-        self._host = WorkerHost(dataclasses.replace(settings, create_model_fn=fn), self._events.put)
+        self._host: Any = None
+        self._start_error: tuple[str, str] | None = None
+        os.environ.update(settings.env)  # before torch: CUDA_VISIBLE_DEVICES="" on a CPU device, OMP threads
+        try:
+            import cloudpickle
 
-    def ready(self) -> int:
-        return os.getpid()
+            fn = cloudpickle.loads(fn_bytes)
+        except Exception as exc:
+            self._start_error = (
+                "config",
+                f"create_model_fn could not be loaded in Ray worker {settings.device}: {type(exc).__name__}: "
+                f"{exc}; define it in the notebook (or in a module every Ray node can import: the actors get "
+                "the kernel's sys.path)",
+            )
+            return
+        try:
+            import dataclasses
+
+            import torch
+
+            if settings.torch_threads:
+                torch.set_num_threads(int(settings.torch_threads))
+            from rapidfire_nb.training.host import WorkerHost
+
+            self._host = WorkerHost(dataclasses.replace(settings, create_model_fn=fn), self._events.put)
+        except Exception:
+            import traceback
+
+            self._start_error = (
+                "lost",
+                f"Ray worker {settings.device} failed to start:\n{traceback.format_exc()}",
+            )
+
+    def ready(self) -> tuple[str, Any]:
+        """``("ok", pid)``, or ``("config" | "lost", why)`` when the host could not start."""
+        if self._start_error is not None:
+            return self._start_error
+        return ("ok", os.getpid())
 
     def call(self, method: str, payload: bytes) -> Any:
+        """``WorkerHost.<method>(*args)``: ``("ok", value)`` or ``("error", kind, name, message, traceback)`` as
+        :func:`~rapidfire_nb.devices._replies.remote_error` takes it (kind ``"config"``, ``"storage"`` (name: where)
+        or ``"other"``)."""
         import cloudpickle
 
         from rapidfire_nb.errors import ConfigError as _ConfigError
         from rapidfire_nb.errors import StorageError as _StorageError
 
-        args = cloudpickle.loads(payload)
+        try:
+            args = cloudpickle.loads(payload)
+        except Exception as exc:
+            text = f"{method}'s arguments could not be loaded in the Ray worker: {type(exc).__name__}: {exc}"
+            return ("error", "config", "ConfigError", text, "")
         try:
             return ("ok", getattr(self._host, method)(*args))
         except _ConfigError as exc:
-            return ("config", str(exc))
+            return ("error", "config", "ConfigError", str(exc), "")
         except _StorageError as exc:
-            return ("storage", (exc.where, exc.reason))
+            return ("error", "storage", exc.where, exc.reason, "")
         except Exception as exc:
             import traceback
 
-            return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            return ("error", "other", type(exc).__name__, str(exc), traceback.format_exc())
 
     def segment(self, key: int, run_id: int, stop_step: int) -> None:
         """Train a segment; its result goes out as the event ``("segment", key, result)``, after every event
@@ -93,7 +141,7 @@ class _Actor:
 
         out = []
         try:
-            out.append(self._events.get(timeout=wait_s))
+            out.append(self._events.get(timeout=wait_s) if wait_s > 0 else self._events.get_nowait())
             while True:
                 out.append(self._events.get_nowait())
         except queue.Empty:
@@ -101,7 +149,8 @@ class _Actor:
         return out
 
     def ordered(self, token: int) -> None:
-        self._host.ordered(token)
+        if self._host is not None:
+            self._host.ordered(token)
 
 
 def _dumps(value: Any) -> bytes:
@@ -118,40 +167,101 @@ def _actor_class() -> Any:
     if _ACTOR_CLASS is None:
         import ray
 
-        _ACTOR_CLASS = ray.remote(max_concurrency=_ACTOR_CONCURRENCY)(_Actor)
+        # max_restarts=0 (Ray's default): a dead actor stays dead, its runs continue on the other devices
+        remote: Any = ray.remote
+        _ACTOR_CLASS = remote(max_concurrency=_ACTOR_CONCURRENCY)(_Actor)
     return _ACTOR_CLASS
 
 
 def _ensure_ray() -> Any:
+    """The ``ray`` module, initialised: the user's Ray, or a local one started here (quiet: see the module).
+
+    Raises:
+        ConfigError: Ray is not installed.
+    """
     try:
         import ray
     except ImportError as exc:  # checked by run_fit already; kept for direct use
         raise ConfigError('backend="ray" needs Ray: pip install "rapidfire_nb[ray]"') from exc
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     return ray
 
 
-def placement_group_for(gpus: list[bool], threads: int, timeout_s: float = 120.0) -> Any:
-    """One placement group with a bundle per device (``{"GPU": 1, "CPU": threads}`` or ``{"CPU": threads}``).
+def fit_threads(devices: int, threads: int) -> int:
+    """Torch threads (= CPUs of each device's bundle) for ``devices`` actors: ``threads``, at most the Ray
+    cluster's CPUs divided among the devices (e.g. ``ray.init(num_cpus=2)``, 2 devices: 1 each).
 
     Raises:
-        ConfigError: the cluster cannot hold the bundles within ``timeout_s`` seconds (too few GPUs or CPUs).
+        ConfigError: the cluster has fewer CPUs than ``devices`` (each actor needs one).
     """
     ray = _ensure_ray()
-    from ray.util.placement_group import placement_group, remove_placement_group
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    if cpus < devices:
+        raise ConfigError(
+            f"the Ray cluster has {cpus} CPU(s), too few for {devices} device(s) (one CPU each at least); use "
+            f"devices={max(1, cpus)} or fewer, or a Ray with more CPUs (ray.init(num_cpus=...))"
+        )
+    return max(1, min(int(threads), cpus // devices))
+
+
+def placement_group_for(gpus: list[bool], threads: int, timeout_s: float = 120.0) -> Any:
+    """One placement group with a bundle per device (``{"GPU": 1, "CPU": threads}`` or ``{"CPU": threads}``),
+    strategy ``PACK``, ready (its resources reserved) when returned. Remove it with
+    :func:`remove_placement_group`.
+
+    Args:
+        gpus: one entry per device, True for a GPU device.
+        threads: CPUs per bundle (the device's torch threads: :func:`fit_threads`).
+        timeout_s: seconds to wait for the cluster to reserve the bundles.
+
+    Raises:
+        ConfigError: the cluster has fewer GPUs than asked for, or cannot reserve the bundles within
+            ``timeout_s`` seconds (other jobs hold the resources); the group is removed again.
+    """
+    ray = _ensure_ray()
+    from ray.util.placement_group import placement_group
 
     bundles = [{"GPU": 1, "CPU": threads} if gpu else {"CPU": threads} for gpu in gpus]
+    have = ray.cluster_resources()
+    wanted = {"GPU": float(sum(gpus)), "CPU": float(threads * len(gpus))}
+    short = [k for k, v in wanted.items() if v > float(have.get(k, 0))]
+    if short:
+        raise ConfigError(
+            f"the Ray cluster cannot hold {len(bundles)} device(s) of {bundles[0]}: it has "
+            f"{', '.join(f'{float(have.get(k, 0)):g} {k}' for k in short)}; use fewer devices"
+        )
     group = placement_group(bundles, strategy="PACK")
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except Exception as exc:
         remove_placement_group(group)
         raise ConfigError(
-            f"the Ray cluster cannot place {len(bundles)} device(s) of {bundles[0]} within {timeout_s:g} s "
-            f"(it has {ray.cluster_resources()}); use fewer devices or fewer threads"
+            f"the Ray cluster could not reserve {len(bundles)} device(s) of {bundles[0]} within {timeout_s:g} s "
+            f"(available now: {ray.available_resources()}); use fewer devices or free the cluster"
         ) from exc
     return group
+
+
+def remove_placement_group(group: Any) -> None:
+    """Remove ``group`` (its bundles' resources go back to the cluster). Never raises (logs a warning)."""
+    try:
+        from ray.util.placement_group import remove_placement_group as remove
+
+        remove(group)
+    except Exception as exc:
+        log.warning("rapidfire_nb: removing the Ray placement group: %s", exc)
+
+
+def actor_env(settings: WorkerSettings, gpu: bool) -> dict[str, str]:
+    """The environment of a device's actor: the kernel's ``sys.path`` as ``PYTHONPATH`` and the device's
+    settings, except ``CUDA_VISIBLE_DEVICES`` of a GPU device (Ray sets it to the GPU of the bundle: the kernel's
+    index means nothing on another node); ``""`` on a CPU device, so that it never touches a GPU."""
+    env = {k: v for k, v in settings.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
 
 
 class RayWorkerExecutor:
@@ -159,9 +269,12 @@ class RayWorkerExecutor:
 
     Args:
         settings: the device's worker settings (datasets already shared in the experiment folder).
-        group, index: the placement group and this device's bundle index in it.
+        group, index: the placement group and this device's bundle index in it (:func:`placement_group_for`).
         metric_sink, notes, on_final, on_storage_error, in_record_order, on_eval_metrics: as ``TorchExecutor``'s
-            (called on this device's drain thread).
+            (called on this device's drain thread, ``rapidfire-ray-<device>``).
+        start_timeout_s: seconds the actor may take to start (a Ray worker process, torch and TRL imported, the
+            datasets opened) before the first call gives up (WorkerLost).
+        call_timeout_s: seconds :meth:`close` waits for the actor to write its queued checkpoints.
 
     Raises:
         ConfigError: ``create_model_fn`` cannot be shipped.
@@ -178,6 +291,8 @@ class RayWorkerExecutor:
         on_storage_error: Callable[[StorageError], None] | None = None,
         in_record_order: Callable[[Callable[[], None]], None] | None = None,
         on_eval_metrics: Callable[[list[str]], None] | None = None,
+        start_timeout_s: float = 300.0,
+        call_timeout_s: float = 60.0,
     ) -> None:
         import dataclasses
 
@@ -189,38 +304,47 @@ class RayWorkerExecutor:
             "metrics": metric_sink,
             "note": notes or (lambda text: None),
             "final": lambda rid, path: (on_final or (lambda r, p: None))(rid, Path(path)),
-            "storage_error": lambda where, reason: (on_storage_error or log.error)(
-                StorageError(where, reason)
+            "storage_error": lambda where, reason: report_storage(
+                on_storage_error, StorageError(where, reason)
             ),
             "eval_metrics": on_eval_metrics or (lambda names: None),
         }
         self._in_record_order = in_record_order or (lambda fn: fn())
+        self._start_timeout_s = start_timeout_s
+        self._call_timeout_s = call_timeout_s
         self._death: str | None = None
         self._closing = False
+        self._stop = threading.Event()
         self._positions: dict[int, tuple[int, int]] = {}
         self._segments: dict[int, tuple[Future[SegmentResult], int]] = {}  # key -> (Future, run id)
+        self._outstanding: set[int] = set()  # order tokens not answered yet
         self._next_key = 0
         self._lock = threading.Lock()
-        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        env.update({k: v for k, v in settings.env.items() if k != "CUDA_VISIBLE_DEVICES" or v})
+        self._ready: Future[int] = Future()
+        bundle: Mapping[str, float] = group.bundle_specs[index]
+        env = actor_env(settings, gpu=bool(bundle.get("GPU", 0)))
         self._actor = (
             _actor_class()
             .options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=group, placement_group_bundle_index=index
                 ),
-                num_cpus=group.bundle_specs[index].get("CPU", 1),
-                num_gpus=group.bundle_specs[index].get("GPU", 0),
+                num_cpus=bundle.get("CPU", 1),
+                num_gpus=bundle.get("GPU", 0),
                 runtime_env={"env_vars": env},
-                name=None,
             )
-            .remote(dataclasses.replace(settings, create_model_fn=None), fn_bytes)
+            .remote(dataclasses.replace(settings, create_model_fn=None, env=env), fn_bytes)
         )
         self._started = self._actor.ready.remote()
         self._drainer = threading.Thread(target=self._drain, name=f"rapidfire-ray-{self.device}", daemon=True)
         self._drainer.start()
 
     # ------------------------------------------------------------------ devices
+    @property
+    def actor(self) -> Any:
+        """The Ray actor handle (tests: ``ray.kill(executor.actor)`` is a lost device)."""
+        return self._actor
+
     @property
     def devices(self) -> tuple[str, ...]:
         return (self.device,)
@@ -229,12 +353,34 @@ class RayWorkerExecutor:
         return self.device
 
     def alive(self, device: str | None = None) -> bool:
+        """False once the actor died (or was closed)."""
         return self._death is None
+
+    def wait_ready(self) -> int:
+        """Block until the actor started; its worker process' pid.
+
+        Raises:
+            ConfigError: ``create_model_fn`` could not be loaded in the actor.
+            WorkerLost: the actor failed to start (the message holds its traceback), died, or took longer than
+                ``start_timeout_s`` seconds (it is killed then).
+        """
+        try:  # the drain thread resolves it within start_timeout_s (this wait is a backstop)
+            return self._ready.result(self._start_timeout_s + 30.0)
+        except TimeoutError:
+            text = f"Ray worker {self.device} did not start within {self._start_timeout_s:g} s"
+            self._died_with(text)
+            self._kill()
+            raise WorkerLost(text) from None
 
     # ------------------------------------------------------------------ calls
     def add_run(
         self, run_id: int, spec: Any, warm_from: int | None = None, resume_from: str | Path | None = None
     ) -> RunStart:
+        """Build the run's trainer in the actor; its plan and start position (see ``TorchExecutor.add_run``).
+
+        Raises:
+            ConfigError: the spec cannot be shipped or the actor found bad input. WorkerLost: the actor died.
+        """
         args = (run_id, spec, warm_from, str(resume_from) if resume_from is not None else None)
         start: RunStart = self._call("add_run", ship(args, f"run {run_id}'s config"))
         with self._lock:
@@ -242,13 +388,22 @@ class RayWorkerExecutor:
         return start
 
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
+        """Train until global step ``stop_step``; the Future resolves at the boundary, after the segment's events
+        were handed to the callbacks (never with an exception: a death gives ``device_lost=True``)."""
         out: Future[SegmentResult] = Future()
-        if self._death is not None:
-            out.set_result(self._lost_segment(run_id, self._death))
+        try:
+            self.wait_ready()
+        except (WorkerLost, ConfigError) as exc:
+            out.set_result(self._lost_segment(run_id, str(exc)))
             return out
         with self._lock:
-            key = self._next_key = self._next_key + 1
-            self._segments[key] = (out, run_id)
+            death = self._death
+            if death is None:
+                key = self._next_key = self._next_key + 1
+                self._segments[key] = (out, run_id)
+        if death is not None:  # resolved outside the lock: the Future's callbacks may call back in
+            out.set_result(self._lost_segment(run_id, death))
+            return out
         ref = self._actor.segment.remote(key, run_id, stop_step)
 
         def died(fut: Future[Any]) -> None:
@@ -258,6 +413,89 @@ class RayWorkerExecutor:
 
         ref.future().add_done_callback(died)
         return out
+
+    def has_run(self, run_id: int) -> bool:
+        return bool(self._call("has_run", ship((run_id,), "has_run")))
+
+    def has_boundary(self, run_id: int) -> bool:
+        return bool(self._call("has_boundary", ship((run_id,), "has_boundary")))
+
+    def on_status(self, run_id: int, status: str) -> None:
+        self._call("on_status", ship((run_id, status), "on_status"))
+
+    def flush(self) -> None:
+        """Wait until the checkpoints the kernel already let through (answered order tokens) are on disk."""
+        self._call("flush", ship((), "flush"))
+
+    def checkpoint_dir(self, run_id: int) -> Path | None:
+        found = self._call("checkpoint_dir", ship((run_id,), "checkpoint_dir"))
+        return Path(found) if found is not None else None
+
+    def final_dir(self, run_id: int) -> Path | None:
+        found = self._call("final_dir", ship((run_id,), "final_dir"))
+        return Path(found) if found is not None else None
+
+    def save_final(self, run_id: int) -> Path:
+        return Path(self._call("save_final", ship((run_id,), "save_final")))
+
+    def export_boundary(self, run_id: int) -> Path:
+        """The run's latest boundary as a complete ``runs/<id>/checkpoint-<step>`` folder (``WorkerHost``'s)."""
+        return Path(self._call("export_boundary", ship((run_id,), "export_boundary")))
+
+    def drop_run(self, run_id: int) -> None:
+        """Let the actor release the run (it moved to another device)."""
+        self._call("drop_run", ship((run_id,), "drop_run"))
+        with self._lock:
+            self._positions.pop(run_id, None)
+
+    def close(self) -> None:
+        """Close the host (queued checkpoints written; waits up to ``call_timeout_s`` seconds), hand its last
+        events to the callbacks, then kill the actor (its bundle stays: the pool's owner removes the group).
+
+        Waits up to 10 s first for order tokens the kernel has not answered (their checkpoints are written only
+        once answered). Never raises; a second call does nothing.
+        """
+        if self._closing:
+            return
+        import ray
+
+        deadline = time.monotonic() + 10.0
+        while self._outstanding and self._death is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._closing = True
+        self._stop.set()
+        started = self._ready.done() and self._ready.exception() is None
+        if self._death is None and started:
+            try:
+                self._call("close", ship((), "close"), timeout_s=self._call_timeout_s)
+            except Exception as exc:
+                log.warning("rapidfire_nb: closing Ray worker %s: %s", self.device, exc)
+            self._drainer.join(self._call_timeout_s)  # its last drain waits at most _DRAIN_WAIT_S
+            if self._death is None:
+                try:  # what the host emitted while closing (a failed checkpoint write...)
+                    self._handle(ray.get(self._actor.drain.remote(0.0), timeout=self._call_timeout_s))
+                except Exception as exc:
+                    log.debug("rapidfire_nb: last drain of Ray worker %s: %s", self.device, exc)
+        self._died_with(f"Ray worker {self.device} was closed")
+        self._kill()  # a drain thread still waiting for the start sees the actor die and ends
+        self._drainer.join(10.0)
+
+    # ------------------------------------------------------------------ internals
+    def _call(self, method: str, payload: bytes, timeout_s: float | None = None) -> Any:
+        import ray
+
+        self.wait_ready()
+        if self._death is not None:
+            raise WorkerLost(self._death)
+        try:
+            kind, *rest = ray.get(self._actor.call.remote(method, payload), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise WorkerLost(f"Ray worker {self.device}: {method} took longer than {timeout_s:g} s") from exc
+        except Exception as exc:
+            raise WorkerLost(self._died(exc)) from exc
+        if kind == "ok":
+            return rest[0]
+        raise remote_error(f"{self.device} (Ray)", *rest)
 
     def _settle(self, key: int, reply: Any, death: str | None = None) -> None:
         with self._lock:
@@ -274,124 +512,90 @@ class RayWorkerExecutor:
             with self._lock:
                 self._positions[run_id] = (res.step, res.samples_seen)
             out.set_result(res)
-        else:
+        else:  # a refused segment (finished or unknown run): reported, not raised
             step, seen = self._positions.get(run_id, (0, 0))
-            out.set_result(SegmentResult(step, seen, error=str(rest[0])))
-
-    def has_run(self, run_id: int) -> bool:
-        return bool(self._call("has_run", ship((run_id,), "has_run")))
-
-    def has_boundary(self, run_id: int) -> bool:
-        return bool(self._call("has_boundary", ship((run_id,), "has_boundary")))
-
-    def on_status(self, run_id: int, status: str) -> None:
-        self._call("on_status", ship((run_id, status), "on_status"))
-
-    def flush(self) -> None:
-        self._call("flush", ship((), "flush"))
-
-    def checkpoint_dir(self, run_id: int) -> Path | None:
-        found = self._call("checkpoint_dir", ship((run_id,), "checkpoint_dir"))
-        return Path(found) if found is not None else None
-
-    def final_dir(self, run_id: int) -> Path | None:
-        found = self._call("final_dir", ship((run_id,), "final_dir"))
-        return Path(found) if found is not None else None
-
-    def save_final(self, run_id: int) -> Path:
-        return Path(self._call("save_final", ship((run_id,), "save_final")))
-
-    def export_boundary(self, run_id: int) -> Path:
-        return Path(self._call("export_boundary", ship((run_id,), "export_boundary")))
-
-    def drop_run(self, run_id: int) -> None:
-        self._call("drop_run", ship((run_id,), "drop_run"))
-
-    def close(self) -> None:
-        """Close the host (queued checkpoints written), then end the actor. Never raises."""
-        if self._closing:
-            return
-        self._closing = True
-        import ray
-
-        if self._death is None:
-            try:
-                self._call("close", ship((), "close"))
-            except Exception as exc:
-                log.warning("rapidfire_nb: closing Ray worker %s: %s", self.device, exc)
-        self._death = self._death or f"Ray worker {self.device} was closed"
-        try:
-            ray.kill(self._actor)
-        except Exception:
-            pass
-        self._drainer.join(5.0)
-
-    # ------------------------------------------------------------------ internals
-    def _call(self, method: str, payload: bytes) -> Any:
-        import ray
-
-        if self._death is not None:
-            raise WorkerLost(self._death)
-        try:
-            ray.get(self._started)
-            kind, *rest = ray.get(self._actor.call.remote(method, payload))
-        except Exception as exc:
-            raise WorkerLost(self._died(exc)) from exc
-        if kind == "ok":
-            return rest[0]
-        if kind == "config":
-            raise ConfigError(rest[0])
-        if kind == "storage":
-            raise StorageError(*rest[0])
-        error = RuntimeError(f"in Ray worker {self.device}: {rest[0]}")
-        error.add_note(f"worker traceback:\n{rest[1]}")
-        raise error
+            out.set_result(SegmentResult(step, seen, error=str(remote_error(f"{self.device} (Ray)", *rest))))
 
     def _died(self, exc: BaseException) -> str:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return self._died_with(f"Ray worker {self.device} died: {type(exc).__name__}: {first}")
+
+    def _died_with(self, text: str) -> str:
+        """Record the death (the first reason wins), resolve every segment in flight as lost; the reason."""
         with self._lock:
             if self._death is None:
-                self._death = (
-                    f"Ray worker {self.device} died: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-                )
-            return self._death
+                self._death = text
+            death = self._death
+            keys = list(self._segments)
+        if not self._ready.done():
+            self._ready.set_exception(WorkerLost(death))
+        for key in keys:
+            self._settle(key, None, death)
+        return death
 
     def _lost_segment(self, run_id: int, text: str) -> SegmentResult:
         step, seen = self._positions.get(run_id, (0, 0))
         return SegmentResult(step, seen, error=text, device_lost=True)
 
-    def _drain(self) -> None:
+    def _kill(self) -> None:
         import ray
 
         try:
-            ray.get(self._started)
-        except Exception as exc:
+            ray.kill(self._actor, no_restart=True)
+        except Exception as exc:  # already gone, or Ray shut down meanwhile
+            log.debug("rapidfire_nb: killing Ray worker %s: %s", self.device, exc)
+
+    def _drain(self) -> None:
+        """The drain thread: wait for the actor, then pull its events until closed or dead."""
+        import ray
+
+        try:
+            kind, value = ray.get(self._started, timeout=self._start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self._died_with(f"Ray worker {self.device} did not start within {self._start_timeout_s:g} s")
+            self._kill()
+            return
+        except Exception as exc:  # the actor died while starting (its process killed, its node lost)
             self._died(exc)
             return
-        while self._death is None:
+        if (
+            kind != "ok"
+        ):  # the host could not start: ConfigError (create_model_fn) or WorkerLost for every call
+            text = str(value)
+            if not self._ready.done():
+                self._ready.set_exception(ConfigError(text) if kind == "config" else WorkerLost(text))
+            self._died_with(text)
+            self._kill()
+            return
+        if not self._ready.done():  # not given up on meanwhile (wait_ready's backstop)
+            self._ready.set_result(int(value))
+        while not self._stop.is_set() and self._death is None:
             try:
-                events = ray.get(self._actor.drain.remote(0.2))
+                events = ray.get(self._actor.drain.remote(_DRAIN_WAIT_S))
             except Exception as exc:
                 if not self._closing:
-                    death = self._died(exc)
-                    with self._lock:
-                        keys = list(self._segments)
-                    for key in keys:
-                        self._settle(key, None, death)
+                    self._died(exc)
                 return
-            for event in events:
-                try:
-                    if event[0] == "segment":
-                        self._settle(event[1], event[2])
-                    elif event[0] == "order":
-                        self._in_record_order(lambda token=event[1]: self._answer(token))
-                    else:
-                        self._sinks[event[0]](*event[1:])
-                except Exception:
-                    log.exception("rapidfire_nb: Ray worker %s: handling %s failed", self.device, event[0])
+            self._handle(events)
+
+    def _handle(self, events: list[tuple[Any, ...]]) -> None:
+        for event in events:
+            try:
+                if event[0] == "segment":
+                    self._settle(event[1], event[2])
+                elif event[0] == "order":
+                    self._outstanding.add(event[1])
+                    self._in_record_order(functools.partial(self._answer, event[1]))
+                else:
+                    self._sinks[event[0]](*event[1:])
+            except Exception:  # a failing callback never stops the drain
+                log.exception("rapidfire_nb: Ray worker %s: handling %s failed", self.device, event[0])
 
     def _answer(self, token: int) -> None:
+        """The kernel recorded what came before order ``token``: tell the actor."""
+        self._outstanding.discard(token)
         if self._death is None:
             try:
                 self._actor.ordered.remote(token)
-            except Exception:
-                pass
+            except Exception as exc:
+                log.debug("rapidfire_nb: Ray worker %s: ordered(%s): %s", self.device, token, exc)
