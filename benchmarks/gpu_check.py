@@ -79,8 +79,8 @@ MAIN_SHORT = [
     "--max-new-tokens",
     "48",
 ]
-MAIN_SMOKE = ["--n-train", "8", "--n-eval", "4", "--max-steps", "2", "--num-chunks", "2", "--samples", "2"]
-MAIN_SMOKE += ["--max-new-tokens", "4"]
+MAIN_SMOKE = ["--n-train", "4", "--n-eval", "2", "--max-steps", "1", "--num-chunks", "1", "--samples", "1"]
+MAIN_SMOKE += ["--max-new-tokens", "2"]
 MAIN_FULL_NEEDS_S = 240.0  # budget left for the full sizes (else shortened)
 MAIN_MIN_S = 45.0
 
@@ -344,8 +344,8 @@ def section_workers(a: argparse.Namespace, lines: list[str]) -> None:
     w = _workload(a.cpu_smoke, n_train, n_eval)
     leaves = _group(w, [1e-3, 1e-4], 1, batch, "bf16").expand(SEED)
     steps = n_train // batch
-    env = {"CUDA_VISIBLE_DEVICES": "0" if cuda else "", "OMP_NUM_THREADS": "1"}
     threads = max(1, (os.cpu_count() or 2) // 2)
+    env = {"CUDA_VISIBLE_DEVICES": "0" if cuda else "", "OMP_NUM_THREADS": str(threads)}
     lines.append(
         "measured with rapidfire_nb.devices.WorkerExecutor directly (run_fit refuses a GPU listed twice): "
         f"worker processes with CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES'] or '(empty: CPU)'}, "
@@ -598,7 +598,7 @@ def parent_main(a: argparse.Namespace) -> int:
             flush()
             continue
         if a.cpu_smoke:
-            cap = max(cap, 600.0)
+            cap = max(cap, 900.0)
         print(f"-- {title} (up to {cap:.0f} s)", flush=True)
         log = work / f"{s}.log"
         t = time.time()
