@@ -52,6 +52,7 @@ SECTIONS: dict[str, tuple[str, float]] = {
     "exact": ("(2) chunked vs plain on CUDA (fp32, bf16)", 80.0),
     "memory": ("(3) memory: 1 LoRA run vs 4 sharing one base", 45.0),
     "workers": ("(4) two workers on one GPU", 60.0),
+    "offload": ("(4b) parked full fine-tuning off the GPU (the GPU-only tests)", 40.0),
     "main": ("(5) the main job on CUDA in bf16", 0.0),
 }
 #: the main job's GPU sizes (its docstring) and the shortened ones
@@ -451,11 +452,36 @@ def section_main(a: argparse.Namespace, lines: list[str]) -> None:
         lines.append(f"the main job ended in {time.time() - t:.1f} s (its output is printed below)")
 
 
+def section_offload(a: argparse.Namespace, lines: list[str]) -> None:
+    """The tests that skip without CUDA: a parked full fine-tuning run's weights and AdamW state leave the GPU
+    and come back bit-exact (``training/offload.py``)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+            "tests/rapidfire_nb/training/test_offload.py",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines.extend(line for line in done.stdout.strip().splitlines()[-4:])
+    lines.append(f"pytest exit status {done.returncode}")
+
+
 FUNCS = {
     "env": section_env,
     "exact": section_exact,
     "memory": section_memory,
     "workers": section_workers,
+    "offload": section_offload,
     "main": section_main,
 }
 
