@@ -727,7 +727,9 @@ class Scheduler:
             with self._lock:
                 run.moving = False
                 if not self._alive(device) or (source is not None and not self._alive(source)):
-                    return False  # a worker died meanwhile: not the run's fault; the next turn places it again
+                    return (
+                        False  # a worker died meanwhile: not the run's fault; the next turn places it again
+                    )
                 run.error = f"moving it from {source} to {device} failed: {type(exc).__name__}: {exc}"
                 if run.status.in_rotation() or run.status is RunStatus.INTERRUPTED:
                     self._set_status(run, RunStatus.FAILED)

@@ -118,4 +118,3 @@ def _dumps(value: Any) -> bytes:
     import cloudpickle
 
     return bytes(cloudpickle.dumps(value))
-
