@@ -166,7 +166,8 @@ class TrackioTracker(BackendTracker):
         tid = self._ids.get(run_id)
         if tid is None or run_id in self._deleted:
             return
-        handle = self._hand_over(run_id)  # what it buffered before the rewind is written, then held like the rest
+        # what it buffered before the rewind is written, then held like the rest
+        handle = self._hand_over(run_id)
         if handle is not None:
             _write_now(handle)
         held: dict[str, int] = {}
