@@ -148,9 +148,12 @@ class Recorder(SchedulerListener):
         self._thread.start()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every event reported so far is written; True when it is (False on timeout or before start)."""
+        """Wait until every event reported so far is written, the trackers' buffered points too (they write once
+        per window otherwise, :data:`~rapidfire_nb.tracking.fanout.WRITE_EVERY_S`); True when it is (False on
+        timeout or before start)."""
         if not self._thread.is_alive():
             return self._queue.unfinished_tasks == 0
+        self._put(("flush_trackers",))
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._queue.all_tasks_done:
             while self._queue.unfinished_tasks:
@@ -321,7 +324,7 @@ class Recorder(SchedulerListener):
             self._guard(self._write_one, item)
         if metrics:
             self._guard(self._write_metrics, metrics)
-        self._guard(self.tracker.end_batch)  # buffered tracker points: one request per batch
+        self._guard(self.tracker.end_batch)  # buffered tracker points: written once per window (TrackerSet)
         self.write_seconds += time.perf_counter() - t0
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
@@ -374,6 +377,10 @@ class Recorder(SchedulerListener):
             item[1]()
         elif kind == "track":
             self._write_track(item[1], item[2])
+        elif kind == "flush_trackers":
+            flush = getattr(self.tracker, "flush", None)
+            if flush is not None:
+                flush()
         elif kind == "rewound":
             self.store.delete_metrics_after(item[1], item[2])
             self.tracker.continue_from(item[1], item[2])

@@ -111,7 +111,8 @@ class BackendTracker:
         return None
 
     def end_batch(self) -> None:
-        """The recorder wrote one batch of events: write what was buffered for it (one request, not one per step)."""
+        """A write window is over (:data:`~.fanout.WRITE_EVERY_S`, the :class:`~.fanout.TrackerSet` decides): write
+        what was buffered (one request per run, not one per step)."""
         return None
 
     def flush(self) -> None:

@@ -5,19 +5,31 @@ migrations, seconds), hands each call to every backend, and isolates them: a bac
 disk full, bad URI, a bug) is reported once, closed and left out for the rest of the experiment; the other
 backends, training and the store go on. Thread ownership: every method but :meth:`close` runs on the recorder
 thread; :meth:`close` runs after the recorder thread stopped.
+
+The write window: MLflow and Trackio buffer each run's points and write them in one request per run
+(``end_batch``); each request has a fixed cost of milliseconds of CPU (MLflow's SQLAlchemy store: ~10 ms per
+``log_batch`` whatever its size; Trackio: one SQLite transaction with its table checks), taken from training on a
+small machine. So the set tells the backends to write at most once per :data:`WRITE_EVERY_S` seconds, not after
+every recorder batch (a few a second); a run's status change writes its points first (each backend), and
+:meth:`flush` / :meth:`close` write everything before they return.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, MutableSet, Sequence
 from typing import Any
 
 from rapidfire_nb.tracking.base import TrackedRun, split_name
 
-__all__ = ["TrackerSet"]
+__all__ = ["WRITE_EVERY_S", "TrackerSet"]
 
 log = logging.getLogger(__name__)
+
+WRITE_EVERY_S = 5.0
+"""Seconds between two writes of the buffered points (``end_batch`` on every backend); a status change of a run,
+:meth:`TrackerSet.flush` and :meth:`TrackerSet.close` write at once."""
 
 Opener = tuple[str, Callable[[], Any]]
 """``(backend name, factory)``: the factory makes the opened tracker (it may raise: the backend is then off)."""
@@ -31,6 +43,8 @@ class TrackerSet:
         report: prints one line (the backends' start lines and each failure, once).
         turned_off: the names of backends that failed earlier in this experiment (skipped); a backend that fails
             here is added, so the next ``run_fit`` of the same ``Experiment`` object leaves it out too.
+        write_every_s: the write window (seconds between two ``end_batch`` of the backends).
+        clock: monotonic seconds (tests pass their own).
     """
 
     def __init__(
@@ -38,8 +52,13 @@ class TrackerSet:
         openers: Sequence[Opener],
         report: Callable[[str], None],
         turned_off: MutableSet[str] | None = None,
+        write_every_s: float = WRITE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._openers = list(openers)
+        self._write_every_s = float(write_every_s)
+        self._clock = clock
+        self._last_write: float | None = None
         self._report = report
         self._off: MutableSet[str] = turned_off if turned_off is not None else set()
         self._live: list[Any] = []
@@ -98,9 +117,18 @@ class TrackerSet:
         self._each("mark_deleted", run_id)
 
     def end_batch(self) -> None:
+        """The recorder wrote one batch: the backends write their buffered points if the window is over."""
+        now = self._clock()
+        if self._last_write is None:
+            self._last_write = now  # the first window starts with the first batch
+        if now - self._last_write < self._write_every_s:
+            return
+        self._last_write = now
         self._each("end_batch")
 
     def flush(self) -> None:
+        """Every backend writes everything it holds (before this returns)."""
+        self._last_write = self._clock()
         self._each("flush")
 
     def close(self) -> None:

@@ -234,6 +234,7 @@ class MlflowTracker(BackendTracker):
         mid = self._runs.get(run_id)
         if mid is None or run_id in self._deleted:
             return
+        self._write(run_id)  # what it buffered before the rewind is in MLflow, so it is held like the rest
         held: dict[str, int] = {}
         for key in self._client.get_run(mid).data.metrics:
             steps = [m.step for m in self._client.get_metric_history(mid, key)]
@@ -246,7 +247,8 @@ class MlflowTracker(BackendTracker):
     def log_scalars(
         self, run_id: int, step: int, scalars: Mapping[str, Any], wall_time: float | None = None
     ) -> None:
-        """Buffer the points; :meth:`end_batch` writes them (one request per run and recorder batch)."""
+        """Buffer the points; :meth:`end_batch` writes them (one request per run and write window, the
+        :class:`~.fanout.TrackerSet`'s), a status change of the run or :meth:`flush` at once."""
         if run_id not in self._runs or run_id in self._deleted:
             return
         stamp = int((time.time() if wall_time is None else wall_time) * 1000)
@@ -255,6 +257,8 @@ class MlflowTracker(BackendTracker):
             points.append(self._Metric(_key(key), float(value), stamp, int(step)))
 
     def end_batch(self) -> None:
+        """Write every run's buffered points: one ``log_batch`` per run (its cost is mostly fixed, ~10 ms of CPU
+        in the SQLite store, so fewer, larger requests cost less)."""
         for run_id in list(self._pending):
             self._write(run_id)
 

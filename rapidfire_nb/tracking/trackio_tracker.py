@@ -13,6 +13,12 @@ printed by Trackio as ``[TRACKIO INFO] ...``): ``finished`` (INFO), ``failed: <e
 (``trackio.Api().runs(project)``'s ``delete``). The Trackio run ids are kept in the experiment's store, so a
 restarted kernel logs into the same runs; Trackio cannot drop a logged point, so a run continued from its
 checkpoint does not log again the steps Trackio holds (:class:`~.base.HeldSteps`: not duplicated).
+
+Writes: the points are buffered per run and handed to the run's ``trackio.Run`` once per write window of the
+:class:`~.fanout.TrackerSet` (``end_batch``), before each alert of that run, and at :meth:`TrackioTracker.flush` /
+``close``. Its writer thread (every 0.5 s) then writes them with one ``bulk_log`` (one SQLite transaction) per run,
+instead of one every 0.5 s while the run logs. :meth:`TrackioTracker.flush` writes them on the calling thread
+before it returns (the ``Run``'s own inline flush, under its lock), ``close`` finishes every run.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ class TrackioTracker(BackendTracker):
         )
         self._config: dict[int, dict[str, Any]] = {}
         self._handles: dict[int, Any] = {}
+        self._pending: dict[int, list[tuple[int, dict[str, float]]]] = {}  # run id -> [(step, values)]
         self._save_state = save
         self._held = HeldSteps()
         self._deleted: set[int] = set()
@@ -133,6 +140,7 @@ class TrackioTracker(BackendTracker):
         if handle is None or alert is None:
             return
         title, level = alert
+        self._hand_over(run_id)  # its points come before the alert
         handle.alert(
             title=f"run-{run_id} {title}",
             text=(error or "")[:2000] or None,
@@ -144,6 +152,7 @@ class TrackioTracker(BackendTracker):
 
     def mark_deleted(self, run_id: int) -> None:
         """Delete the run from the Trackio project (its metrics, config and alerts)."""
+        self._pending.pop(run_id, None)
         if run_id in self._deleted or run_id not in self._ids:
             return
         handle = self._handles.pop(run_id, None)
@@ -157,6 +166,10 @@ class TrackioTracker(BackendTracker):
         tid = self._ids.get(run_id)
         if tid is None or run_id in self._deleted:
             return
+        # what it buffered before the rewind is written, then held like the rest
+        handle = self._hand_over(run_id)
+        if handle is not None:
+            _write_now(handle)
         held: dict[str, int] = {}
         for row in self._storage.get_logs(self.project, f"run-{run_id}", run_id=tid):
             for key in row:
@@ -167,15 +180,50 @@ class TrackioTracker(BackendTracker):
     def log_scalars(
         self, run_id: int, step: int, scalars: Mapping[str, Any], wall_time: float | None = None
     ) -> None:
-        handle = self._handle(run_id)
-        if handle is None:
+        """Buffer the points (handed to Trackio by :meth:`end_batch`, an alert of the run, or :meth:`flush`)."""
+        if run_id in self._deleted or run_id not in self._ids:
             return
         values = self._held.new_only(run_id, step, scalars)
         if values:
-            handle.log({k: float(v) for k, v in values.items()}, step=int(step))
+            self._pending.setdefault(run_id, []).append((int(step), {k: float(v) for k, v in values.items()}))
+
+    def _hand_over(self, run_id: int) -> Any | None:
+        """Give run ``run_id``'s buffered points to its ``trackio.Run`` (its thread writes them); the handle."""
+        points = self._pending.pop(run_id, None)
+        handle = self._handle(run_id)
+        if handle is not None:
+            for step, values in points or ():
+                handle.log(values, step=step)
+        return handle
+
+    def end_batch(self) -> None:
+        """The write window is over: hand every run's points to Trackio (one SQLite write per run follows)."""
+        for run_id in list(self._pending):
+            self._hand_over(run_id)
+
+    def flush(self) -> None:
+        """Hand every buffered point to Trackio and write what its runs hold now, on this thread."""
+        self.end_batch()
+        for handle in list(self._handles.values()):
+            _write_now(handle)
 
     def close(self) -> None:
         """Finish every open Trackio run (Trackio writes what it holds and stops its threads)."""
+        self.end_batch()
         handles, self._handles = list(self._handles.values()), {}
         for handle in handles:
             handle.finish()
+
+
+def _write_now(handle: Any) -> None:
+    """Write what ``handle`` (a ``trackio.Run``) holds, as its writer thread does (under its lock, so not twice).
+
+    Trackio has no public flush short of ``finish()``; when this Trackio has no inline flush, its thread writes
+    within its interval (0.5 s) and ``finish()`` writes the rest.
+    """
+    flush = getattr(handle, "_flush_queues_inline", None)
+    lock = getattr(handle, "_client_lock", None)
+    if flush is None or lock is None:
+        return
+    with lock:
+        flush()

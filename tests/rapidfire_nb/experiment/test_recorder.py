@@ -204,3 +204,19 @@ def test_trackers_hear_each_run_start_and_status_change_once_on_the_recorder_thr
         ("set_status", 1, "FAILED", None),
     ]
     assert spy.threads == {"rapidfire-recorder"}
+
+
+def test_flush_makes_the_trackers_write_what_they_hold_on_the_recorder_thread(tmp_path: Path) -> None:
+    class _Flushed(_SpyTracker):
+        def flush(self) -> None:
+            self._note("flush")
+
+    spy = _Flushed()
+    rec = Recorder(Store(tmp_path / "exp"), Reporter(quiet=True), spy, 4, [], lambda rid: None, lambda: [])
+    rec.start()
+    rec.on_metrics(1, 2, 8, {"loss": 1.5})
+    assert rec.flush(timeout=30)
+    # the points, then the trackers' flush
+    assert spy.calls == [("log_metrics", 1, 2, {"loss": 1.5}), ("flush",)]
+    assert spy.threads == {"rapidfire-recorder"}
+    rec.close()
