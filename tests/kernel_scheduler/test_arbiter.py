@@ -113,11 +113,16 @@ def test_two_experiments_take_turns_on_the_device_and_train_as_they_would_alone(
     arb, device = DeviceArbiter(), FakeDevice()
     a = Harness(_specs(), num_chunks=2, mode="thread", arbiter=arb, device=device, name="A", start=False)
     b = Harness(_specs(), num_chunks=2, mode="thread", arbiter=arb, device=device, name="B", start=False)
+    gate = arb.request("gate")  # the device is taken until both schedulers wait for it (a thread may start late)
     a.sched.start()
     b.sched.start()
     clone = b.sched.submit(
         Op(OpKind.CLONE, 1, payload={"spec": FakeSpec(rows=8, batch=4)})
     )  # a boundary action
+    deadline = time.monotonic() + TIMEOUT
+    while len(arb.waiting()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    gate.release()
     try:
         assert a.sched.wait(timeout=TIMEOUT) and b.sched.wait(timeout=TIMEOUT)
     finally:
