@@ -113,7 +113,9 @@ def test_two_experiments_take_turns_on_the_device_and_train_as_they_would_alone(
     arb, device = DeviceArbiter(), FakeDevice()
     a = Harness(_specs(), num_chunks=2, mode="thread", arbiter=arb, device=device, name="A", start=False)
     b = Harness(_specs(), num_chunks=2, mode="thread", arbiter=arb, device=device, name="B", start=False)
-    gate = arb.request("gate")  # the device is taken until both schedulers wait for it (a thread may start late)
+    gate = arb.request(
+        "gate"
+    )  # the device is taken until both schedulers wait for it (a thread may start late)
     a.sched.start()
     b.sched.start()
     clone = b.sched.submit(
