@@ -135,4 +135,9 @@ def _gpus(indices: tuple[int, ...], backend: str, cores: int) -> DevicePlan:
 
 
 def _cpus(n: int, backend: str, cores: int) -> DevicePlan:
+    if n > cores:
+        raise ConfigError(
+            f"devices={n} CPU workers on a machine where this process may use {cores} core(s): each worker needs a "
+            f"core of its own (more only makes every step slower and multiplies memory); use devices={cores} or fewer"
+        )
     return DevicePlan(backend, tuple(f"cpu:{i}" for i in range(n)), (None,) * n, max(1, cores // n))
