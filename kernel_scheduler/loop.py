@@ -463,19 +463,31 @@ class Scheduler:
             return self._slots.devices[0]
 
     def _placed(self) -> list[PlacedRun]:
+        held = self._held_at_rungs()
         return [
             PlacedRun(
                 run_id=r.run_id,
                 status=r.status,
                 segments_done=r.segments_done,
                 device=r.device,
-                ready=self._ready(r),
+                ready=self._ready(r) and r.run_id not in held,
                 in_flight=self._slots.running(r.run_id),
                 remaining_steps=max(0, r.plan.total_steps - r.step) if r.plan is not None else 0,
                 seconds_per_step=r.seconds_per_step,
             )
             for r in sorted(self._runs.values(), key=lambda r: r.run_id)
         ]
+
+    def _held_at_rungs(self) -> set[int]:
+        """Runs that reached an early-stopping rung another active run has not reached yet: they wait there, so
+        that no run trains a chunk past a rung that prunes it (several devices; one device rotates anyway)."""
+        stopper = self._stopper
+        if stopper is None or not self._multi():
+            return set()
+        active = [r for r in self._runs.values() if r.status.in_rotation() and self._ready(r)]
+        done = {r.run_id: self._chunks(r, r.segments_done) for r in active}
+        lowest = min(done.values(), default=0)
+        return {rid for rid, c in done.items() if c > lowest and stopper.waits_at(c)}
 
     def _device_views(self) -> list[DeviceView]:
         return [DeviceView(d, alive=self._alive(d), busy=self._slots.busy(d)) for d in self._slots.devices]

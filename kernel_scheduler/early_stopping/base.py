@@ -149,6 +149,12 @@ class EarlyStoppingPolicy(ABC):
         """The scheduler added ``new_run`` (one this policy returned) as run ``run_id``."""
         return None
 
+    def waits_at(self, chunk: int) -> bool:
+        """True when a run that has done ``chunk`` chunks must not start another until every run in the rotation
+        has done as many (a rung: its decision comes first). On one device the rotation gives that for free; on
+        several a run could otherwise train a chunk past a rung that then prunes it. Default: never."""
+        return False
+
     def progress(self) -> dict[str, Any]:
         """What the panel's header shows about the policy: a JSON-able dict, stored in the experiment's meta.
 

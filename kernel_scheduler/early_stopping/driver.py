@@ -57,6 +57,16 @@ class PolicyDriver:
         self._seen.update({s.run_id: self._key(s) for s in changed})
         self._ask("on_change", runs, changed)
 
+    def waits_at(self, chunk: int) -> bool:
+        """The policy's :meth:`~.base.EarlyStoppingPolicy.waits_at` (False once it was switched off or fails)."""
+        if self.policy is None:
+            return False
+        try:
+            return bool(self.policy.waits_at(chunk))
+        except Exception:
+            log.debug("early stopping waits_at failed", exc_info=True)
+            return False
+
     def progress(self) -> dict[str, Any]:
         """The policy's progress for the panel header ({} once it was switched off or fails to say)."""
         if self.policy is None:

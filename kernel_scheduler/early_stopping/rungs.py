@@ -109,6 +109,10 @@ class RungPolicy(EarlyStoppingPolicy):
     def is_rung(self, chunk: int) -> bool:
         """True when runs are compared after ``chunk`` chunks."""
 
+    def waits_at(self, chunk: int) -> bool:
+        """A run waits at a rung until the others reach it (the rung is decided first)."""
+        return self.is_rung(chunk)
+
     @abstractmethod
     def judge(self, run_id: int, rung: int, total_chunks: int, values: Mapping[int, float]) -> str | None:
         """The reason to stop ``run_id`` at ``rung`` given ``values`` (every run's value there), or None."""

@@ -168,3 +168,34 @@ def _chain(first, second):
         second(snap)
 
     return both
+
+
+def test_with_early_stopping_no_run_trains_past_a_rung_that_prunes_it():
+    """Runs wait at a rung until every run reached it (several devices could otherwise run a chunk ahead)."""
+    from kernel_scheduler import SuccessiveHalving
+
+    # 8 steps, 4 chunks of 2; rungs at chunks 1 and 2 (eta 2): the worse half is pruned at each
+    curves = {1: (1.0, 0.9, 0.8, 0.7), 2: (2.0, 1.9, 1.8, 1.7), 3: (1.5, 1.4, 1.3, 1.2), 4: (3.0, 2.9, 2.8, 2.7)}
+    fake = FakeDevices(("d0", "d1"), num_chunks=4, seconds_per_step={"d0": 0.002, "d1": 0.02})  # d1 10x slower
+    rec = Recorder()
+    sched = Scheduler(
+        fake,
+        listener=rec,
+        idle_poll_s=0.002,
+        arbiter=DeviceArbiter(),
+        owner="es",
+        early_stopping=SuccessiveHalving(metric="eval_loss", mode="min", reduction_factor=2, grace_chunks=1),
+    )
+    for run_id, curve in curves.items():
+        sched.add_run(run_id, FakeSpec(rows=32, batch=4, curve=curve))
+    sched.start()
+    assert sched.wait(timeout=30)
+    sched.close(5)
+    snaps = {s.run_id: s for s in sched.snapshot()}
+    assert snaps[1].status is S.COMPLETED
+    pruned = {rid: s for rid, s in snaps.items() if s.pruned}
+    assert set(pruned) == {2, 3, 4}
+    for rid, snap in pruned.items():
+        at = int(snap.stop_reason.split("chunk ")[1].split("/")[0])
+        assert snap.segments_done == at, f"run {rid} pruned at chunk {at} but trained {snap.segments_done} chunks"
+    assert fake.violations == []
