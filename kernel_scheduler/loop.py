@@ -680,6 +680,7 @@ class Scheduler:
                     run.moving = True
                     self._slots.queue(move.device, partial(self._relocate, run, move.device))
         if changed and not self._noted_dead >= dead:
+            names = ", ".join(sorted(dead - self._noted_dead))
             self._noted_dead |= dead
             self._note(
                 f"the worker of {names} died; runs {', '.join(str(r.run_id) for r in changed)} continue from "
@@ -688,7 +689,10 @@ class Scheduler:
                 else f"the worker of {names} died and no device is left: training stops"
             )
         if not alive and self._halted is None:
-            self.halt(f"every device's worker died ({names})")
+            self.halt(
+                f"every device's worker died ({', '.join(sorted(dead))}); run_fit(...) again continues every run "
+                "from its latest checkpoint on new workers"
+            )
 
     def _relocate(self, run: _Run, device: str) -> None:
         """A queued move of a run whose device died (on ``device``, now free)."""

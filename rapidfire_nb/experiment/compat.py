@@ -42,8 +42,8 @@ def check_drop_in_args(num_gpus: Any, monte_carlo_simulations: Any) -> str | Non
         if num_gpus != 1:
             raise ConfigError(
                 f"num_gpus={num_gpus}: num_gpus is the number of GPUs each run trains on, and rapidfire_nb trains "
-                "each run on one device (the GPU when there is one, else the CPU; the runs take turns on it) until "
-                "one run may span several GPUs. Leave num_gpus out or pass num_gpus=1"
+                "each run on one device until one run may span several GPUs. Leave num_gpus out or pass num_gpus=1; "
+                "to spread the runs over several GPUs, use run_fit(..., devices=N)"
             )
     if monte_carlo_simulations is None:
         return None

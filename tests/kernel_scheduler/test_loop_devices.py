@@ -175,8 +175,15 @@ def test_with_early_stopping_no_run_trains_past_a_rung_that_prunes_it():
     from kernel_scheduler import SuccessiveHalving
 
     # 8 steps, 4 chunks of 2; rungs at chunks 1 and 2 (eta 2): the worse half is pruned at each
-    curves = {1: (1.0, 0.9, 0.8, 0.7), 2: (2.0, 1.9, 1.8, 1.7), 3: (1.5, 1.4, 1.3, 1.2), 4: (3.0, 2.9, 2.8, 2.7)}
-    fake = FakeDevices(("d0", "d1"), num_chunks=4, seconds_per_step={"d0": 0.002, "d1": 0.02})  # d1 10x slower
+    curves = {
+        1: (1.0, 0.9, 0.8, 0.7),
+        2: (2.0, 1.9, 1.8, 1.7),
+        3: (1.5, 1.4, 1.3, 1.2),
+        4: (3.0, 2.9, 2.8, 2.7),
+    }
+    fake = FakeDevices(
+        ("d0", "d1"), num_chunks=4, seconds_per_step={"d0": 0.002, "d1": 0.02}
+    )  # d1 10x slower
     rec = Recorder()
     sched = Scheduler(
         fake,
@@ -197,5 +204,7 @@ def test_with_early_stopping_no_run_trains_past_a_rung_that_prunes_it():
     assert set(pruned) == {2, 3, 4}
     for rid, snap in pruned.items():
         at = int(snap.stop_reason.split("chunk ")[1].split("/")[0])
-        assert snap.segments_done == at, f"run {rid} pruned at chunk {at} but trained {snap.segments_done} chunks"
+        assert snap.segments_done == at, (
+            f"run {rid} pruned at chunk {at} but trained {snap.segments_done} chunks"
+        )
     assert fake.violations == []
