@@ -255,6 +255,10 @@ def rapidfire(
     exp.run_fit(group, create, train, evald, num_chunks=NUM_CHUNKS, seed=SEED, early_stopping=policy)
     end = time.perf_counter() - t0
     info, results, ops = exp.get_runs_info(), exp.get_results(), exp.ops()
+    last_point: dict[int, float] = {}  # run id -> the wall time of its last logged metric
+    for point in exp.metrics_since(0)[0]:
+        rid = int(point["run_id"])
+        last_point[rid] = max(last_point.get(rid, 0.0), float(point["wall_time"]))
     exp.end()
     evals = results.dropna(subset=["eval_loss"])
     done = info[info.status == "COMPLETED"]
@@ -268,12 +272,7 @@ def rapidfire(
         if rid == best:
             continue
         stops = pruned[pruned.run_id == rid].applied_at if len(pruned) else []
-        if len(stops):
-            others.append(float(max(stops)) - wall0)
-        elif "wall_time" in results:
-            others.append(float(results[results.run_id == rid].wall_time.max()) - wall0)
-        else:
-            others.append(end)
+        others.append((float(max(stops)) if len(stops) else last_point.get(rid, wall0 + end)) - wall0)
     known = max(others) if (halving or optuna) and others else end
     labels = {int(r.run_id): _label_hparams(r.config) for r in info.itertuples()}
     chunks = {int(rid): list(df.eval_loss) for rid, df in evals.groupby("run_id")}
