@@ -73,9 +73,11 @@ CASES = {
         max_length=64,
         eval_batch=8,  # the Trainer's default
     ),
-    # Sizes for a 2-core CPU: 32 rows at batch 2 = 16 optimizer steps per run (2 per chunk), 8 eval questions in
-    # one batch. The learning rates are spread so that the fastest starter is not the final winner (see the
-    # per-chunk ranking the benchmark prints).
+    # Sizes for a 2-core CPU: 32 rows at batch 2 = 16 optimizer steps per run (2 per chunk), 8 held-out questions
+    # (8 rows) in one eval batch, max_length 128 as the main job (3 of 16 rows are longer). Measured with one
+    # thread: a step ~6.5 s and an eval of 16 rows ~27 s at load 7-9; a whole (a) run of 16 steps ~50 s at load 2.
+    # The learning rates bracket the best one for these LoRA runs, so the top three configs stay close and swap
+    # places between chunks (the per-chunk ranking the benchmark prints shows it).
     "smollm2": Case(
         name="smollm2",
         model_name="SmolLM2-135M-Instruct",
