@@ -130,7 +130,8 @@ class DevicePool(Executor):
 
     def move_run(self, run_id: int, spec: Any, device: str) -> RunStart:
         """Continue run ``run_id`` on ``device`` from its latest boundary: exported by its device when that one is
-        alive, else the latest complete checkpoint on disk (or its warm start, or step 0 when it has neither).
+        alive and the run ended a chunk there, else the latest complete checkpoint on disk (or its warm start, or
+        step 0 when it has neither: a run that has not trained yet simply starts on ``device``).
 
         Raises:
             ConfigError: ``device`` is not alive or the trainer cannot be rebuilt there.
@@ -138,9 +139,9 @@ class DevicePool(Executor):
         source = self.device_of(run_id)
         if not self.alive(device):
             raise ConfigError(f"device {device} is not alive")
-        if self.alive(source):
+        if self.alive(source) and self._members[source].has_boundary(run_id):
             checkpoint: Path | None = Path(self._members[source].export_boundary(run_id))
-        else:
+        else:  # its device died, or it has not ended a chunk there: where it started is on disk (or step 0)
             folder = run_dir(self._exp_dir, run_id)
             checkpoint = latest_checkpoint(folder) or latest_checkpoint(folder, WARM_START_PREFIX)
         start: RunStart = self._members[device].add_run(run_id, spec, resume_from=checkpoint)

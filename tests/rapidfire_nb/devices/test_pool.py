@@ -44,3 +44,40 @@ def test_a_failing_on_closed_is_logged_not_raised(caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.ERROR):
         _pool([], hook).close()
     assert "no cluster" in caplog.text
+
+
+class _Trainer(_Member):
+    """A member that builds runs and may hold a boundary for them."""
+
+    def __init__(self, log: list[str], name: str, boundary: bool) -> None:
+        super().__init__(log, name)
+        self.boundary = boundary
+
+    def add_run(self, run_id: int, spec: Any, warm_from: Any = None, resume_from: Any = None) -> str:
+        self.log.append(f"{self.name} add {run_id} from {resume_from}")
+        return "start"
+
+    def has_boundary(self, run_id: int) -> bool:
+        return self.boundary
+
+    def export_boundary(self, run_id: int) -> Path:
+        self.log.append(f"{self.name} export {run_id}")
+        return Path(f"/x/runs/{run_id}/checkpoint-4")
+
+    def drop_run(self, run_id: int) -> None:
+        self.log.append(f"{self.name} drop {run_id}")
+
+
+@pytest.mark.parametrize("boundary", [True, False])
+def test_a_move_exports_the_boundary_or_starts_where_the_run_started(tmp_path: Path, boundary: bool) -> None:
+    log: list[str] = []
+    members = {"cpu:0": _Trainer(log, "cpu:0", boundary), "cpu:1": _Trainer(log, "cpu:1", boundary)}
+    pool = DevicePool(members, tmp_path, lambda spec, folder: (None, None))
+    pool.add_run(3, "spec", device="cpu:0")
+    assert pool.move_run(3, "spec", "cpu:1") == "start" and pool.device_of(3) == "cpu:1"
+    pool.close()
+    if boundary:  # its latest chunk boundary, exported by the device it trained on
+        assert log[1:3] == ["cpu:0 export 3", "cpu:1 add 3 from /x/runs/3/checkpoint-4"]
+    else:  # it never ended a chunk on cpu:0 (a new run): nothing to export, it starts on cpu:1 (step 0)
+        assert log[1] == "cpu:1 add 3 from None"
+    assert "cpu:0 drop 3" in log
