@@ -9,7 +9,7 @@ from typing import Any
 
 from rapidfire_nb.errors import ConfigError, StorageError
 
-__all__ = ["RemoteTraceback", "path_or_none", "remote_error", "report_storage"]
+__all__ = ["RemoteTraceback", "event_sinks", "path_or_none", "remote_error", "report_storage"]
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +46,21 @@ def remote_error(device: str, kind: str, name: str, message: str, trace: str) ->
     if trace:
         error.__cause__ = RemoteTraceback(trace)  # shown above the error, as concurrent.futures does
     return error
+
+
+def event_sinks(
+    metric_sink: Callable[[int, int, int, dict[str, float]], None],
+    notes: Callable[[str], None] | None,
+    on_final: Callable[[int, Path], None] | None,
+    on_storage_error: Callable[[StorageError], None] | None,
+    on_eval_metrics: Callable[[list[str]], None] | None,
+) -> dict[str, Callable[..., None]]:
+    """The kernel's callbacks by the name of the worker event they answer (``WorkerHost``'s ``metrics``, ``note``,
+    ``final``, ``storage_error``, ``eval_metrics``; ``order`` is the proxy's own)."""
+    return {
+        "metrics": metric_sink,
+        "note": notes or (lambda text: None),
+        "final": lambda rid, path: (on_final or (lambda r, p: None))(rid, Path(path)),
+        "storage_error": lambda where, reason: report_storage(on_storage_error, StorageError(where, reason)),
+        "eval_metrics": on_eval_metrics or (lambda names: None),
+    }

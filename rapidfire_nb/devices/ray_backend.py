@@ -41,7 +41,7 @@ from typing import Any
 from kernel_scheduler import RunStart, SegmentResult
 
 from ..errors import ConfigError, StorageError
-from ._replies import remote_error, report_storage
+from ._replies import event_sinks, remote_error
 from .errors import WorkerLost
 from .settings import WorkerSettings
 from .shipping import ship
@@ -197,15 +197,7 @@ class RayWorkerExecutor:
 
         fn_bytes = ship(settings.create_model_fn, "create_model_fn")
         self.device = settings.device
-        self._sinks: dict[str, Callable[..., None]] = {
-            "metrics": metric_sink,
-            "note": notes or (lambda text: None),
-            "final": lambda rid, path: (on_final or (lambda r, p: None))(rid, Path(path)),
-            "storage_error": lambda where, reason: report_storage(
-                on_storage_error, StorageError(where, reason)
-            ),
-            "eval_metrics": on_eval_metrics or (lambda names: None),
-        }
+        self._sinks = event_sinks(metric_sink, notes, on_final, on_storage_error, on_eval_metrics)
         self._in_record_order = in_record_order or (lambda fn: fn())
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
