@@ -217,12 +217,7 @@ class TorchExecutor(Executor):
         def release() -> None:
             run.worker.release()  # on the device thread: runs inline
             base, adapter = run.base, run.adapter
-            if (
-                base is not None
-                and adapter is not None
-                and adapter in base.adapters
-                and len(base.adapters) > 1
-            ):
+            if base is not None and adapter is not None and adapter in base.adapters:
                 try:
                     base.model.delete_adapter(adapter)
                     base.adapters.remove(adapter)

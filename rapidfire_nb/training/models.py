@@ -236,6 +236,10 @@ def attach_run_model(
         _refuse_users_adapter(base.model, spec)
 
     adapter = f"run_{run_id}"
+    if isinstance(base.model, PeftModel) and adapter in base.model.peft_config:  # a run that left this device
+        base.model.delete_adapter(adapter)  # and came back (its weights come from its checkpoint)
+        if adapter in base.adapters:
+            base.adapters.remove(adapter)
     set_seed(seed)  # what TRL does right before get_peft_model: initial adapter weights match
     try:
         if not isinstance(base.model, PeftModel):
