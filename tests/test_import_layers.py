@@ -15,7 +15,8 @@ Checks:
   lower rank in ``RANKS``; two units of the same rank may not import each other (``automl`` and ``training``).
   A unit missing from ``RANKS`` gets ``DEFAULT_RANK`` (just below ``experiment``). Besides: ``kernel_scheduler``
   imports only the standard library, and ``server`` only ``SERVER_MAY_IMPORT`` plus jupyter_server/tornado;
-  ``devices`` imports ``training`` and torch only inside ``devices._child``'s functions (the worker process).
+  ``devices`` imports ``training`` and torch only on the worker side (``devices._child``'s functions,
+  ``devices._ray_actor``'s methods).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ RANKS: dict[str, int] = {
     "rapidfire_nb.training": 3,
     "rapidfire_nb.data": 3,
     "rapidfire_nb.view": 3,
-    "rapidfire_nb.devices": 4,  # worker processes; training only inside devices._child's functions (below)
+    "rapidfire_nb.devices": 4,  # workers; training only on their side (_child, _ray_actor: below)
     "rapidfire_nb.progress": 4,
     "rapidfire_nb.static_panel": 4,
     "rapidfire_nb.panel": 5,
