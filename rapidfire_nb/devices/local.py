@@ -34,11 +34,12 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import Executor, RunStart, SegmentResult
+from kernel_scheduler import SegmentResult
 from rapidfire_nb.errors import ConfigError, StorageError
 
 from ._process import end_process, exit_reason, start_process
-from ._replies import event_sinks, path_or_none, remote_error
+from ._remote import RemoteDevice
+from ._replies import event_sinks, remote_error
 from .errors import WorkerLost
 from .settings import WorkerSettings
 from .shipping import ship
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 _LIVE: weakref.WeakSet[WorkerExecutor] = weakref.WeakSet()
 
 
-class WorkerExecutor(Executor):
+class WorkerExecutor(RemoteDevice):
     """One device in a worker process. Methods are the ``TorchExecutor``'s, called from one thread (the
     scheduler's); each blocks until the worker answered, except :meth:`run_segment`.
 
@@ -106,17 +107,6 @@ class WorkerExecutor(Executor):
         """The worker process' id."""
         return self._proc.pid
 
-    @property
-    def devices(self) -> tuple[str, ...]:
-        return (self.device,)
-
-    def device_of(self, run_id: int) -> str:
-        return self.device
-
-    def alive(self, device: str | None = None) -> bool:
-        """False once the worker died (or was closed)."""
-        return self._death is None
-
     def wait_ready(self) -> int:
         """Block until the worker started; its pid.
 
@@ -134,20 +124,6 @@ class WorkerExecutor(Executor):
             ) from None
 
     # ------------------------------------------------------------------ Executor API
-    def add_run(
-        self, run_id: int, spec: Any, warm_from: int | None = None, resume_from: str | Path | None = None
-    ) -> RunStart:
-        """Build the run's trainer in the worker; its plan and start position (see ``TorchExecutor.add_run``).
-
-        Raises:
-            ConfigError: the spec cannot be sent (a loaded model in ``formatting_func``'s closure...) or the
-                worker found bad input. WorkerLost: the worker died.
-        """
-        args = (run_id, spec, warm_from, str(resume_from) if resume_from is not None else None)
-        start: RunStart = self._blocking("add_run", ship(args, f"run {run_id}'s config"))
-        with self._lock:
-            self._positions[run_id] = (start.step, start.samples_seen)
-        return start
 
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
         """Train until global step ``stop_step``; the Future resolves at the boundary (never with an exception:
@@ -158,38 +134,6 @@ class WorkerExecutor(Executor):
             done: Future[SegmentResult] = Future()
             done.set_result(self._lost_segment(run_id, str(exc)))
             return done
-
-    def has_run(self, run_id: int) -> bool:
-        return bool(self._blocking("has_run", ship((run_id,), "has_run")))
-
-    def has_boundary(self, run_id: int) -> bool:
-        return bool(self._blocking("has_boundary", ship((run_id,), "has_boundary")))
-
-    def on_status(self, run_id: int, status: str) -> None:
-        self._blocking("on_status", ship((run_id, status), "on_status"))
-
-    def flush(self) -> None:
-        """Wait until the checkpoints the kernel already let through (answered order tokens) are on disk."""
-        self._blocking("flush", ship((), "flush"))
-
-    def checkpoint_dir(self, run_id: int) -> Path | None:
-        return path_or_none(self._blocking("checkpoint_dir", ship((run_id,), "checkpoint_dir")))
-
-    def final_dir(self, run_id: int) -> Path | None:
-        return path_or_none(self._blocking("final_dir", ship((run_id,), "final_dir")))
-
-    def save_final(self, run_id: int) -> Path:
-        return Path(self._blocking("save_final", ship((run_id,), "save_final")))
-
-    def export_boundary(self, run_id: int) -> Path:
-        """The run's latest boundary as a complete ``runs/<id>/checkpoint-<step>`` folder (``WorkerHost``'s)."""
-        return Path(self._blocking("export_boundary", ship((run_id,), "export_boundary")))
-
-    def drop_run(self, run_id: int) -> None:
-        """Let the worker release the run (it moved to another device)."""
-        self._blocking("drop_run", ship((run_id,), "drop_run"))
-        with self._lock:
-            self._positions.pop(run_id, None)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Ask the worker to close (queued checkpoints written), wait for it, then terminate / kill it.
@@ -212,6 +156,9 @@ class WorkerExecutor(Executor):
         self._reader.join(10.0)
         self._conn.close()
         _LIVE.discard(self)
+
+    def _invoke(self, method: str, payload: bytes) -> Any:
+        return self._blocking(method, payload)
 
     # ------------------------------------------------------------------ requests
     def _blocking(self, method: str, payload: bytes) -> Any:
@@ -309,10 +256,6 @@ class WorkerExecutor(Executor):
                 fut.set_result(self._lost_segment(segment_of, text))
             else:
                 fut.set_exception(WorkerLost(text))
-
-    def _lost_segment(self, run_id: int, text: str) -> SegmentResult:
-        step, seen = self._positions.get(run_id, (0, 0))
-        return SegmentResult(step, seen, error=text, device_lost=True)
 
     def _exit_reason(self) -> str:
         return exit_reason(self._proc)

@@ -38,9 +38,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import RunStart, SegmentResult
+from kernel_scheduler import SegmentResult
 
 from ..errors import ConfigError, StorageError
+from ._remote import RemoteDevice
 from ._replies import event_sinks, remote_error
 from .errors import WorkerLost
 from .settings import WorkerSettings
@@ -161,7 +162,7 @@ def actor_env(settings: WorkerSettings, gpu: bool) -> dict[str, str]:
     return env
 
 
-class RayWorkerExecutor:
+class RayWorkerExecutor(RemoteDevice):
     """One device as a Ray actor; the same methods as :class:`~rapidfire_nb.devices.local.WorkerExecutor`.
 
     Args:
@@ -234,17 +235,6 @@ class RayWorkerExecutor:
         """The Ray actor handle (tests: ``ray.kill(executor.actor)`` is a lost device)."""
         return self._actor
 
-    @property
-    def devices(self) -> tuple[str, ...]:
-        return (self.device,)
-
-    def device_of(self, run_id: int) -> str:
-        return self.device
-
-    def alive(self, device: str | None = None) -> bool:
-        """False once the actor died (or was closed)."""
-        return self._death is None
-
     def wait_ready(self) -> int:
         """Block until the actor started; its worker process' pid.
 
@@ -262,19 +252,6 @@ class RayWorkerExecutor:
             raise WorkerLost(text) from None
 
     # ------------------------------------------------------------------ calls
-    def add_run(
-        self, run_id: int, spec: Any, warm_from: int | None = None, resume_from: str | Path | None = None
-    ) -> RunStart:
-        """Build the run's trainer in the actor; its plan and start position (see ``TorchExecutor.add_run``).
-
-        Raises:
-            ConfigError: the spec cannot be shipped or the actor found bad input. WorkerLost: the actor died.
-        """
-        args = (run_id, spec, warm_from, str(resume_from) if resume_from is not None else None)
-        start: RunStart = self._call("add_run", ship(args, f"run {run_id}'s config"))
-        with self._lock:
-            self._positions[run_id] = (start.step, start.samples_seen)
-        return start
 
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
         """Train until global step ``stop_step``; the Future resolves at the boundary, after the segment's events
@@ -302,40 +279,6 @@ class RayWorkerExecutor:
 
         ref.future().add_done_callback(died)
         return out
-
-    def has_run(self, run_id: int) -> bool:
-        return bool(self._call("has_run", ship((run_id,), "has_run")))
-
-    def has_boundary(self, run_id: int) -> bool:
-        return bool(self._call("has_boundary", ship((run_id,), "has_boundary")))
-
-    def on_status(self, run_id: int, status: str) -> None:
-        self._call("on_status", ship((run_id, status), "on_status"))
-
-    def flush(self) -> None:
-        """Wait until the checkpoints the kernel already let through (answered order tokens) are on disk."""
-        self._call("flush", ship((), "flush"))
-
-    def checkpoint_dir(self, run_id: int) -> Path | None:
-        found = self._call("checkpoint_dir", ship((run_id,), "checkpoint_dir"))
-        return Path(found) if found is not None else None
-
-    def final_dir(self, run_id: int) -> Path | None:
-        found = self._call("final_dir", ship((run_id,), "final_dir"))
-        return Path(found) if found is not None else None
-
-    def save_final(self, run_id: int) -> Path:
-        return Path(self._call("save_final", ship((run_id,), "save_final")))
-
-    def export_boundary(self, run_id: int) -> Path:
-        """The run's latest boundary as a complete ``runs/<id>/checkpoint-<step>`` folder (``WorkerHost``'s)."""
-        return Path(self._call("export_boundary", ship((run_id,), "export_boundary")))
-
-    def drop_run(self, run_id: int) -> None:
-        """Let the actor release the run (it moved to another device)."""
-        self._call("drop_run", ship((run_id,), "drop_run"))
-        with self._lock:
-            self._positions.pop(run_id, None)
 
     def close(self) -> None:
         """Close the host (queued checkpoints written; waits up to ``call_timeout_s`` seconds), hand its last
@@ -370,6 +313,9 @@ class RayWorkerExecutor:
         self._drainer.join(10.0)
 
     # ------------------------------------------------------------------ internals
+    def _invoke(self, method: str, payload: bytes) -> Any:
+        return self._call(method, payload)
+
     def _call(self, method: str, payload: bytes, timeout_s: float | None = None) -> Any:
         import ray
 
@@ -421,10 +367,6 @@ class RayWorkerExecutor:
         for key in keys:
             self._settle(key, None, death)
         return death
-
-    def _lost_segment(self, run_id: int, text: str) -> SegmentResult:
-        step, seen = self._positions.get(run_id, (0, 0))
-        return SegmentResult(step, seen, error=text, device_lost=True)
 
     def _kill(self) -> None:
         import ray
