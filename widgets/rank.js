@@ -13,20 +13,23 @@ import { metricDirection } from "./curves.js";
  * @typedef {{key: string, dir: 1|-1}} Sort
  */
 
-/** The latest finite value of `metric` for each run, from the series store (loss/eval_loss fall back to the
- * snapshot's). @param {State} state @param {string} metric @returns {Map<number, number>} */
+/** The latest finite value of `metric` for each run. ``loss`` and ``eval_loss`` are the run table's own columns:
+ * their values are the snapshot's (what the table shows, so the best run's star, "stop all but best" and the
+ * sort never disagree with the cells; a run whose latest value is NaN has none). Other metrics come from the
+ * series store. @param {State} state @param {string} metric @returns {Map<number, number>} */
 export function latestValues(state, metric) {
   /** @type {Map<number, number>} */ const out = new Map();
+  if (metric === "loss" || metric === "eval_loss") {
+    for (const r of state.snapshot?.runs || []) {
+      const v = r[metric];
+      if (typeof v === "number" && Number.isFinite(v)) out.set(r.run_id, v);
+    }
+    return out;
+  }
   for (const [rid, s] of state.series.get(metric) || new Map()) {
     for (let i = s.value.length - 1; i >= 0; i--) {
       const v = s.value[i];
       if (v !== null && Number.isFinite(v)) { out.set(rid, v); break; }
-    }
-  }
-  if (metric === "loss" || metric === "eval_loss") {
-    for (const r of state.snapshot?.runs || []) {
-      const v = r[metric];
-      if (!out.has(r.run_id) && typeof v === "number" && Number.isFinite(v)) out.set(r.run_id, v);
     }
   }
   return out;

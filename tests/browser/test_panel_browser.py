@@ -274,9 +274,15 @@ def _check_sorting_and_best_run(panel: Any) -> None:
     asc = _rows(panel)
     assert values(asc) == sorted(values(asc)) and len(values(asc)) >= 3, asc
     assert panel.locator('th[data-sort-key="eval_loss"]').get_attribute("aria-sort") == "ascending"
-    best = panel.locator('tr.rf-run-row[data-best="true"]')
-    assert best.count() == 1 and int(best.get_attribute("data-run-id") or 0) == asc[0][0], asc
-    assert "★" in best.inner_text()
+    # the rows and the starred one read in one go: a snapshot may land between two reads
+    shown = panel.evaluate(
+        """el => [...el.querySelectorAll('tr.rf-run-row')].map(tr => [Number(tr.dataset.runId),
+            tr.children[tr.children.length - 3].textContent, tr.dataset.best === 'true', tr.textContent.includes('★')])"""
+    )
+    starred = [(rid, text, star) for rid, text, best, star in shown if best]
+    ranked = [(rid, text) for rid, text, _, _ in shown if text not in ("–", "-")]
+    assert len(starred) == 1 and starred[0][2], shown
+    assert starred[0][:2] == min(ranked, key=lambda r: float(r[1])), shown
     panel.locator('th[data-sort-key="eval_loss"] button').click()
     desc = _rows(panel)
     assert values(desc) == sorted(values(desc), reverse=True), desc

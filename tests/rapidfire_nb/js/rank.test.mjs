@@ -35,18 +35,31 @@ test("sort by any column; missing values last in both directions; ties by run id
 });
 
 test("the best run for a metric: lowest loss, highest accuracy, latest finite value", () => {
-  const s = stateWith([run(1, "ONGOING"), run(2, "ONGOING"), run(3, "DELETED")],
-    [[1, 1, 0.9, "eval_loss"], [2, 1, 0.7, "eval_loss"], [3, 1, 0.1, "eval_loss"], [1, 2, NaN, "eval_loss"],
-      [1, 1, 0.4, "accuracy"], [2, 1, 0.6, "accuracy"]]);
+  const s = stateWith([run(1, "ONGOING", { eval_loss: 0.9 }), run(2, "ONGOING", { eval_loss: 0.7 }),
+    run(3, "DELETED", { eval_loss: 0.1 })],
+  [[1, 1, 0.4, "accuracy"], [2, 1, 0.6, "accuracy"], [1, 2, NaN, "accuracy"]]);
   assert.equal(latestValues(s, "eval_loss").get(1), 0.9);
+  assert.equal(latestValues(s, "accuracy").get(1), 0.4); // the NaN at step 2 is skipped
   assert.equal(bestRun(s, "eval_loss"), 2); // run 3 is deleted
   assert.equal(bestRun(s, "accuracy"), 2);
   assert.equal(bestRun(s, "reward"), null);
 });
 
+test("the best run by loss/eval_loss is the one the table shows best: points the snapshot has not caught up with do not count", () => {
+  // CI caught the star on a warm clone whose Eval loss cell still said "–": its first eval point had arrived in
+  // the series before the next snapshot
+  const s = stateWith([run(1, "ONGOING", { eval_loss: 0.96 }), run(5, "ONGOING", { eval_loss: null }),
+    run(6, "ONGOING", { eval_loss: NaN })],
+  [[1, 4, 0.96, "eval_loss"], [5, 5, 0.5, "eval_loss"], [6, 3, 0.1, "eval_loss"]]);
+  assert.deepEqual([...latestValues(s, "eval_loss").keys()], [1]);
+  assert.equal(bestRun(s, "eval_loss"), 1);
+  assert.deepEqual(stopAllButBest(s, "eval_loss", 1), { stop: [], keep: [1], unranked: [5, 6] });
+  assert.deepEqual(sortRuns(s.snapshot.runs, { key: "eval_loss", dir: 1 }).map((r) => r.run_id), [1, 5, 6]);
+});
+
 test("stop all but the best k: only runs still training, one op per run, unranked runs left alone", () => {
-  const s = stateWith([run(1, "ONGOING"), run(2, "NEW"), run(3, "ONGOING"), run(4, "COMPLETED"), run(5, "NEW")],
-    [[1, 1, 0.5, "eval_loss"], [2, 1, 0.9, "eval_loss"], [3, 1, 0.7, "eval_loss"], [4, 1, 0.1, "eval_loss"]]);
+  const s = stateWith([run(1, "ONGOING", { eval_loss: 0.5 }), run(2, "NEW", { eval_loss: 0.9 }),
+    run(3, "ONGOING", { eval_loss: 0.7 }), run(4, "COMPLETED", { eval_loss: 0.1 }), run(5, "NEW")]);
   assert.deepEqual(stopAllButBest(s, "eval_loss", 1), { stop: [3, 2], keep: [1], unranked: [5] });
   assert.deepEqual(stopAllButBest(s, "eval_loss", 5).stop, []);
 });
