@@ -154,9 +154,8 @@ class Snapshotter:
         self._fixed = (adapter_config, model_config, _without_secrets(copy.deepcopy(trainer.args)))
 
     def _live_tensors(self) -> dict[str, torch.Tensor]:
-        if (
-            self._tensors is None
-        ):  # full fine-tuning: offloading swaps the parameters' storage, so ask each time
+        if self._tensors is None:
+            # full fine-tuning: offloading swaps the parameters' storage, so ask each time
             return dict(self.trainer.model.state_dict())
         return self._tensors
 
