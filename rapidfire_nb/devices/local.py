@@ -157,11 +157,8 @@ class WorkerExecutor(RemoteDevice):
         self._conn.close()
         _LIVE.discard(self)
 
-    def _invoke(self, method: str, payload: bytes) -> Any:
-        return self._blocking(method, payload)
-
     # ------------------------------------------------------------------ requests
-    def _blocking(self, method: str, payload: bytes) -> Any:
+    def _invoke(self, method: str, payload: bytes) -> Any:
         return self._request(method, payload).result()
 
     def _request(self, method: str, payload: bytes, segment_of: int | None = None) -> Future[Any]:

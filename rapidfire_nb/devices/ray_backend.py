@@ -299,7 +299,7 @@ class RayWorkerExecutor(RemoteDevice):
         started = self._ready.done() and self._ready.exception() is None
         if self._death is None and started:
             try:
-                self._call("close", ship((), "close"), timeout_s=self._call_timeout_s)
+                self._invoke("close", ship((), "close"), timeout_s=self._call_timeout_s)
             except Exception as exc:
                 log.warning("rapidfire_nb: closing Ray worker %s: %s", self.device, exc)
             self._drainer.join(self._call_timeout_s)  # its last drain waits at most _DRAIN_WAIT_S
@@ -313,10 +313,7 @@ class RayWorkerExecutor(RemoteDevice):
         self._drainer.join(10.0)
 
     # ------------------------------------------------------------------ internals
-    def _invoke(self, method: str, payload: bytes) -> Any:
-        return self._call(method, payload)
-
-    def _call(self, method: str, payload: bytes, timeout_s: float | None = None) -> Any:
+    def _invoke(self, method: str, payload: bytes, timeout_s: float | None = None) -> Any:
         import ray
 
         self.wait_ready()
