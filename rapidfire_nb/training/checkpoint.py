@@ -43,7 +43,6 @@ __all__ = [
     "frozen_state",
     "latest_checkpoint",
     "restore_counters",
-    "snapshot_trainer",
 ]
 
 log = logging.getLogger(__name__)
@@ -176,13 +175,6 @@ class Snapshotter:
             training_args=training_args,
             counters={n: _plain_number(getattr(trainer, n)) for n in TRAINER_COUNTERS if hasattr(trainer, n)},
         )
-
-
-def snapshot_trainer(
-    run_id: int, trainer: Any, adapter_name: str | None, rng: dict[str, Any]
-) -> BoundarySnapshot:
-    """One snapshot of a trainer's resumable state (see :class:`Snapshotter`, which reuses what does not change)."""
-    return Snapshotter(run_id, trainer, adapter_name).take(_clone(rng))
 
 
 def _without_secrets(args: Any) -> Any:
