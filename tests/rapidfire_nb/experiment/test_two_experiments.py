@@ -70,7 +70,9 @@ def _start(name: str, root: Path) -> Any:
 def _outcome(exp: Any, steps_at: list[tuple[float, str]] | None = None) -> dict[int, Any]:
     assert exp.wait(timeout=300)
     results, info = exp.get_results(), exp.get_runs_info()
-    if steps_at is not None:  # when each step logged, stamped on the training thread (not when a line printed)
+    if (
+        steps_at is not None
+    ):  # when each step logged, stamped on the training thread (not when a line printed)
         steps_at += [(p["wall_time"], exp.experiment_name) for p in metric_points(exp, "loss")]
     exp.end()
     out = {}
