@@ -11,9 +11,12 @@ as the artifact ``rapidfire_config.json`` (own SQLite store only); metrics under
 ``eval_loss``, ...) at the optimizer steps of the store; tags ``rapidfire.run_id``, ``rapidfire.trainer_type``,
 ``rapidfire.parent_run`` / ``rapidfire.parent_mlflow_run_id`` and ``rapidfire.warm_start`` for clones.
 
-Lifecycle: NEW -> SCHEDULED, ONGOING -> RUNNING (again after a resume), COMPLETED -> FINISHED, FAILED -> FAILED
-(tag ``rapidfire.error``), STOPPED / INTERRUPTED -> KILLED, DELETED -> ``delete_run`` (MLflow's soft delete: hidden,
-restorable, removed by ``mlflow gc``). The MLflow run ids are kept in the experiment's store, so a restarted kernel
+Lifecycle: a run is created in MLflow when it leaves NEW (it starts training, or is stopped or deleted before it
+did), as RUNNING, MLflow's status of a new run (a NEW run would cost two requests more, SCHEDULED then RUNNING, for
+the seconds before its first chunk; runs still NEW when the experiment ends are created as SCHEDULED then);
+ONGOING -> RUNNING (again after a resume), COMPLETED -> FINISHED, FAILED -> FAILED (tag ``rapidfire.error``),
+STOPPED / INTERRUPTED -> KILLED, DELETED -> ``delete_run`` (MLflow's soft delete: hidden, restorable, removed by
+``mlflow gc``); a run deleted before it trained is never created. The MLflow run ids are kept in the experiment's store, so a restarted kernel
 continues the same MLflow runs. MLflow cannot drop a logged point: a run continued from its checkpoint after a
 kernel died does not log again the steps MLflow already holds (:class:`~.base.HeldSteps`; not duplicated, and the
 resume is exact, so they are the values it would log), and gets the tag ``rapidfire.continued_from_step``.
@@ -118,6 +121,7 @@ class MlflowTracker(BackendTracker):
         self.experiment_id = self._experiment(state.get("experiment_id") if same_place else None)
         self._save()
         self._pending: dict[int, list[Any]] = {}
+        self._waiting: dict[int, TrackedRun] = {}  # NEW runs not created in MLflow yet
         self._held = HeldSteps()
         self._deleted: set[int] = set()
 
@@ -169,12 +173,18 @@ class MlflowTracker(BackendTracker):
 
     # ------------------------------------------------------------------ runs
     def start_run(self, run: TrackedRun, status: str) -> None:
-        """Create run ``run-<id>`` with its params and tags, or continue the stored one; set its status."""
+        """Continue the stored MLflow run and set its status; else create run ``run-<id>`` with its params and
+        tags, at once unless the run is NEW (then when it first changes status, see the module docstring)."""
         mid = self._runs.get(run.run_id)
         if mid is None:
             if status == "DELETED":
                 return
+            if status == "NEW":
+                self._waiting[run.run_id] = run
+                return
             mid = self._create(run)
+            if status == "ONGOING":
+                return  # created RUNNING
         self._set(mid, status)
 
     def _create(self, run: TrackedRun) -> str:
@@ -212,6 +222,8 @@ class MlflowTracker(BackendTracker):
             self._client.update_run(mid, status=target)
 
     def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+        if not self._create_if_waiting(run_id, status):
+            return
         mid = self._runs.get(run_id)
         if mid is None or run_id in self._deleted:
             return
@@ -220,10 +232,23 @@ class MlflowTracker(BackendTracker):
             self._client.set_tag(mid, "rapidfire.error", _text(error, _TAG_MAX))
         self._set(mid, status)
 
+    def _create_if_waiting(self, run_id: int, status: str) -> bool:
+        """Create a waiting (NEW) run that now has ``status``; False when nothing more is to be done for it."""
+        waiting = self._waiting.pop(run_id, None)
+        if waiting is None:
+            return True
+        if status in ("NEW", "DELETED"):  # still waiting, or gone before it trained
+            if status == "NEW":
+                self._waiting[run_id] = waiting
+            return False
+        self._create(waiting)  # MLflow makes it RUNNING
+        return status != "ONGOING"
+
     def mark_deleted(self, run_id: int) -> None:
         """MLflow's soft delete of the run (hidden in the UI, restorable until ``mlflow gc``)."""
         mid = self._runs.get(run_id)
         self._pending.pop(run_id, None)
+        self._waiting.pop(run_id, None)  # never created: nothing to delete
         if mid is None or run_id in self._deleted:
             return
         self._deleted.add(run_id)
@@ -249,6 +274,7 @@ class MlflowTracker(BackendTracker):
     ) -> None:
         """Buffer the points; :meth:`end_batch` writes them (one request per run and write window, the
         :class:`~.fanout.TrackerSet`'s), a status change of the run or :meth:`flush` at once."""
+        self._create_if_waiting(run_id, "ONGOING")  # a run that logs trains
         if run_id not in self._runs or run_id in self._deleted:
             return
         stamp = int((time.time() if wall_time is None else wall_time) * 1000)
@@ -274,4 +300,8 @@ class MlflowTracker(BackendTracker):
         self.end_batch()
 
     def close(self) -> None:
+        """Write the buffered points; runs still NEW are created now, as SCHEDULED (they are listed in MLflow)."""
         self.end_batch()
+        waiting, self._waiting = list(self._waiting.values()), {}
+        for run in waiting:
+            self._set(self._create(run), "NEW")

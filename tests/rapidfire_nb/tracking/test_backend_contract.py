@@ -90,10 +90,12 @@ def test_a_restarted_kernel_continues_the_same_runs_without_duplicate_points(
     first.start_run(TrackedRun(1, {"learning_rate": 1e-3, "lora.r": 4}, {}, "SFT"), "NEW")
     first.start_run(TrackedRun(2, {"learning_rate": 5e-4}, {}, "SFT"), "NEW")
     reader = _Reader(backend, tmp_path, project, state)
-    if backend == "mlflow":
-        assert reader.lifecycle(1) == ("SCHEDULED", "active")
+    if backend == "mlflow":  # created when they leave NEW, as RUNNING (two requests fewer per run)
+        assert reader.ids() == {}
     for rid in (1, 2):
         first.set_status(rid, "ONGOING")
+    if backend == "mlflow":
+        assert reader.lifecycle(1) == ("RUNNING", "active")
     for step in range(1, 7):
         first.log_metrics(1, step, {"loss": LOSS[step], "learning_rate": 1e-3}, 1000.0 + step)
         if step == 4:
@@ -145,3 +147,29 @@ def test_a_failed_run_says_why(backend: str, tmp_path: Path) -> None:
         assert reader.lifecycle(1)[-1] == "run-1 failed"
     [(step, value)] = reader.history(1, "loss")
     assert step == 1 and value != value  # NaN
+
+
+def test_mlflow_creates_a_run_when_it_leaves_new(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: Path
+) -> None:
+    need("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow_store_at(mlflow_template, tmp_path / "mlflow.db")
+    state: dict[str, Any] = {}
+    fan = _tracker("mlflow", tmp_path, "lazy-mlflow", state)
+    for rid in (1, 2, 3, 4):
+        fan.start_run(TrackedRun(rid, {"learning_rate": rid * 1e-4}, {}, "SFT"), "NEW")
+    fan.mark_deleted(2)  # deleted before it trained: never created
+    fan.set_status(3, "STOPPED")  # stopped before it trained: created, KILLED
+    fan.log_metrics(1, 1, {"loss": 2.5})  # a run that logs trains, whatever came first
+    fan.set_status(1, "ONGOING")
+    fan.set_status(1, "COMPLETED")
+    fan.close()  # run 4 never left NEW: listed as SCHEDULED
+    reader = _Reader("mlflow", tmp_path, "lazy-mlflow", state)
+    assert sorted(reader.ids()) == ["1", "3", "4"]
+    assert reader.lifecycle(1) == ("FINISHED", "active")
+    assert reader.lifecycle(3) == ("KILLED", "active")
+    assert reader.lifecycle(4) == ("SCHEDULED", "active")
+    assert reader.history(1, "loss") == [(1, 2.5)]
+    params = reader._client().get_run(reader.ids()["4"]).data.params
+    assert params["learning_rate"] == "0.0004"
