@@ -7,24 +7,30 @@ several runs log at once). Its config holds the hyperparameters in rapidfire_nb'
 ``rapidfire.trainer_type``, ``rapidfire.parent_run`` and ``rapidfire.warm_start``; metrics are logged as
 transformers' Trackio callback names them (``train/loss``, ``eval/loss``) at the store's steps.
 
-Lifecycle: Trackio has no run status, so every change is a Trackio alert on the run (shown in its dashboard and
-printed by Trackio as ``[TRACKIO INFO] ...``): ``finished`` (INFO), ``failed: <error>`` (ERROR), ``killed``
-(WARN, STOPPED or INTERRUPTED), ``running`` again (INFO); DELETED deletes the run from the project
-(``trackio.Api().runs(project)``'s ``delete``). The Trackio run ids are kept in the experiment's store, so a
-restarted kernel logs into the same runs; Trackio cannot drop a logged point, so a run continued from its
-checkpoint does not log again the steps Trackio holds (:class:`~.base.HeldSteps`: not duplicated).
+Lifecycle: Trackio has no run status, so every change is a Trackio alert on the run (shown in its dashboard):
+``finished`` (INFO), ``failed: <error>`` (ERROR), ``killed`` (WARN, STOPPED or INTERRUPTED), ``running`` again
+(INFO); DELETED deletes the run from the project (``SQLiteStorage.delete_run``). The Trackio run ids are kept in the
+experiment's store, so a restarted kernel logs into the same runs; Trackio cannot drop a logged point, so a run
+continued from its checkpoint does not log again the steps Trackio holds (:class:`~.base.HeldSteps`: not
+duplicated).
 
-Writes: the points are buffered per run and handed to the run's ``trackio.Run`` once per write window of the
-:class:`~.fanout.TrackerSet` (``end_batch``), before each alert of that run, and at :meth:`TrackioTracker.flush` /
-``close``. Its writer thread (every 0.5 s) then writes them with one ``bulk_log`` (one SQLite transaction) per run,
-instead of one every 0.5 s while the run logs. :meth:`TrackioTracker.flush` writes them on the calling thread
-before it returns (the ``Run``'s own inline flush, under its lock), ``close`` finishes every run.
+Writes: the points are buffered per run and written once per write window of the :class:`~.fanout.TrackerSet`
+(``end_batch``), before each alert of that run, and at :meth:`TrackioTracker.flush` / ``close``, each point with
+the time it was logged. In Trackio's default storage mode (``sqlite``) they are written on the recorder thread with
+the calls a local ``trackio.Run`` makes from its writer thread: ``SQLiteStorage.bulk_log`` (one SQLite transaction
+per run and window, under Trackio's process lock) and ``SQLiteStorage.bulk_alert``, so Trackio starts no thread
+(a ``Run`` polls every 0.5 s while it lives, and its ``log`` serializes each point again: together about a third
+of Trackio's CPU in a SmolLM2 experiment). Where Trackio chose its ``jsonl`` mode (``TRACKIO_STORAGE_MODE``, or
+``TRACKIO_DIR`` on a network filesystem, where SQLite writers are unsafe) each run gets its own ``trackio.Run``
+instead, and Trackio writes its fragments.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from rapidfire_nb.tracking.base import BackendTracker, HeldSteps, TrackedRun
@@ -69,10 +75,11 @@ class TrackioTracker(BackendTracker):
     ) -> None:
         trackio = _import_trackio()
         from trackio.sqlite_storage import SQLiteStorage
-        from trackio.utils import TRACKIO_DIR
+        from trackio.utils import TRACKIO_DIR, get_storage_mode
 
         SQLiteStorage.validate_project_name(experiment)
         self._trackio, self._storage = trackio, SQLiteStorage
+        self.direct = get_storage_mode() == "sqlite"  # else jsonl: one trackio.Run per run writes fragments
         self.project = experiment
         self.folder = str(TRACKIO_DIR)
         same_place = state.get("dir") == self.folder
@@ -80,8 +87,11 @@ class TrackioTracker(BackendTracker):
             {int(k): v for k, v in (state.get("runs") or {}).items()} if same_place else {}
         )
         self._config: dict[int, dict[str, Any]] = {}
-        self._handles: dict[int, Any] = {}
-        self._pending: dict[int, list[tuple[int, dict[str, float]]]] = {}  # run id -> [(step, values)]
+        self._handles: dict[int, Any] = {}  # jsonl mode only
+        self._config_written: set[int] = set()  # sqlite mode: the runs whose config this kernel wrote
+        self._last_step: dict[int, int] = {}
+        # run id -> [(step, values, unix s)]
+        self._pending: dict[int, list[tuple[int, dict[str, float], float]]] = {}
         self._save_state = save
         self._held = HeldSteps()
         self._deleted: set[int] = set()
@@ -101,8 +111,8 @@ class TrackioTracker(BackendTracker):
         return self._ids.get(int(run_id))
 
     def _handle(self, run_id: int) -> Any | None:
-        """The run's ``trackio.Run`` (made on first use: it starts Trackio's writer thread for the run)."""
-        if run_id in self._deleted or run_id not in self._ids:
+        """jsonl mode: the run's ``trackio.Run`` (made on first use: it starts Trackio's writer thread for the run)."""
+        if run_id in self._deleted or run_id not in self._ids or self.direct:
             return None
         handle = self._handles.get(run_id)
         if handle is None:
@@ -136,16 +146,27 @@ class TrackioTracker(BackendTracker):
 
     def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
         alert = _ALERTS.get(status)
-        handle = self._handle(run_id) if alert else None
-        if handle is None or alert is None:
+        if alert is None or run_id in self._deleted or run_id not in self._ids:
             return
         title, level = alert
-        self._hand_over(run_id)  # its points come before the alert
-        handle.alert(
-            title=f"run-{run_id} {title}",
-            text=(error or "")[:2000] or None,
-            level=getattr(self._trackio.AlertLevel, level),
-        )
+        text = (error or "")[:2000] or None
+        handle = self._hand_over(run_id)  # its points come before the alert
+        if self.direct:
+            self._storage.bulk_alert(
+                project=self.project,
+                run=f"run-{run_id}",
+                run_id=self._ids[run_id],
+                titles=[f"run-{run_id} {title}"],
+                texts=[text],
+                levels=[getattr(self._trackio.AlertLevel, level).value],
+                steps=[self._last_step.get(run_id, 0)],
+                timestamps=[_iso(time.time())],
+                alert_ids=[uuid.uuid4().hex],
+            )
+            return
+        if handle is None:
+            return
+        handle.alert(title=f"run-{run_id} {title}", text=text, level=getattr(self._trackio.AlertLevel, level))
         if status in ("COMPLETED", "FAILED"):  # it never trains again: write what it holds, stop its thread
             self._handles.pop(run_id, None)
             handle.finish()
@@ -185,16 +206,44 @@ class TrackioTracker(BackendTracker):
             return
         values = self._held.new_only(run_id, step, scalars)
         if values:
-            self._pending.setdefault(run_id, []).append((int(step), {k: float(v) for k, v in values.items()}))
+            at = time.time() if wall_time is None else float(wall_time)
+            self._pending.setdefault(run_id, []).append(
+                (int(step), {k: float(v) for k, v in values.items()}, at)
+            )
+            self._last_step[run_id] = max(self._last_step.get(run_id, 0), int(step))
 
     def _hand_over(self, run_id: int) -> Any | None:
-        """Give run ``run_id``'s buffered points to its ``trackio.Run`` (its thread writes them); the handle."""
+        """Write run ``run_id``'s buffered points (sqlite mode: now, one transaction; jsonl mode: its
+        ``trackio.Run`` takes them and its thread writes them); the run's ``trackio.Run`` in jsonl mode, else None."""
         points = self._pending.pop(run_id, None)
+        if self.direct:
+            if points and run_id in self._ids and run_id not in self._deleted:
+                first = run_id not in self._config_written
+                self._storage.bulk_log(
+                    project=self.project,
+                    run=f"run-{run_id}",
+                    run_id=self._ids[run_id],
+                    metrics_list=[values for _, values, _ in points],
+                    steps=[step for step, _, _ in points],
+                    timestamps=[_iso(at) for _, _, at in points],
+                    config=self._stored_config(run_id) if first else None,
+                    log_ids=[uuid.uuid4().hex for _ in points],
+                )
+                self._config_written.add(run_id)
+            return None
         handle = self._handle(run_id)
         if handle is not None:
-            for step, values in points or ():
+            for step, values, _ in points or ():
                 handle.log(values, step=step)
         return handle
+
+    def _stored_config(self, run_id: int) -> dict[str, Any]:
+        """The run's config as a ``trackio.Run`` stores it (its reserved ``_Created``, ``_Group``, ``_Username``)."""
+        from trackio.utils import to_json_safe
+
+        config = dict(to_json_safe(self._config.get(run_id) or {}))
+        config.update(_Username=None, _Created=_iso(time.time()), _Group=None)
+        return config
 
     def end_batch(self) -> None:
         """The write window is over: hand every run's points to Trackio (one SQLite write per run follows)."""
@@ -202,17 +251,23 @@ class TrackioTracker(BackendTracker):
             self._hand_over(run_id)
 
     def flush(self) -> None:
-        """Hand every buffered point to Trackio and write what its runs hold now, on this thread."""
+        """Write every buffered point now, on this thread."""
         self.end_batch()
         for handle in list(self._handles.values()):
             _write_now(handle)
 
     def close(self) -> None:
-        """Finish every open Trackio run (Trackio writes what it holds and stops its threads)."""
+        """Write every buffered point; jsonl mode: finish every open ``trackio.Run`` (it writes what it holds and
+        stops its thread)."""
         self.end_batch()
         handles, self._handles = list(self._handles.values()), {}
         for handle in handles:
             handle.finish()
+
+
+def _iso(unix_s: float) -> str:
+    """A unix time as Trackio stamps its rows (ISO 8601, UTC)."""
+    return datetime.fromtimestamp(unix_s, timezone.utc).isoformat()
 
 
 def _write_now(handle: Any) -> None:

@@ -173,3 +173,47 @@ def test_mlflow_creates_a_run_when_it_leaves_new(
     assert reader.history(1, "loss") == [(1, 2.5)]
     params = reader._client().get_run(reader.ids()["4"]).data.params
     assert params["learning_rate"] == "0.0004"
+
+
+def test_trackio_writes_on_the_recorder_thread_and_in_jsonl_mode_through_its_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Default (sqlite) mode: no Trackio thread, the points carry the time they were logged. jsonl mode (a
+    network filesystem): each run's ``trackio.Run`` writes fragments, which Trackio's import turns into the same
+    rows."""
+    import threading
+
+    need("trackio")
+    from trackio import fragments
+
+    for mode in ("sqlite", "jsonl"):
+        monkeypatch.setenv("TRACKIO_STORAGE_MODE", mode)
+        project = f"mode-{mode}"
+        state: dict[str, Any] = {}
+        threads = set(threading.enumerate())
+        fan = _tracker("trackio", tmp_path, project, state)
+        fan.start_run(TrackedRun(1, {"learning_rate": 1e-3}, {}, "SFT"), "NEW")
+        fan.set_status(1, "ONGOING")
+        for step in (1, 2, 3):
+            fan.log_metrics(1, step, {"loss": LOSS[step]}, 1_700_000_000.0 + step)
+        fan.end_batch()
+        if mode == "sqlite":
+            assert set(threading.enumerate()) <= threads  # nothing polls
+        fan.set_status(1, "COMPLETED")
+        fan.close()
+        if mode == "jsonl":
+            fragments.import_inbox_dir()
+        reader = _Reader("trackio", tmp_path, project, state)
+        assert reader.history(1, "loss") == [(s, LOSS[s]) for s in (1, 2, 3)], mode
+        assert reader.lifecycle(1) == ["run-1 running", "run-1 finished"], mode
+        if mode == "sqlite":
+            from trackio.sqlite_storage import SQLiteStorage
+
+            rows = SQLiteStorage.get_logs(project, "run-1", run_id=reader.ids()["1"])
+            assert [r["timestamp"][:19] for r in rows] == [
+                "2023-11-14T22:13:21",
+                "2023-11-14T22:13:22",
+                "2023-11-14T22:13:23",
+            ]
+            config = SQLiteStorage.get_run_config(project, "run-1", run_id=reader.ids()["1"])
+            assert config["learning_rate"] == 1e-3 and "_Created" in config
