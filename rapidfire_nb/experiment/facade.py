@@ -253,7 +253,8 @@ class Experiment:
 
         Args:
             timeout: seconds; ``None`` waits as long as needed.
-            chunks: wait for this many completed chunks per active run instead (counted over all epochs).
+            chunks: wait for this many completed chunks per active run instead, counted from the run's start over
+                all epochs, not from this call (``wait(chunks=2)`` after chunk 3 returns at once).
 
         Returns:
             True when the condition holds, False on timeout.
@@ -382,11 +383,12 @@ class Experiment:
 
     # ================================================================== results
     def get_runs_info(self, include_deleted: bool = False) -> Any:
-        """One row per run: run_id, status, config, the differing hyperparameters, progress, latest metrics.
+        """One row per run: run_id, status, the differing hyperparameters, progress, latest metrics, config.
 
         Returns:
-            pandas DataFrame with columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
-            chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error``; the generation
+            pandas DataFrame with columns ``run_id, status, <hparams...>, completed_steps, total_steps, chunks_done,
+            epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device], config``
+            (``config``: the run's whole config as a dict, last so that the compared values come first); the generation
             metrics are the ``eval_<name>`` values of ``compute_metrics`` with ``generation_config`` (e.g.
             ``eval_rougeL``) and GRPO's ``eval_reward``/``eval_rewards/<function>/mean``, each run's latest.
             DELETED runs are left out unless ``include_deleted``.

@@ -21,8 +21,11 @@ _PROGRESS_COLUMNS = ["completed_steps", "total_steps", "chunks_done", "epoch", "
 def runs_table(
     store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[str], include_deleted: bool
 ) -> Any:
-    """``get_runs_info()``: columns ``run_id, status, config, <hparams...>, completed_steps, total_steps,
-    chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason``.
+    """``get_runs_info()``: columns ``run_id, status, <hparams...>, completed_steps, total_steps, chunks_done,
+    epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device], config``.
+
+    ``config`` (each run's whole config as a dict, rapidfireai's column) comes last: printed, pandas cuts a dict
+    to the column width, and in front it pushed the values compared off the screen.
 
     The generation metrics are those in the store's meta ``eval_metric_names`` (``compute_metrics``' values of
     runs that evaluate by generating, e.g. ``eval_rougeL``; GRPO's ``eval_reward`` and
@@ -67,7 +70,7 @@ def runs_table(
             continue
         hp = r.get("hparams") or {}
         m = latest.get(r["run_id"], {})
-        row = {"run_id": r["run_id"], "status": r["status"], "config": r.get("config")}
+        row = {"run_id": r["run_id"], "status": r["status"]}
         row.update({c: hp.get(c) for c in cols})
         row.update(
             completed_steps=r.get("completed_steps"),
@@ -86,10 +89,11 @@ def runs_table(
         )
         if devices:
             row["device"] = devices.get(str(r["run_id"]))
+        row["config"] = r.get("config")
         rows.append(row)
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
     tail += ["device"] if devices else []
-    table = pd.DataFrame(rows, columns=["run_id", "status", "config", *cols, *tail])
+    table = pd.DataFrame(rows, columns=["run_id", "status", *cols, *tail, "config"])
     for name in (
         "checkpoint_dir",
         "error",

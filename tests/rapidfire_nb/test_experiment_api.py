@@ -70,7 +70,6 @@ def test_runs_info_columns(done: dict[str, Any]) -> None:
     assert list(done["info"].columns) == [
         "run_id",
         "status",
-        "config",
         "learning_rate",
         "lora.r",
         "completed_steps",
@@ -82,6 +81,7 @@ def test_runs_info_columns(done: dict[str, Any]) -> None:
         "checkpoint_dir",
         "error",
         "stop_reason",
+        "config",  # the whole config last: the compared values come first
     ]
 
 
