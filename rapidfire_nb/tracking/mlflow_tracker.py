@@ -11,13 +11,13 @@ as the artifact ``rapidfire_config.json`` (own SQLite store only); metrics under
 ``eval_loss``, ...) at the optimizer steps of the store; tags ``rapidfire.run_id``, ``rapidfire.trainer_type``,
 ``rapidfire.parent_run`` / ``rapidfire.parent_mlflow_run_id`` and ``rapidfire.warm_start`` for clones.
 
-Lifecycle: a run is created in MLflow when it leaves NEW (it starts training, or is stopped or deleted before it
-did), as RUNNING, MLflow's status of a new run (a NEW run would cost two requests more, SCHEDULED then RUNNING, for
-the seconds before its first chunk; runs still NEW when the experiment ends are created as SCHEDULED then);
-ONGOING -> RUNNING (again after a resume), COMPLETED -> FINISHED, FAILED -> FAILED (tag ``rapidfire.error``),
-STOPPED / INTERRUPTED -> KILLED, DELETED -> ``delete_run`` (MLflow's soft delete: hidden, restorable, removed by
-``mlflow gc``); a run deleted before it trained is never created. The MLflow run ids are kept in the experiment's store, so a restarted kernel
-continues the same MLflow runs. MLflow cannot drop a logged point: a run continued from its checkpoint after a
+Lifecycle: a run is created in MLflow when it leaves NEW (it starts training, or is stopped before it did), as
+RUNNING, MLflow's status of a new run (a NEW run would cost two requests more, SCHEDULED then RUNNING, for the
+seconds before its first chunk; runs still NEW when the experiment ends are created as SCHEDULED then); ONGOING ->
+RUNNING (again after a resume), COMPLETED -> FINISHED, FAILED -> FAILED (tag ``rapidfire.error``), STOPPED /
+INTERRUPTED -> KILLED, DELETED -> ``delete_run`` (MLflow's soft delete: hidden, restorable, removed by ``mlflow
+gc``); a run deleted before it trained is never created. The MLflow run ids are kept in the experiment's store, so
+a restarted kernel continues the same MLflow runs. MLflow cannot drop a logged point: a run continued from its checkpoint after a
 kernel died does not log again the steps MLflow already holds (:class:`~.base.HeldSteps`; not duplicated, and the
 resume is exact, so they are the values it would log), and gets the tag ``rapidfire.continued_from_step``.
 """

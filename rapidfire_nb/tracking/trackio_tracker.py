@@ -2,8 +2,8 @@
 folder ``TRACKIO_DIR``, Trackio's default ``~/.cache/huggingface/trackio``). View with ``trackio show --project
 <experiment>``.
 
-Each run has its own ``trackio.Run`` object (never ``trackio.init``, which finishes the process's previous run:
-several runs log at once). Its config holds the hyperparameters in rapidfire_nb's naming (secrets ``<redacted>``),
+Each run is written with its own Trackio run id (never ``trackio.init``, which finishes the process's previous run:
+several runs log at once; see "Writes" below). Its config holds the hyperparameters in rapidfire_nb's naming (secrets ``<redacted>``),
 ``rapidfire.trainer_type``, ``rapidfire.parent_run`` and ``rapidfire.warm_start``; metrics are logged as
 transformers' Trackio callback names them (``train/loss``, ``eval/loss``) at the store's steps.
 
