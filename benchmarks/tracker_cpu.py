@@ -5,8 +5,8 @@ see a 1% difference; CPU seconds of each thread (``time.thread_time`` at its end
 (``time.thread_time`` around it) much less. Each repeat runs one child with TensorBoard alone and one with
 TensorBoard + the trackers (order alternating) and prints, per repeat and as medians:
 
-* the **trackers' CPU**: the recorder thread's CPU over the TensorBoard-only child's, plus every thread that
-  only the trackers start (Trackio's ``_local_batch_sender`` writers); the training threads are left out (their
+* the **trackers' CPU**: the CPU of the recorder thread and of the trackers' thread (``rapidfire-trackers``,
+  where every tracker call runs) over the TensorBoard-only child's, plus every thread that only the trackers start (Trackio's ``_local_batch_sender`` writers); the training threads are left out (their
   CPU includes OpenMP's spinning, which swings with the load);
 * that CPU **as a share of the TensorBoard-only child's total time**: an upper bound of what the trackers can
   add to the total, if every CPU second they use were taken from training (2 cores, training on both), and the
@@ -117,11 +117,18 @@ _MARK = "tracker_cpu child result: "
 _NOT_TRACKERS = ("rapidfire-recorder", "MainThread (imports, setup, end)")
 
 
+#: the threads that write the store and feed the trackers (TensorBoard alone runs on them too)
+_RECORDING = ("rapidfire-recorder", "rapidfire-trackers")
+
+
 def trackers_cpu(with_trackers: dict[str, Any], tb_only: dict[str, Any]) -> float:
-    """CPU seconds the trackers used: the recorder's over TensorBoard-only, plus threads only they started."""
+    """CPU seconds the trackers used: the recorder's and the trackers' threads over TensorBoard-only, plus the
+    threads only they started."""
     mine, base = with_trackers["thread_cpu_s"], tb_only["thread_cpu_s"]
-    extra = mine.get("rapidfire-recorder", 0.0) - base.get("rapidfire-recorder", 0.0)
-    return extra + sum(v for k, v in mine.items() if k not in base and k not in _NOT_TRACKERS)
+    extra = sum(mine.get(k, 0.0) - base.get(k, 0.0) for k in _RECORDING)
+    return extra + sum(
+        v for k, v in mine.items() if k not in base and k not in _NOT_TRACKERS and k not in _RECORDING
+    )
 
 
 def _child(names: list[str], model: str, folder: Path) -> dict[str, Any]:

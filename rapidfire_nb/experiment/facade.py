@@ -449,9 +449,10 @@ class Experiment:
             self._reporter.panel_live = self._reporter.panel_live or hasattr(panel, "freeze")
 
     def _flush(self) -> FitSession | None:
-        """Let the recorder write what it holds (the tables then show everything reported so far)."""
+        """Let the recorder write what was reported so far to the store (the tables then show it; the trackers are
+        not waited for: they never feed a table)."""
         if self._session is not None:
-            self._session.recorder.flush()
+            self._session.recorder.flush(trackers=False)
         return self._session
 
     def _say(self, text: str) -> None:

@@ -10,13 +10,18 @@ Nothing is written on the thread that reports an event: ``on_metrics`` (a run's 
 call), ``on_run`` and ``on_op`` (the scheduler thread; ``on_op`` also from the thread that submitted an op) and
 ``record_clone``/``record_editable``/``on_final`` only put an item on a bounded in-memory queue. One recorder
 thread (``rapidfire-recorder``) takes the items in order and writes them in batches: the metric rows of
-consecutive log calls go to the store in one transaction. :meth:`Recorder.flush` waits until everything queued so
-far is written (``wait()``, ``end()`` and the result tables call it); the panel and the server read what is
-written, at most a fraction of a second behind.
+consecutive log calls go to the store in one transaction. The panel and the server read what is written, at most
+a fraction of a second behind.
 
-Thread ownership: the recorder thread owns every store and tracker write made during training (the trackers are
-opened on it too), the chunk lines, the metric names, the training clock, each run's last status told to the
-trackers and the reported-chunk bookkeeping; ``poll_ops`` (the ops inbox, read by the scheduler thread
+Tracker calls are handed on to a second thread, ``rapidfire-trackers``
+(:class:`~rapidfire_nb.experiment.tracker_thread.TrackerThread`), in order, once the store write before them is
+done: a slow or hanging backend (opening MLflow takes seconds) never holds back the store, so ``wait(chunks=k)``
+and the result tables do not wait for it. :meth:`Recorder.flush` waits for the store writes of everything
+reported before it, and with ``trackers=True`` (``wait()`` once training is done, ``end()``) for the trackers too.
+
+Thread ownership: the recorder thread owns every store write made during training, the chunk lines, the metric
+names, the training clock, each run's last status told to the trackers and the reported-chunk bookkeeping; the
+trackers' thread owns the trackers (opened there too); ``poll_ops`` (the ops inbox, read by the scheduler thread
 about once a second) is the one store access outside it. Each run's live step (the step it last logged) is written
 by that run's training thread only. The hyperparameter columns are a tuple replaced by the recorder thread.
 """
@@ -50,6 +55,7 @@ from ..view import DEVICES_META_KEY, EARLY_STOPPING_META_KEY, chunk_line
 from ..wire import json_type_name
 from .clones import CloneRequest, record_clone
 from .reporter import Reporter
+from .tracker_thread import TrackerThread
 
 __all__ = ["ADDED_RUNS_META_KEY", "DEVICES_META_KEY", "NOT_EDITABLE", "Recorder"]
 
@@ -107,6 +113,7 @@ class Recorder(SchedulerListener):
         self.store = store
         self.reporter = reporter
         self.tracker = tracker
+        self._trackers = TrackerThread(tracker)  # every tracker call runs there, after the store write
         self.num_chunks = num_chunks
         self._checkpoint_dir = checkpoint_dir
         self._inbox = inbox
@@ -145,27 +152,37 @@ class Recorder(SchedulerListener):
     def start(self, on_thread_start: Callable[[], None] | None = None) -> None:
         """Start the recorder thread (``on_thread_start`` runs on it first, e.g. ipykernel's thread parent)."""
         self._on_thread_start = on_thread_start
+        self._trackers.start(on_thread_start)
         self._thread.start()
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every event reported so far is written, the trackers' buffered points too (they write once
-        per window otherwise, :data:`~rapidfire_nb.tracking.fanout.WRITE_EVERY_S`); True when it is (False on
-        timeout or before start)."""
+    def flush(self, timeout: float | None = None, trackers: bool = True) -> bool:
+        """Wait until every event reported before this call is written to the store (events reported while it
+        waits are not waited for: training goes on meanwhile); with ``trackers``, the trackers' buffered points of
+        those events too (they write once per window otherwise, :data:`~rapidfire_nb.tracking.fanout.WRITE_EVERY_S`).
+
+        Args:
+            timeout: seconds; ``None`` waits as long as needed.
+            trackers: also make every tracker write what it holds (MLflow/Trackio requests: tens of ms).
+
+        Returns:
+            True when it is written; False on timeout, when the recorder thread is not running, or after a failed
+            write (the disk: nothing more is written).
+        """
         if not self._thread.is_alive():
             return self._queue.unfinished_tasks == 0
-        self._put(("flush_trackers",))
+        done = threading.Event()
+        self._put(("flush", done, trackers))
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._queue.all_tasks_done:
-            while self._queue.unfinished_tasks:
-                self._hurry.set()
-                left = None if deadline is None else deadline - time.monotonic()
-                if (left is not None and left <= 0) or not self._thread.is_alive():
-                    return False
-                self._queue.all_tasks_done.wait(0.1 if left is None else min(0.1, left))
-        return True
+        while not done.is_set():
+            self._hurry.set()
+            left = None if deadline is None else deadline - time.monotonic()
+            if (left is not None and left <= 0) or not self._thread.is_alive() or self.failed is not None:
+                return False
+            done.wait(0.1 if left is None else min(0.1, left))
+        return self.failed is None
 
     def close(self) -> None:
-        """Write everything queued, then stop the recorder thread (joined)."""
+        """Write everything queued, then stop the recorder thread and the trackers' thread (joined)."""
         if self._thread.is_alive():
             self.flush()
             self._closed.set()
@@ -175,6 +192,7 @@ class Recorder(SchedulerListener):
         elif self._thread.ident is None and self._queue.unfinished_tasks:  # never started: write inline
             self._closed.set()
             self._write_batch(self._drain())
+        self._trackers.close()  # every tracker call handed over has run (the trackers are closed after this)
 
     # ------------------------------------------------------------------ read by the facade and the panel
     @property
@@ -321,10 +339,22 @@ class Recorder(SchedulerListener):
             if metrics:
                 self._guard(self._write_metrics, metrics)
                 metrics = []
+            if item[0] == "flush":  # everything before it is written: its caller goes on
+                _, done, trackers = item
+                if trackers:
+                    if hasattr(self.tracker, "flush"):
+                        self._trackers.flush()
+                    self._trackers.after(done.set)  # the trackers' thread sets it once they wrote it all
+                else:
+                    done.set()
+                continue
             self._guard(self._write_one, item)
         if metrics:
             self._guard(self._write_metrics, metrics)
-        self._guard(self.tracker.end_batch)  # buffered tracker points: written once per window (TrackerSet)
+        if hasattr(
+            self.tracker, "end_batch"
+        ):  # buffered tracker points: written once per window (TrackerSet)
+            self._trackers.end_batch()
         self.write_seconds += time.perf_counter() - t0
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
@@ -377,13 +407,9 @@ class Recorder(SchedulerListener):
             item[1]()
         elif kind == "track":
             self._write_track(item[1], item[2])
-        elif kind == "flush_trackers":
-            flush = getattr(self.tracker, "flush", None)
-            if flush is not None:
-                flush()
         elif kind == "rewound":
             self.store.delete_metrics_after(item[1], item[2])
-            self.tracker.continue_from(item[1], item[2])
+            self._trackers.continue_from(item[1], item[2])
 
     def _write_run(self, snap: RunSnapshot, at: float) -> None:
         ckpt = self._checkpoint_dir(snap.run_id)
@@ -405,9 +431,9 @@ class Recorder(SchedulerListener):
         if self._status.get(snap.run_id) is not snap.status:
             self._status[snap.run_id] = snap.status
             if snap.status is RunStatus.DELETED:
-                self.tracker.mark_deleted(snap.run_id)  # TensorBoard renames it, MLflow/Trackio delete it
+                self._trackers.mark_deleted(snap.run_id)  # TensorBoard renames it, MLflow/Trackio delete it
             else:
-                self.tracker.set_status(snap.run_id, snap.status.value, snap.error)
+                self._trackers.set_status(snap.run_id, snap.status.value, snap.error, at)
         if self._clock.observe(snap.run_id, snap.status, at):  # training starts or stops (unix s)
             self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
         if self._should_report(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
@@ -451,14 +477,13 @@ class Recorder(SchedulerListener):
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
 
     def _write_track(self, runs: list[tuple[Any, RunStatus]], continued: dict[int, int]) -> None:
-        opener = getattr(self.tracker, "open", None)
-        if opener is not None:
-            opener()  # imports and opens the backends (MLflow's first SQLite store: seconds), here, not in training
+        if hasattr(self.tracker, "open"):
+            self._trackers.open()  # imports and opens the backends (MLflow's first SQLite store: seconds) there
         for run, status in runs:
             self._status[run.run_id] = status
-            self.tracker.start_run(run, status.value)
+            self._trackers.start_run(run, status.value)
         for run_id, step in continued.items():
-            self.tracker.continue_from(run_id, step)
+            self._trackers.continue_from(run_id, step)
 
     def _write_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
         spec = snap.spec
@@ -481,7 +506,7 @@ class Recorder(SchedulerListener):
         self.store.set_meta(ADDED_RUNS_META_KEY, added)
         if self.tracked_run is not None:  # its tracker runs start now, as a clone's do when it is recorded
             status = self._status.setdefault(snap.run_id, snap.status)
-            self.tracker.start_run(self.tracked_run(snap.run_id, spec, None, False), status.value)
+            self._trackers.start_run(self.tracked_run(snap.run_id, spec, None, False), status.value)
         if "trial" in info:
             self.reporter.say(f"run {snap.run_id}: Optuna trial {info['trial']} joins the rotation")
 
@@ -489,7 +514,7 @@ class Recorder(SchedulerListener):
         record_clone(self.store, child_id, parent_id, request)
         if self.tracked_run is not None:
             status = self._status.get(child_id, RunStatus.NEW)
-            self.tracker.start_run(
+            self._trackers.start_run(
                 self.tracked_run(child_id, request.spec, parent_id, request.warm_start), status.value
             )
         added = [k for k, v in request.changes.items() if k not in self._columns and not callable(v)]
@@ -519,7 +544,7 @@ class Recorder(SchedulerListener):
                 for k, v in numbers.items()
             ]
             if numbers:  # TRL's names: each tracker maps them to its own
-                self.tracker.log_metrics(run_id, step, numbers, wall_time)
+                self._trackers.log_metrics(run_id, step, numbers, wall_time)
         if not rows:
             return
         self.store.add_metrics(rows)

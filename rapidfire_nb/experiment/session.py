@@ -212,7 +212,9 @@ class FitSession:
         sched = self.scheduler
         try:
             done = sched.wait(timeout=timeout, chunks=chunks)
-            self.recorder.flush(timeout)
+            # the store shows what was reported; the trackers too once nothing is left to train (wait(chunks=k)
+            # returns to a user about to steer runs: their tracker writes can come in their window)
+            self.recorder.flush(timeout, trackers=chunks is None)
             return done
         except KeyboardInterrupt:
             active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
@@ -231,7 +233,7 @@ class FitSession:
             if in_kernel():
                 return False
             self.executor.flush()  # the parked runs' checkpoints are on disk before the process ends
-            self.tracker.flush()
+            self.recorder.flush()  # and the store and the trackers hold what they reported (on their threads)
             text = self._how_to_continue(active, reporter)
             exit_130_if_uncaught()
             raise KeyboardInterrupt(text) from None

@@ -43,7 +43,7 @@ def split_name(name: str) -> str:
 
 @runtime_checkable
 class Tracker(Protocol):
-    """What the recorder (through a :class:`~.fanout.TrackerSet`) calls on a tracker, on its own thread only.
+    """What the recorder (through a :class:`~.fanout.TrackerSet`) calls on a tracker, on the trackers' thread only.
 
     ``status`` values are :class:`kernel_scheduler.RunStatus` values (``NEW ONGOING STOPPED COMPLETED FAILED DELETED
     INTERRUPTED``); each tracker maps them to its backend's lifecycle.
@@ -60,8 +60,8 @@ class Tracker(Protocol):
     def start_run(self, run: TrackedRun, status: str) -> None:
         """Track ``run`` (now in ``status``): create its backend run, or continue the one an earlier kernel made."""
 
-    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
-        """Run ``run_id`` changed to ``status`` (``error``: why it failed)."""
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
+        """Run ``run_id`` changed to ``status`` (``error``: why it failed; ``at``: when, unix seconds, None: now)."""
 
     def continue_from(self, run_id: int, step: int) -> None:
         """Run ``run_id`` restarts from its checkpoint at ``step``: what was logged above ``step`` before is not
@@ -96,7 +96,7 @@ class BackendTracker:
     def start_run(self, run: TrackedRun, status: str) -> None:
         return None
 
-    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
         return None
 
     def log_scalars(

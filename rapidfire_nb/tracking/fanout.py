@@ -1,10 +1,10 @@
 """One object in front of every tracker of an experiment: the recorder's only view of tracking.
 
-:class:`TrackerSet` opens the chosen backends (on the recorder thread: opening MLflow's SQLite store runs its
+:class:`TrackerSet` opens the chosen backends (on the trackers' thread: opening MLflow's SQLite store runs its
 migrations, seconds), hands each call to every backend, and isolates them: a backend that raises (server down,
 disk full, bad URI, a bug) is reported once, closed and left out for the rest of the experiment; the other
-backends, training and the store go on. Thread ownership: every method but :meth:`close` runs on the recorder
-thread; :meth:`close` runs after the recorder thread stopped.
+backends, training and the store go on. Thread ownership: every method but :meth:`close` runs on the trackers'
+thread; :meth:`close` runs after the trackers' thread stopped.
 
 The write window: MLflow and Trackio buffer each run's points and write them in one request per run
 (``end_batch``); each request has a fixed cost of milliseconds of CPU (MLflow's SQLAlchemy store: ~10 ms per
@@ -92,9 +92,9 @@ class TrackerSet:
     def start_run(self, run: TrackedRun, status: str) -> None:
         self._each("start_run", run, status)
 
-    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
-        """Run ``run_id`` is now ``status`` (DELETED is :meth:`mark_deleted`)."""
-        self._each("set_status", run_id, status, error)
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
+        """Run ``run_id`` is now ``status`` since ``at`` (unix s; None: now); DELETED is :meth:`mark_deleted`."""
+        self._each("set_status", run_id, status, error, at)
 
     def log_metrics(
         self, run_id: int, step: int, metrics: Mapping[str, float], wall_time: float | None = None

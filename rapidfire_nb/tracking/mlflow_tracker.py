@@ -16,10 +16,13 @@ RUNNING, MLflow's status of a new run (a NEW run would cost two requests more, S
 seconds before its first chunk; runs still NEW when the experiment ends are created as SCHEDULED then); ONGOING ->
 RUNNING (again after a resume), COMPLETED -> FINISHED, FAILED -> FAILED (tag ``rapidfire.error``), STOPPED /
 INTERRUPTED -> KILLED, DELETED -> ``delete_run`` (MLflow's soft delete: hidden, restorable, removed by ``mlflow
-gc``); a run deleted before it trained is never created. The MLflow run ids are kept in the experiment's store, so
-a restarted kernel continues the same MLflow runs. MLflow cannot drop a logged point: a run continued from its checkpoint after a
-kernel died does not log again the steps MLflow already holds (:class:`~.base.HeldSteps`; not duplicated, and the
-resume is exact, so they are the values it would log), and gets the tag ``rapidfire.continued_from_step``.
+gc``; with every point it logged, and KILLED first if it was running); a run deleted before it trained is never
+created. A run's start time is when it first trained (the scheduler's event, not when the recorder wrote it) and its
+end time when it reached its final status. The MLflow run ids are kept in the experiment's store, so a restarted
+kernel continues the same MLflow runs, and a run whose MLflow status is already right is left as it is. MLflow
+cannot drop a logged point: a run continued from its checkpoint after a kernel died does not log again the steps
+MLflow already holds (:class:`~.base.HeldSteps`; not duplicated, and the resume is exact, so they are the values it
+would log), and gets the tag ``rapidfire.continued_from_step``.
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ def shown_uri(uri: str) -> str:
         return uri
     netloc = parts.netloc.replace(f":{parts.password}@", ":<redacted>@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _ms(unix_s: float | None) -> int | None:
+    """Unix seconds as MLflow's milliseconds (None: MLflow takes the time of the request)."""
+    return None if unix_s is None else int(unix_s * 1000)
 
 
 def _key(name: str) -> str:
@@ -165,7 +173,12 @@ class MlflowTracker(BackendTracker):
                 f"MLflow: experiment {self.experiment!r}, tracking URI {where}; open the UI with: "
                 f"mlflow ui --backend-store-uri '{where}'  (then http://127.0.0.1:5000)"
             )
-        return f"MLflow: experiment {self.experiment!r} at {where} (MLFLOW_TRACKING_URI)"
+        if where.startswith(("http://", "https://")):  # a tracking server: its own UI
+            return f"MLflow: experiment {self.experiment!r} at {where} (MLFLOW_TRACKING_URI); its UI is that address"
+        return (
+            f"MLflow: experiment {self.experiment!r} at {where} (MLFLOW_TRACKING_URI); open the UI with: "
+            f"mlflow ui --backend-store-uri '{where}'  (then http://127.0.0.1:5000)"
+        )
 
     def run_id_of(self, run_id: int) -> str | None:
         """The MLflow run id of run ``run_id`` (None before it is tracked)."""
@@ -185,9 +198,11 @@ class MlflowTracker(BackendTracker):
             mid = self._create(run)
             if status == "ONGOING":
                 return  # created RUNNING
+        elif _STATUS.get(status) in (None, self._client.get_run(mid).info.status):
+            return  # nothing to set, or an earlier kernel left it so (its end time stays)
         self._set(mid, status)
 
-    def _create(self, run: TrackedRun) -> str:
+    def _create(self, run: TrackedRun, at: float | None = None) -> str:
         client = self._client
         tags = {
             "rapidfire.run_id": str(run.run_id),
@@ -200,7 +215,9 @@ class MlflowTracker(BackendTracker):
             parent = self._runs.get(run.parent_id)
             if parent is not None:
                 tags["rapidfire.parent_mlflow_run_id"] = parent
-        created = client.create_run(self.experiment_id, run_name=f"run-{run.run_id}", tags=tags)
+        created = client.create_run(
+            self.experiment_id, run_name=f"run-{run.run_id}", tags=tags, start_time=_ms(at)
+        )
         mid = str(created.info.run_id)
         self._runs[run.run_id] = mid
         self._save()
@@ -212,17 +229,19 @@ class MlflowTracker(BackendTracker):
             client.log_dict(mid, dict(run.config), "rapidfire_config.json")
         return mid
 
-    def _set(self, mid: str, status: str) -> None:
+    def _set(self, mid: str, status: str, at: float | None = None) -> None:
         target = _STATUS.get(status)
         if target is None:
             return
         if target in _TERMINAL:
-            self._client.set_terminated(mid, status=target)
+            self._client.set_terminated(mid, status=target, end_time=_ms(at))
         else:
             self._client.update_run(mid, status=target)
 
-    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
-        if not self._create_if_waiting(run_id, status):
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
+        """Run ``run_id`` is now ``status`` since ``at`` (unix s): created now if it waited (its start time), ended
+        at ``at`` when the status is final."""
+        if not self._create_if_waiting(run_id, status, at):
             return
         mid = self._runs.get(run_id)
         if mid is None or run_id in self._deleted:
@@ -230,9 +249,9 @@ class MlflowTracker(BackendTracker):
         self._write(run_id)  # the points before the status change
         if error:
             self._client.set_tag(mid, "rapidfire.error", _text(error, _TAG_MAX))
-        self._set(mid, status)
+        self._set(mid, status, at)
 
-    def _create_if_waiting(self, run_id: int, status: str) -> bool:
+    def _create_if_waiting(self, run_id: int, status: str, at: float | None = None) -> bool:
         """Create a waiting (NEW) run that now has ``status``; False when nothing more is to be done for it."""
         waiting = self._waiting.pop(run_id, None)
         if waiting is None:
@@ -241,16 +260,21 @@ class MlflowTracker(BackendTracker):
             if status == "NEW":
                 self._waiting[run_id] = waiting
             return False
-        self._create(waiting)  # MLflow makes it RUNNING
+        self._create(waiting, at)  # MLflow makes it RUNNING
         return status != "ONGOING"
 
     def mark_deleted(self, run_id: int) -> None:
-        """MLflow's soft delete of the run (hidden in the UI, restorable until ``mlflow gc``)."""
+        """MLflow's soft delete of the run (hidden in the UI, restorable until ``mlflow gc``): its points are
+        written and a run deleted while it trained is KILLED first, so a restored run holds what the store holds
+        and does not look as if it were still running."""
         mid = self._runs.get(run_id)
-        self._pending.pop(run_id, None)
         self._waiting.pop(run_id, None)  # never created: nothing to delete
         if mid is None or run_id in self._deleted:
+            self._pending.pop(run_id, None)
             return
+        self._write(run_id)
+        if self._client.get_run(mid).info.status not in _TERMINAL:
+            self._client.set_terminated(mid, status="KILLED")
         self._deleted.add(run_id)
         self._client.delete_run(mid)
 

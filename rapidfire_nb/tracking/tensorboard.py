@@ -157,7 +157,7 @@ class TensorBoardTracker:
         if status != "DELETED":
             self.log_hparams(run.run_id, run.params)
 
-    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
         """TensorBoard has no run status: nothing to write (a deleted run is :meth:`mark_deleted`)."""
         return None
 

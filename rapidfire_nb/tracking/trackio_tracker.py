@@ -16,7 +16,7 @@ duplicated).
 
 Writes: the points are buffered per run and written once per write window of the :class:`~.fanout.TrackerSet`
 (``end_batch``), before each alert of that run, and at :meth:`TrackioTracker.flush` / ``close``, each point with
-the time it was logged. In Trackio's default storage mode (``sqlite``) they are written on the recorder thread with
+the time it was logged. In Trackio's default storage mode (``sqlite``) they are written on the trackers' thread with
 the calls a local ``trackio.Run`` makes from its writer thread: ``SQLiteStorage.bulk_log`` (one SQLite transaction
 per run and window, under Trackio's process lock) and ``SQLiteStorage.bulk_alert``, so Trackio starts no thread
 (a ``Run`` polls every 0.5 s while it lives, and its ``log`` serializes each point again: together about a third
@@ -144,7 +144,7 @@ class TrackioTracker(BackendTracker):
             self._ids[run.run_id] = uuid.uuid4().hex
             self._save()
 
-    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
         alert = _ALERTS.get(status)
         if alert is None or run_id in self._deleted or run_id not in self._ids:
             return
@@ -160,7 +160,7 @@ class TrackioTracker(BackendTracker):
                 texts=[text],
                 levels=[getattr(self._trackio.AlertLevel, level).value],
                 steps=[self._last_step.get(run_id, 0)],
-                timestamps=[_iso(time.time())],
+                timestamps=[_iso(time.time() if at is None else at)],
                 alert_ids=[uuid.uuid4().hex],
             )
             return

@@ -124,7 +124,7 @@ class WandbTracker(BackendTracker):
         if status in ("COMPLETED", "FAILED", "DELETED"):
             self._ended.add(run.run_id)  # ended in an earlier kernel: not opened again
 
-    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
         if status == "NEW":
             return
         handle = self._handle(run_id)

@@ -157,7 +157,7 @@ class _SpyTracker(NullTracker):
     def start_run(self, run: Any, status: str) -> None:
         self._note("start_run", run.run_id, run.parent_id, run.warm_start, status)
 
-    def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
         self._note("set_status", run_id, status, error)
 
     def mark_deleted(self, run_id: int) -> None:
@@ -203,7 +203,7 @@ def test_trackers_hear_each_run_start_and_status_change_once_on_the_recorder_thr
         ("start_run", 3, 1, True, "NEW"),
         ("set_status", 1, "FAILED", None),
     ]
-    assert spy.threads == {"rapidfire-recorder"}
+    assert spy.threads == {"rapidfire-trackers"}
 
 
 def test_flush_makes_the_trackers_write_what_they_hold_on_the_recorder_thread(tmp_path: Path) -> None:
@@ -218,5 +218,53 @@ def test_flush_makes_the_trackers_write_what_they_hold_on_the_recorder_thread(tm
     assert rec.flush(timeout=30)
     # the points, then the trackers' flush
     assert spy.calls == [("log_metrics", 1, 2, {"loss": 1.5}), ("flush",)]
-    assert spy.threads == {"rapidfire-recorder"}
+    assert spy.threads == {"rapidfire-trackers"}
+    rec.close()
+
+
+def test_flush_waits_for_what_was_reported_before_it_not_for_training_that_goes_on(tmp_path: Path) -> None:
+    """A run that keeps logging (training goes on) and a slow tracker (MLflow: ~10 ms a request) never empty the
+    queue; a flush (``wait(chunks=k)``, ``get_runs_info()``) returns once what came before it is written."""
+    import time
+
+    class _Slow(_SpyTracker):
+        def log_metrics(self, run_id: int, step: int, metrics: Any, wall_time: float | None = None) -> None:
+            time.sleep(0.01)
+            super().log_metrics(run_id, step, metrics, wall_time)
+
+        def flush(self) -> None:
+            self._note("flush")
+
+    spy = _Slow()
+    store = Store(tmp_path / "exp")
+    rec = Recorder(store, Reporter(quiet=True), spy, 4, [], lambda rid: None, lambda: [])
+    rec.start()
+    stop = threading.Event()
+
+    def train() -> None:  # ~2 log calls per 10 ms of the tracker's time: the queue only grows
+        step = 0
+        while not stop.is_set():
+            step += 1
+            rec.on_metrics(2, step, step, {"loss": 1.0})
+            time.sleep(0.005)
+
+    feeder = threading.Thread(target=train)
+    feeder.start()
+    try:
+        time.sleep(0.5)
+        rec.on_run(_snap(1, RunStatus.ONGOING, 2, 1))
+        t0 = time.monotonic()
+        assert rec.flush(timeout=20, trackers=False)
+        store_only = time.monotonic() - t0
+        assert store.get_run(1)["completed_steps"] == 2  # written before flush returned
+        assert "flush" not in [c[0] for c in spy.calls]
+        t0 = time.monotonic()
+        assert rec.flush(timeout=20)
+        with_trackers = time.monotonic() - t0
+        assert ("flush",) in spy.calls
+        assert feeder.is_alive()  # training went on all along
+    finally:
+        stop.set()
+        feeder.join()
+    assert store_only < 10 and with_trackers < 10, (store_only, with_trackers)
     rec.close()

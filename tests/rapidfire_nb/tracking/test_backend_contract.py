@@ -217,3 +217,46 @@ def test_trackio_writes_on_the_recorder_thread_and_in_jsonl_mode_through_its_run
             ]
             config = SQLiteStorage.get_run_config(project, "run-1", run_id=reader.ids()["1"])
             assert config["learning_rate"] == 1e-3 and "_Created" in config
+
+
+def test_mlflow_times_are_the_runs_and_a_run_deleted_while_training_is_killed_with_its_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: Path
+) -> None:
+    need("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow_store_at(mlflow_template, tmp_path / "mlflow.db")
+    state: dict[str, Any] = {}
+    fan = _tracker("mlflow", tmp_path, "times-mlflow", state)
+    for rid in (1, 2):
+        fan.start_run(TrackedRun(rid, {}, {}, "SFT"), "NEW")
+        fan.set_status(rid, "ONGOING", at=1_700_000_000.0 + rid)
+    fan.log_metrics(2, 1, {"loss": 2.5}, 1_700_000_003.0)
+    fan.mark_deleted(2)  # deleted while it trained, its point not written yet
+    fan.set_status(1, "COMPLETED", at=1_700_000_010.0)
+    fan.close()
+    reader = _Reader("mlflow", tmp_path, "times-mlflow", state)
+    one = reader._client().get_run(reader.ids()["1"]).info
+    assert (one.start_time, one.end_time) == (1_700_000_001_000, 1_700_000_010_000)
+    assert reader.lifecycle(2) == ("KILLED", "deleted")  # restored, it does not look as if it still ran
+    assert reader.history(2, "loss") == [(1, 2.5)]
+
+    again = _tracker("mlflow", tmp_path, "times-mlflow", state)  # a restarted kernel
+    again.start_run(TrackedRun(1, {}, {}, "SFT"), "COMPLETED")
+    again.close()
+    assert reader._client().get_run(reader.ids()["1"]).info.end_time == 1_700_000_010_000  # left as it was
+
+
+def test_mlflow_start_line_says_how_to_open_a_store_given_by_mlflow_tracking_uri(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: Path
+) -> None:
+    need("mlflow")
+    from rapidfire_nb.tracking.mlflow_tracker import MlflowTracker
+
+    uri = mlflow_store_at(mlflow_template, tmp_path / "elsewhere" / "custom.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    tracker = MlflowTracker("custom-uri", tmp_path / "exp", {}, lambda state: None)
+    assert tracker.describe() == (
+        f"MLflow: experiment 'custom-uri' at {uri} (MLFLOW_TRACKING_URI); open the UI with: "
+        f"mlflow ui --backend-store-uri '{uri}'  (then http://127.0.0.1:5000)"
+    )
+    tracker.close()

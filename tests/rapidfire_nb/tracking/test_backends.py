@@ -130,7 +130,7 @@ def test_a_backend_that_raises_is_reported_once_and_left_out_the_others_go_on() 
     assert [c for c in good.calls if c[0] == "log_scalars"] == [
         ("log_scalars", 1, s, {"train/loss": 1.0 / s, "eval/loss": 2.0}, None) for s in (1, 2, 3)
     ]
-    assert ("set_status", 1, "COMPLETED", None) in good.calls and good.calls[-1] == ("close",)
+    assert ("set_status", 1, "COMPLETED", None, None) in good.calls and good.calls[-1] == ("close",)
     assert [c[0] for c in bad.calls] == [
         "describe",
         "log_scalars",

@@ -109,11 +109,9 @@ def tracked(
     exp.on_message(said.append)
     mlflow_store_at(mlflow_template, exp.path / "mlflow.db")
     exp.run_fit(group, tiny_create_model, train, num_chunks=NUM_CHUNKS, seed=SEED, background=True)
-    assert exp.session.scheduler.wait(
-        timeout=WAIT_S, chunks=1
-    )  # not exp.wait: it also waits for the trackers
-    exp.stop(2)
-    exp.delete(3)
+    assert exp.wait(timeout=WAIT_S, chunks=1)  # returns with the runs still training, trackers on or not
+    out_ops = [exp.stop(2), exp.delete(3)]
+    assert all(ack.state != "rejected" for ack in out_ops), out_ops
     clone = exp.clone_modify(1, {}, warm_start=True)
     assert _until(lambda: _status(exp, 2) == "STOPPED" and _status(exp, 3) == "DELETED")
     assert exp.wait(timeout=WAIT_S)
@@ -202,11 +200,13 @@ def test_mlflow_statuses_follow_the_ic_ops(tracked: dict[str, Any]) -> None:
     assert {rid: (v["status"], v["stage"]) for rid, v in before.items()} == {
         1: ("FINISHED", "active"),
         2: ("KILLED", "active"),  # stopped
-        3: (before[3]["status"], "deleted"),
+        3: ("KILLED", "deleted"),  # deleted while it trained: not left RUNNING if restored
         clone: ("FINISHED", "active"),
     }
     assert after[2]["status"] == "FINISHED"  # resumed after the restart, then completed
     assert after[3]["stage"] == "deleted"
+    store_loss = result_series(tracked["results_a"], 3, "loss")
+    assert store_loss and before[3]["metrics"]["loss"] == store_loss  # its points, as the store holds them
 
 
 def test_mlflow_params_tags_and_no_secret(tracked: dict[str, Any]) -> None:
