@@ -351,9 +351,8 @@ class Recorder(SchedulerListener):
             self._guard(self._write_one, item)
         if metrics:
             self._guard(self._write_metrics, metrics)
-        if hasattr(
-            self.tracker, "end_batch"
-        ):  # buffered tracker points: written once per window (TrackerSet)
+        # buffered tracker points: written once per window (the TrackerSet decides)
+        if hasattr(self.tracker, "end_batch"):
             self._trackers.end_batch()
         self.write_seconds += time.perf_counter() - t0
 
