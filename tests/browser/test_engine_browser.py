@@ -585,7 +585,7 @@ def test_click_while_kernel_busy_goes_through_the_server_inbox(lab: Any, rf_home
             lambda: any(
                 "kernel busy: sent through the server" in t for t in page.evaluate("() => window.__rfNotices")
             ),
-            15,
+            45,  # the panel first waits for the busy kernel to answer, then posts to the server
             "the panel's notice that the op went through the server",
         )
         phase(f"op posted to the server after {time.monotonic() - clicked:.1f}s")
