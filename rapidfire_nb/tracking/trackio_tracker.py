@@ -3,9 +3,9 @@ folder ``TRACKIO_DIR``, Trackio's default ``~/.cache/huggingface/trackio``). Vie
 <experiment>``.
 
 Each run is written with its own Trackio run id (never ``trackio.init``, which finishes the process's previous run:
-several runs log at once; see "Writes" below). Its config holds the hyperparameters in rapidfire_nb's naming (secrets ``<redacted>``),
-``rapidfire.trainer_type``, ``rapidfire.parent_run`` and ``rapidfire.warm_start``; metrics are logged as
-transformers' Trackio callback names them (``train/loss``, ``eval/loss``) at the store's steps.
+several runs log at once; see "Writes" below). Its config holds the hyperparameters in rapidfire_nb's naming
+(secrets ``<redacted>``), ``rapidfire.trainer_type``, ``rapidfire.parent_run`` and ``rapidfire.warm_start``; metrics
+are logged as transformers' Trackio callback names them (``train/loss``, ``eval/loss``) at the store's steps.
 
 Lifecycle: Trackio has no run status, so every change is a Trackio alert on the run (shown in its dashboard):
 ``finished`` (INFO), ``failed: <error>`` (ERROR), ``killed`` (WARN, STOPPED or INTERRUPTED), ``running`` again

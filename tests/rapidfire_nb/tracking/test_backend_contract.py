@@ -73,12 +73,20 @@ def _tracker(backend: str, exp_dir: Path, project: str, state: dict[str, Any]) -
 
 
 @pytest.fixture(params=["mlflow", "trackio"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def backend(request: pytest.FixtureRequest) -> str:
     need(request.param)
     if request.param == "mlflow":
-        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        mlflow_store_at(request.getfixturevalue("mlflow_template"), tmp_path / "mlflow.db")
+        request.getfixturevalue("mlflow_dir")
     return str(request.param)
+
+
+@pytest.fixture
+def mlflow_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: Path) -> Path:
+    """``tmp_path`` with its own migrated MLflow store (``MLFLOW_TRACKING_URI`` unset): the experiment folder."""
+    need("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow_store_at(mlflow_template, tmp_path / "mlflow.db")
+    return tmp_path
 
 
 def test_a_restarted_kernel_continues_the_same_runs_without_duplicate_points(
@@ -149,14 +157,9 @@ def test_a_failed_run_says_why(backend: str, tmp_path: Path) -> None:
     assert step == 1 and value != value  # NaN
 
 
-def test_mlflow_creates_a_run_when_it_leaves_new(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: Path
-) -> None:
-    need("mlflow")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    mlflow_store_at(mlflow_template, tmp_path / "mlflow.db")
+def test_mlflow_creates_a_run_when_it_leaves_new(mlflow_dir: Path) -> None:
     state: dict[str, Any] = {}
-    fan = _tracker("mlflow", tmp_path, "lazy-mlflow", state)
+    fan = _tracker("mlflow", mlflow_dir, "lazy-mlflow", state)
     for rid in (1, 2, 3, 4):
         fan.start_run(TrackedRun(rid, {"learning_rate": rid * 1e-4}, {}, "SFT"), "NEW")
     fan.mark_deleted(2)  # deleted before it trained: never created
@@ -165,7 +168,7 @@ def test_mlflow_creates_a_run_when_it_leaves_new(
     fan.set_status(1, "ONGOING")
     fan.set_status(1, "COMPLETED")
     fan.close()  # run 4 never left NEW: listed as SCHEDULED
-    reader = _Reader("mlflow", tmp_path, "lazy-mlflow", state)
+    reader = _Reader("mlflow", mlflow_dir, "lazy-mlflow", state)
     assert sorted(reader.ids()) == ["1", "3", "4"]
     assert reader.lifecycle(1) == ("FINISHED", "active")
     assert reader.lifecycle(3) == ("KILLED", "active")
@@ -175,7 +178,7 @@ def test_mlflow_creates_a_run_when_it_leaves_new(
     assert params["learning_rate"] == "0.0004"
 
 
-def test_trackio_writes_on_the_recorder_thread_and_in_jsonl_mode_through_its_runs(
+def test_trackio_starts_no_thread_in_sqlite_mode_and_writes_through_its_runs_in_jsonl_mode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Default (sqlite) mode: no Trackio thread, the points carry the time they were logged. jsonl mode (a
@@ -220,13 +223,10 @@ def test_trackio_writes_on_the_recorder_thread_and_in_jsonl_mode_through_its_run
 
 
 def test_mlflow_times_are_the_runs_and_a_run_deleted_while_training_is_killed_with_its_points(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_template: Path
+    mlflow_dir: Path,
 ) -> None:
-    need("mlflow")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    mlflow_store_at(mlflow_template, tmp_path / "mlflow.db")
     state: dict[str, Any] = {}
-    fan = _tracker("mlflow", tmp_path, "times-mlflow", state)
+    fan = _tracker("mlflow", mlflow_dir, "times-mlflow", state)
     for rid in (1, 2):
         fan.start_run(TrackedRun(rid, {}, {}, "SFT"), "NEW")
         fan.set_status(rid, "ONGOING", at=1_700_000_000.0 + rid)
@@ -234,13 +234,13 @@ def test_mlflow_times_are_the_runs_and_a_run_deleted_while_training_is_killed_wi
     fan.mark_deleted(2)  # deleted while it trained, its point not written yet
     fan.set_status(1, "COMPLETED", at=1_700_000_010.0)
     fan.close()
-    reader = _Reader("mlflow", tmp_path, "times-mlflow", state)
+    reader = _Reader("mlflow", mlflow_dir, "times-mlflow", state)
     one = reader._client().get_run(reader.ids()["1"]).info
     assert (one.start_time, one.end_time) == (1_700_000_001_000, 1_700_000_010_000)
     assert reader.lifecycle(2) == ("KILLED", "deleted")  # restored, it does not look as if it still ran
     assert reader.history(2, "loss") == [(1, 2.5)]
 
-    again = _tracker("mlflow", tmp_path, "times-mlflow", state)  # a restarted kernel
+    again = _tracker("mlflow", mlflow_dir, "times-mlflow", state)  # a restarted kernel
     again.start_run(TrackedRun(1, {}, {}, "SFT"), "COMPLETED")
     again.close()
     assert reader._client().get_run(reader.ids()["1"]).info.end_time == 1_700_000_010_000  # left as it was
