@@ -74,6 +74,7 @@ CASES: dict[str, dict[str, Any]] = {
         "target": 1.05,
         "switch_target": True,
         "rf_passive": True,
+        "notebook": True,
     },
     "tiny": {
         "model": "tiny",
@@ -87,6 +88,7 @@ CASES: dict[str, dict[str, Any]] = {
         "target": 1.05,
         "switch_target": True,
         "rf_passive": True,
+        "notebook": True,
     },
     "smollm2": {
         "model": "smollm2",
@@ -100,6 +102,7 @@ CASES: dict[str, dict[str, Any]] = {
         "target": 1.02,
         "switch_target": False,
         "rf_passive": False,
+        "notebook": False,
     },
 }
 OPENMP_VARS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "MKL_NUM_THREADS")
@@ -166,6 +169,8 @@ def _spawn(c: dict[str, Any], side: str, a: argparse.Namespace, log_dir: Path, t
     cmd += ["--checkpoint-every", str(a.checkpoint_every)]
     if not c["eval"]:
         cmd.append("--no-eval")
+    if side == "rfN":
+        cmd.append("--main-torch")
     if kw.get("profile_out") is not None:
         cmd += ["--profile-out", str(kw["profile_out"])]
     env = _child_env(passive, a)
@@ -201,6 +206,8 @@ def _sides(c: dict[str, Any], a: argparse.Namespace) -> list[str]:
         sides += ["seqP"]
     if c["reference"] and c["num_chunks"] > 1:
         sides.append("rf1")
+    if c["notebook"]:
+        sides.append("rfN")
     return sides
 
 
@@ -416,6 +423,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--configs", type=int, default=4, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--profile-out", help=argparse.SUPPRESS)
+    ap.add_argument("--main-torch", action="store_true", help=argparse.SUPPRESS)
     return ap
 
 

@@ -118,10 +118,11 @@ def workload(
 
 # ====================================================================== cost timers (rf child)
 def thread_role(name: str) -> str:
-    """Which of rapidfire_nb's threads a thread name is: device, recorder, checkpoints, scheduler or other."""
+    """Which of rapidfire_nb's threads a thread name is: device, recorder, checkpoints, scheduler, trackers or
+    other."""
     if name.startswith("rapidfire-device"):
         return "device"
-    for role in ("recorder", "checkpoints", "scheduler"):
+    for role in ("recorder", "checkpoints", "scheduler", "trackers"):
         if name == f"rapidfire-{role}":
             return role
     return "other"
@@ -274,9 +275,25 @@ def profile_all_threads(out_path: Path) -> None:
 
 
 # ====================================================================== the two sides
-def _child_rf(w: dict[str, Any], num_chunks: int, checkpoint_every: int, out: dict[str, Any]) -> None:
+def notebook_cell_torch() -> None:
+    """What a notebook's earlier cell does on the kernel's main thread: one torch op on CPU (a 512x512 product).
+
+    It gives the main thread an OpenMP team of its own, as loading or inspecting a model in a cell does; the
+    ``rfN`` side measures rapidfire_nb after it (``rapidfire_nb/training/openmp.py`` says why it matters).
+    """
+    import torch
+
+    a = torch.randn(512, 512)
+    float((a @ a).sum())
+
+
+def _child_rf(
+    w: dict[str, Any], num_chunks: int, checkpoint_every: int, out: dict[str, Any], main_torch: bool = False
+) -> None:
     from rapidfire_nb import Experiment
 
+    if main_torch:
+        notebook_cell_torch()
     costs = Costs()
     costs.install()
     root = tempfile.mkdtemp(prefix="rf-bench-")
@@ -453,7 +470,7 @@ def child_main(a: argparse.Namespace) -> None:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
     if a.child == "rf":
-        _child_rf(w, a.num_chunks, a.checkpoint_every, out)
+        _child_rf(w, a.num_chunks, a.checkpoint_every, out, main_torch=a.main_torch)
     else:
         _child_base(w, out)
     import resource

@@ -17,6 +17,7 @@ SIDES = {
     "rf": (True, False),
     "rf1": (True, False),
     "rfP": (True, True),
+    "rfN": (True, False),
 }
 PASSIVE = "OMP_WAIT_POLICY=passive"
 TARGET_SWITCH_SHARE = 0.02  # chunk-switch time / training time (the earlier issue's target)
@@ -94,6 +95,7 @@ def _side_name(c: dict[str, Any], side: str) -> str:
         "rf": f"rapidfire_nb, {_per_chunk(chunk)}, {user}",
         "rf1": f"rapidfire_nb, {_per_chunk(c['steps'])} (num_chunks=1), {user}",
         "rfP": f"rapidfire_nb, {_per_chunk(chunk)}, {PASSIVE}",
+        "rfN": f"rapidfire_nb, {_per_chunk(chunk)}, after torch on the main thread",
     }[side]
 
 
@@ -109,8 +111,13 @@ def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], tar
     ref = reference(reps)
     ref_t = med([r[ref]["total_s"] for r in reps])
     lines = [f"  ratio to sequential's faster setting ({_setting(c, ref)}: {fmt(ref_t, '.2f')} s)"]
-    notes = {"rf": None, "rf1": "(no-switching reference)", "rfP": "(passive, beside it)"}
-    for s in (x for x in ("rf", "rf1", "rfP") if x in sides):
+    notes = {
+        "rf": None,
+        "rf1": "(no-switching reference)",
+        "rfP": "(passive, beside it)",
+        "rfN": "(a notebook, beside it)",
+    }
+    for s in (x for x in ("rf", "rf1", "rfP", "rfN") if x in sides):
         vals = [r[s]["total_s"] / r[ref]["total_s"] for r in reps]
         m = med(vals)
         note = notes[s] or f"<= {c['target']:.2f}x  {ok(m, c['target'])}"
@@ -119,6 +126,7 @@ def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], tar
             "rf": f"total time rf / sequential (faster: {_setting(c, ref)})",
             "rf1": "  beside it: the same, num_chunks=1 (no switching)",
             "rfP": f"  beside it: the same, rf with {PASSIVE}",
+            "rfN": "  beside it: the same, after a torch op on the main thread (a notebook)",
         }[s]
         targets.append((f"{c['label']}: {what}", f"{fmt(m)}x", limit, m))
         lines.append(_row(_side_name(c, s), fmt(m), [fmt(v) for v in vals], note))
@@ -197,6 +205,7 @@ ROLE_NAMES = {
     "recorder": "recorder thread",
     "checkpoints": "checkpoint writer thread",
     "scheduler": "scheduler thread",
+    "trackers": "trackers thread",
     "other": "main thread: setup, end",
 }
 

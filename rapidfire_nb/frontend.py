@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["in_colab", "in_kernel", "ipython", "on_kernel_shutdown", "thread_parent_hook"]
+__all__ = ["after_each_cell", "in_colab", "in_kernel", "ipython", "on_kernel_shutdown", "thread_parent_hook"]
 
 _log = logging.getLogger(__name__)
 
@@ -87,6 +87,41 @@ def on_kernel_shutdown(callback: Callable[[], None]) -> bool:
 
         kernel.do_shutdown = do_shutdown
         kernel._rapidfire_shutdown_hooks = hooks
+    if callback not in hooks:
+        hooks.append(callback)
+    return True
+
+
+def after_each_cell(callback: Callable[[], None]) -> bool:
+    """Call ``callback()`` after every cell this IPython shell runs (its ``post_run_cell`` event).
+
+    It runs on the shell's main thread, once the cell's code has finished (also after a cell that raised). A
+    callback is registered once; an exception in it is logged, never shown in the cell.
+
+    Args:
+        callback: a function of no arguments.
+
+    Returns:
+        False outside IPython (nothing registered).
+    """
+    ip = ipython()
+    events = getattr(ip, "events", None)
+    if events is None or not hasattr(events, "register"):
+        return False
+    hooks: list[Callable[[], None]] | None = getattr(ip, "_rapidfire_cell_hooks", None)
+    if hooks is None:
+        hooks = []
+        registered = hooks
+
+        def post_run_cell(result: Any = None) -> None:
+            for hook in list(registered):
+                try:
+                    hook()
+                except Exception:  # noqa: BLE001 - a hook must never break the user's next cell
+                    _log.exception("rapidfire: an after-cell hook failed")
+
+        events.register("post_run_cell", post_run_cell)
+        ip._rapidfire_cell_hooks = hooks
     if callback not in hooks:
         hooks.append(callback)
     return True

@@ -108,6 +108,9 @@ def _start(conn: Any, send: Any) -> Any:
     except Exception:
         send(("start_error", "lost", f"worker {settings.device} failed to start:\n{traceback.format_exc()}"))
         return None
+    from rapidfire_nb.training.openmp import release_thread_team
+
+    release_thread_team()  # this thread's OpenMP team would throttle the device thread's (training/openmp.py)
     send(("ready", os.getpid()))
     return host
 

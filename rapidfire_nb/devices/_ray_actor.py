@@ -52,6 +52,9 @@ class Actor:
             from rapidfire_nb.training.host import WorkerHost
 
             self._host = WorkerHost(dataclasses.replace(settings, create_model_fn=fn), self._events.put)
+            from rapidfire_nb.training.openmp import release_thread_team
+
+            release_thread_team()  # this thread's OpenMP team would throttle the device thread's
         except Exception:
             import traceback
 

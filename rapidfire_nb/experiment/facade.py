@@ -18,6 +18,7 @@ from .._writer_lock import WriterLock
 from ..errors import ConfigError, ExperimentError, OpError
 from ..paths import experiment_dir, experiments_root, validate_experiment_name
 from ..tracking.backends import resolve_tracking
+from ..training.openmp import release_thread_team
 from . import lifecycle, panel_source, registry, tables
 from .arguments import check_flag, check_run_id, check_run_ids, check_wait_args
 from .reporter import Reporter
@@ -270,6 +271,7 @@ class Experiment:
         check_wait_args(timeout, chunks)
         if self._session is None:
             return True
+        release_thread_team()  # torch code run on this thread since run_fit would slow training (training/openmp.py)
         return self._session.wait(timeout, chunks, self._reporter)
 
     def end(self) -> None:

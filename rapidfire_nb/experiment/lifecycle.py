@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExperimentError, storage_error
-from ..frontend import in_kernel, thread_parent_hook
+from ..frontend import after_each_cell, in_kernel, thread_parent_hook
+from ..training.openmp import release_thread_team
 from . import panel_source, registry
 from .arguments import check_flag
 from .compat import check_drop_in_args
@@ -155,8 +156,16 @@ def _start(exp: Any, session: FitSession, continued: bool, background: bool) -> 
     exp._say(start_message(exp.experiment_name, session, continued, background))
     exp.store.reopen()  # an experiment ended before is trained again: the server accepts ops again
     session.scheduler.start()
+    release_thread_team()  # this thread's OpenMP team would slow the device thread's (training/openmp.py)
+    after_each_cell(_release_after_cell)  # a kernel: the same after every cell that ran torch code meanwhile
     if background and in_kernel():
         exp._show_panel()
+
+
+def _release_after_cell() -> None:
+    """After a cell, while an experiment trains: free the main thread's OpenMP team (``training/openmp.py``)."""
+    if registry.any_training():
+        release_thread_team()
 
 
 def end_experiment(exp: Any) -> None:

@@ -34,6 +34,7 @@ class Experiment(Protocol):
 
 
 __all__ = [
+    "any_training",
     "current_experiment",
     "keep_current",
     "live_at",
@@ -52,6 +53,11 @@ def current_experiment() -> Any:
     """The experiment most recently created or trained in this process (what ``%rapidfire`` addresses)."""
     ref = _CURRENT[0]
     return ref() if ref is not None else None
+
+
+def any_training() -> bool:
+    """True while an experiment of this process has a run left to train."""
+    return any(exp.training for exp in list(_BY_PATH.values()))
 
 
 def live_experiment(name: str) -> Any:
