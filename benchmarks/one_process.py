@@ -15,7 +15,7 @@ Workload: the "fast steps" case of ``overhead.py`` (a tiny Llama of hidden size 
 rows, batch 8, no eval set; 4 SFT LoRA configs x 32 steps). Ratios are medians of per-repeat ratios to ``seq``.
 
     .venv/bin/python benchmarks/one_process.py             # 5 repeats (~4 min on 2 cores)
-    .venv/bin/python benchmarks/one_process.py --repeats 3 --out benchmarks/results/one_process.txt
+    .venv/bin/python benchmarks/one_process.py --out benchmarks/results/one_process_fast.txt
 """
 
 from __future__ import annotations

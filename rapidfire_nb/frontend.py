@@ -93,10 +93,11 @@ def on_kernel_shutdown(callback: Callable[[], None]) -> bool:
 
 
 def after_each_cell(callback: Callable[[], None]) -> bool:
-    """Call ``callback()`` after every cell this IPython shell runs (its ``post_run_cell`` event).
+    """Call ``callback()`` after every execution of this IPython shell (its ``post_execute`` event).
 
-    It runs on the shell's main thread, once the cell's code has finished (also after a cell that raised). A
-    callback is registered once; an exception in it is logged, never shown in the cell.
+    It runs on the shell's main thread, once the code has finished: after every cell (also one that raised) and
+    after the silent executions front ends send, which ``post_run_cell`` skips. A callback is registered once; an
+    exception in it is logged, never shown in the cell.
 
     Args:
         callback: a function of no arguments.
@@ -113,14 +114,14 @@ def after_each_cell(callback: Callable[[], None]) -> bool:
         hooks = []
         registered = hooks
 
-        def post_run_cell(result: Any = None) -> None:
+        def post_execute() -> None:
             for hook in list(registered):
                 try:
                     hook()
                 except Exception:  # noqa: BLE001 - a hook must never break the user's next cell
                     _log.exception("rapidfire: an after-cell hook failed")
 
-        events.register("post_run_cell", post_run_cell)
+        events.register("post_execute", post_execute)
         ip._rapidfire_cell_hooks = hooks
     if callback not in hooks:
         hooks.append(callback)

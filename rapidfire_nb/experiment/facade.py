@@ -151,6 +151,7 @@ class Experiment:
     @property
     def training(self) -> bool:
         """True while a run is left to train in this process (or an op is still to be applied)."""
+        release_thread_team()  # a polling loop's thread must not keep an OpenMP team (training/openmp.py)
         return self._session is not None and not self._session.scheduler.is_idle()
 
     @property
@@ -160,6 +161,7 @@ class Experiment:
 
     def run_snapshots(self) -> list[RunSnapshot]:
         """Frozen views of every run this process trains (status, step, chunks, spec), by run id; [] otherwise."""
+        release_thread_team()  # a polling loop's thread must not keep an OpenMP team (training/openmp.py)
         return self._session.scheduler.snapshot() if self._session is not None else []
 
     def run_snapshot(self, run_id: int) -> RunSnapshot | None:
@@ -452,7 +454,9 @@ class Experiment:
 
     def _flush(self) -> FitSession | None:
         """Let the recorder write what was reported so far to the store (the tables then show it; the trackers are
-        not waited for: they never feed a table)."""
+        not waited for: they never feed a table). A table read in a polling loop also frees this thread's OpenMP
+        team (``training/openmp.py``)."""
+        release_thread_team()
         if self._session is not None:
             self._session.recorder.flush(trackers=False)
         return self._session

@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 
 from rapidfire_nb.errors import ConfigError
 
+from .openmp import keep_team_on_this_thread
+
 __all__ = ["DeviceThread"]
 
 log = logging.getLogger(__name__)
@@ -82,12 +84,16 @@ class DeviceThread:
         self._closed = True
 
     def _main(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fn, fut = item
-            _settle(fut, fn)
+        keep_team_on_this_thread()  # the one OpenMP team every run trains with (training/openmp.py)
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                fn, fut = item
+                _settle(fut, fn)
+        finally:
+            keep_team_on_this_thread(False)
 
 
 def _settle(fut: Future[T], fn: Callable[[], T]) -> None:

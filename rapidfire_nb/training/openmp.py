@@ -13,9 +13,11 @@ took 2.5x as long per step as on the main thread.
 The fix is the runtime's own call, OpenMP 5.0's ``omp_pause_resource_all(omp_pause_soft)``: in libgomp it frees
 the *calling* thread's team (``gomp_pause_host``: its threads exit and ``gomp_managed_threads`` drops) and
 touches no other thread's; the next parallel region on that thread builds a new team (a thread start, about
-0.1 ms). ``run_fit``, ``wait()`` and, in a kernel, the end of every cell while an experiment trains call
-:func:`release_thread_team` on the main thread. Other runtimes (LLVM's ``libomp``, Intel's ``libiomp5``) are
-left alone: their soft pause acts on every thread of the process, and they do not throttle this way.
+0.1 ms). ``run_fit``, ``wait()``, the experiment's status reads that a polling loop calls (``training``,
+``run_snapshots()``, ``get_runs_info()``, ``get_results()``) and, in IPython, the end of every execution while an
+experiment trains call :func:`release_thread_team` on the calling thread. The device thread itself is exempt
+(:func:`keep_team_on_this_thread`). Other runtimes (LLVM's ``libomp``, Intel's ``libiomp5``) are left alone:
+untested here, and their pause is not specified as per-thread.
 
 Standard library only (ctypes); no torch import.
 """
@@ -28,7 +30,7 @@ import os
 import sys
 import threading
 
-__all__ = ["OMP_PAUSE_SOFT", "loaded_libgomp", "release_thread_team"]
+__all__ = ["OMP_PAUSE_SOFT", "keep_team_on_this_thread", "loaded_libgomp", "release_thread_team"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,30 @@ OMP_PAUSE_SOFT = 1
 _MAPS = "/proc/self/maps"
 _lock = threading.Lock()
 _pause_fns: dict[str, object] = {}  # path -> the omp_pause_resource_all of that mapped copy (None: not found)
+_kept: set[int] = set()  # idents of threads whose team stays (the device threads)
+_scan: list[object] = [-1, []]  # [len(sys.modules) at the last /proc/self/maps scan, the libgomp paths found]
+
+
+def keep_team_on_this_thread(keep: bool = True) -> None:
+    """Exempt the calling thread from :func:`release_thread_team` (a device thread: its team is the one to keep).
+
+    Args:
+        keep: False ends the exemption (the thread is about to exit; its ident may be reused).
+    """
+    with _lock:
+        (_kept.add if keep else _kept.discard)(threading.get_ident())
+
+
+def _libgomp_paths() -> list[str]:
+    """:func:`loaded_libgomp`, scanned again only after an import (a new module may map another copy)."""
+    modules = len(sys.modules)
+    with _lock:
+        if _scan[0] == modules:
+            return list(_scan[1])  # type: ignore[call-overload]
+    paths = loaded_libgomp()
+    with _lock:
+        _scan[0], _scan[1] = modules, paths
+    return paths
 
 
 def loaded_libgomp(maps_text: str | None = None) -> list[str]:
@@ -84,16 +110,18 @@ def release_thread_team() -> int:
     """Free the calling thread's libgomp team(s), so that the device thread's team spins unthrottled.
 
     Safe to call at any time outside a parallel region (Python code never runs inside one): a thread without a
-    team is left as it is, and its next torch op on CPU builds a new team. Never call it on the device thread
-    itself between steps (it would only cost a team rebuild).
+    team is left as it is, and its next torch op on CPU builds a new team. A thread marked with
+    :func:`keep_team_on_this_thread` is left alone. Cost: a few microseconds once the libgomp copies are known
+    (``/proc/self/maps`` is read again only after new imports, about 1 ms).
 
     Returns:
-        How many libgomp copies accepted the call (0 off Linux, without libgomp, or when every call failed).
+        How many libgomp copies accepted the call (0 off Linux, without libgomp, on a kept thread, or when every
+        call failed).
     """
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or threading.get_ident() in _kept:
         return 0
     done = 0
-    for path in loaded_libgomp():
+    for path in _libgomp_paths():
         fn = _pause_fn(path)
         if fn is None:
             continue

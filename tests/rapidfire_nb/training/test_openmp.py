@@ -2,8 +2,8 @@
 
 A libgomp team lives as long as its thread; the main thread of a notebook has one once a cell ran torch code,
 and with it the process's OpenMP threads outnumber 2 CPUs, which throttles the device thread's team (1.35-1.55x
-slower training here). ``run_fit``, ``wait()`` and, in IPython, the end of every cell while an experiment trains
-free the calling thread's team. The real checks run in a fresh interpreter (the team of this test process's main
+slower training here). ``run_fit``, ``wait()``, the status reads a polling loop calls and, in IPython, the end of
+every execution while an experiment trains free the calling thread's team. The real checks run in a fresh interpreter (the team of this test process's main
 thread is shared with every other test): its OpenMP worker thread must exit, and torch must still compute right.
 """
 
@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 from rapidfire_nb.training.openmp import loaded_libgomp, release_thread_team
@@ -39,12 +40,28 @@ def test_loaded_libgomp_lists_each_mapped_copy_once() -> None:
     assert loaded_libgomp("") == []
 
 
+def test_a_kept_thread_keeps_its_team() -> None:
+    from rapidfire_nb.training.openmp import keep_team_on_this_thread
+
+    answers: list[int] = []
+
+    def device_like() -> None:
+        keep_team_on_this_thread()
+        answers.append(release_thread_team())
+        keep_team_on_this_thread(False)
+
+    t = threading.Thread(target=device_like)
+    t.start()
+    t.join()
+    assert answers == [0]
+
+
 def test_release_without_a_team_is_harmless() -> None:
     assert release_thread_team() in (0, 1, 2)  # this process: torch's libgomp, maybe another wheel's
     assert release_thread_team() == release_thread_team()  # again: the same runtimes answer, nothing breaks
 
 
-def _run(code: str, timeout: float = 240) -> dict:
+def _run(code: str, timeout: float = 600) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("OMP_WAIT_POLICY", None)
     out = subprocess.run(
@@ -125,8 +142,11 @@ exp.wait(chunks=1)
 ''')
 cell("before = native(); product(); team2 = native() - before; training = exp.training")
 result = {"team1": len(shell.user_ns["team1"]), "after_run_fit": shell.user_ns["after_run_fit"],
-          "team2": len(shell.user_ns["team2"]), "after_cell": len(shell.user_ns["team2"] & native()),
-          "training": shell.user_ns["training"]}
+          "team2": len(shell.user_ns["team2"]), "after_cell": len(shell.user_ns["team2"] & native())}
+# a polling loop in the same cell as the torch op: its first status read frees the team
+cell("before = native(); product(); team3 = native() - before; training = exp.training; "
+     "polled = len(team3 & native())")
+result.update(training=shell.user_ns["training"], team3=len(shell.user_ns["team3"]), polled=shell.user_ns["polled"])
 cell("exp.wait(); exp.end()")
 result["statuses"] = sorted({s.status.value for s in shell.user_ns["exp"].run_snapshots()})
 print(json.dumps(result))
@@ -135,4 +155,5 @@ print(json.dumps(result))
     assert got["team1"] == 1 and got["after_run_fit"] == 0
     assert got["training"] is True, "the experiment ended before the third cell: train longer"
     assert got["team2"] == 1 and got["after_cell"] == 0
+    assert got["team3"] == 1 and got["polled"] == 0
     assert got["statuses"] == ["COMPLETED"]
