@@ -20,8 +20,20 @@ async def _until(check: Any, timeout: float = 30.0) -> Any:
     raise AssertionError(f"timed out after {timeout} s")
 
 
-async def test_ops_posted_over_http_are_applied_by_the_kernel(jp_fetch: Any, rf_root: Any) -> None:
+async def test_ops_posted_over_http_are_applied_by_the_kernel(
+    jp_fetch: Any, rf_root: Any, monkeypatch: Any
+) -> None:
+    from transformers import Trainer
+
     from rapidfire_nb import Experiment
+
+    step = Trainer.training_step
+
+    def slow_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.1)  # run 1 must still train when the POSTed stop arrives (the numbers are unchanged)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "training_step", slow_step)
     from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
     from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
 
