@@ -21,6 +21,19 @@ TOL = 1e-6
 """The exactness bar of the issue: max abs difference on CPU in fp32."""
 
 
+def slow_create_model(model_config: dict) -> tuple:  # type: ignore[type-arg]
+    """The tiny model (:func:`rapidfire_nb.testing.tiny_create_model`), each forward 0.1 s slower (same numbers,
+    so plain TRL with the tiny model stays the reference): a test that must meet a run mid-training (a killed
+    worker or kernel) always does, however fast the machine trains the few steps between two looks."""
+    import time
+
+    from rapidfire_nb.testing import tiny_create_model
+
+    model, tok = tiny_create_model(model_config)
+    model.register_forward_pre_hook(lambda module, args: time.sleep(0.1))
+    return model, tok
+
+
 # ------------------------------------------------------------------------------------------------ data
 def qa_dataset(n: int, seed: int = 0, tag: bool = False) -> Any:
     """``question``/``answer`` string rows (the tiny SFT rows before formatting).

@@ -194,12 +194,13 @@ def test_no_worker_outlives_end(two_devices: dict[str, Any]) -> None:
 def test_a_killed_worker_hands_its_runs_to_the_other_and_they_end_exact(tmp_path: Any) -> None:
     from rapidfire_nb import Experiment
     from rapidfire_nb.testing import tiny_create_model
+    from tests.helpers import slow_create_model
 
     train, evald = qa_dataset(24, seed=0), qa_dataset(6, seed=1)
     group = _group([2, 2], [1e-3, 5e-4])  # 12 steps each, chunks of 4
     before = _children()
     exp = Experiment("killed", experiment_path=tmp_path)
-    exp.run_fit(group, tiny_create_model, train, evald, num_chunks=3, seed=SEED, devices=2, background=True)
+    exp.run_fit(group, slow_create_model, train, evald, num_chunks=3, seed=SEED, devices=2, background=True)
     pool = exp.session.executor
     victim = pool.member("cpu:1")
     deadline = time.monotonic() + 240

@@ -24,7 +24,8 @@ CHILD = textwrap.dedent(
     from rapidfire_nb import Experiment
     from rapidfire_nb.testing import tiny_create_model
     from tests.helpers import qa_dataset
-    from tests.rapidfire_nb.devices.test_devices_restart import group, slow_create_model
+    from tests.helpers import slow_create_model
+    from tests.rapidfire_nb.devices.test_devices_restart import group
 
     exp = Experiment("restart", experiment_path={root!r})
     exp.run_fit(group(), slow_create_model, qa_dataset(24, seed=0), qa_dataset(6, seed=1), num_chunks=4,
@@ -37,16 +38,6 @@ CHILD = textwrap.dedent(
     exp.wait()
     """
 )
-
-
-def slow_create_model(model_config: dict) -> tuple:  # type: ignore[type-arg]
-    """The tiny model, each forward 0.1 s slower (same numbers): the killed kernel is always mid-training, even on
-    a machine fast enough to train all 24 steps between two looks of the test."""
-    from rapidfire_nb.testing import tiny_create_model
-
-    model, tok = tiny_create_model(model_config)
-    model.register_forward_pre_hook(lambda module, args: time.sleep(0.1))
-    return model, tok
 
 
 def group():  # noqa: ANN201 - imported by the child script too

@@ -133,13 +133,14 @@ def test_end_kills_the_actors_and_removes_the_placement_group(two_actors: dict[s
 def test_a_killed_actor_hands_its_run_to_the_other_and_it_ends_exact(tmp_path: Any) -> None:
     from rapidfire_nb import Experiment
     from rapidfire_nb.testing import tiny_create_model
+    from tests.helpers import slow_create_model
 
     train, evald = qa_dataset(24, seed=0), qa_dataset(6, seed=1)
     group = _group([2, 2], [1e-3, 5e-4])  # 12 steps each, chunks of 4
     exp = Experiment("ray-killed", experiment_path=tmp_path)
     exp.run_fit(
         group,
-        tiny_create_model,
+        slow_create_model,
         train,
         evald,
         num_chunks=3,
