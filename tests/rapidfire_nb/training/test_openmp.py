@@ -86,6 +86,13 @@ def native():  # threads Python does not know: OpenMP's workers among them
     known = {t.native_id for t in threading.enumerate()}
     return {int(t) for t in os.listdir("/proc/self/task")} - known
 
+def still_alive(team, wait=10.0):  # a released worker leaves its barrier, then exits: /proc lists it till then
+    import time
+    deadline = time.monotonic() + wait
+    while team & native() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return team & native()
+
 def product():
     a = torch.arange(512 * 512, dtype=torch.float32).reshape(512, 512) / 512**2
     return float((a @ a).trace())
@@ -101,7 +108,7 @@ before = native()
 first = product()
 team = native() - before  # the main thread's team: its worker thread
 asked = release_thread_team()
-left = team & native()
+left = still_alive(team)
 again = product()  # a new team, the same numbers
 print(json.dumps({"team": len(team), "asked": asked, "left": len(left), "same": first == again,
                   "libgomp": len(loaded_libgomp())}))
@@ -120,7 +127,7 @@ def test_run_fit_and_every_cell_while_training_release_the_main_threads_team() -
         + """
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance()
-shell.user_ns.update(native=native, product=product)
+shell.user_ns.update(native=native, product=product, still_alive=still_alive)
 def cell(code):
     result = shell.run_cell(code)
     assert result.success, result.error_in_exec or result.error_before_exec
@@ -137,15 +144,15 @@ group = RFGridSearch(RFModelConfig(model_name="tiny",
 exp = Experiment("omp", experiment_path=tempfile.mkdtemp(), quiet=True)
 exp.run_fit(group, tiny_create_model, tiny_sft_dataset(64, seed=0), None, num_chunks=8, seed=1,
             background=True)
-after_run_fit = len(team1 & native())
+after_run_fit = len(still_alive(team1))
 exp.wait(chunks=1)
 ''')
 cell("before = native(); product(); team2 = native() - before; training = exp.training")
 result = {"team1": len(shell.user_ns["team1"]), "after_run_fit": shell.user_ns["after_run_fit"],
-          "team2": len(shell.user_ns["team2"]), "after_cell": len(shell.user_ns["team2"] & native())}
+          "team2": len(shell.user_ns["team2"]), "after_cell": len(still_alive(shell.user_ns["team2"]))}
 # a polling loop in the same cell as the torch op: its first status read frees the team
 cell("before = native(); product(); team3 = native() - before; training = exp.training; "
-     "polled = len(team3 & native())")
+     "polled = len(still_alive(team3))")
 result.update(training=shell.user_ns["training"], team3=len(shell.user_ns["team3"]), polled=shell.user_ns["polled"])
 cell("exp.wait(); exp.end()")
 result["statuses"] = sorted({s.status.value for s in shell.user_ns["exp"].run_snapshots()})
