@@ -6,7 +6,7 @@ chunk end) once per side, each side in its own process, and reads from ``/proc/s
 thread of the training phase gave up the CPU on its own (``voluntary_ctxt_switches``: it blocked, e.g. on the GIL
 or a futex) or was preempted (``nonvoluntary_ctxt_switches``), and its CPU seconds (``stat`` fields 14-15).
 
-Sequential plain TRL's training thread (the main thread) blocks ~0 times: nothing else in the process wants the
+Sequential plain TRL's training thread (the main thread) blocks ~0 times (0-14 in runs here): nothing else in the process wants the
 GIL. rapidfire_nb's device thread blocks hundreds of times per experiment. ``perf record -e sched:sched_switch
 --call-graph dwarf`` on the rf side (2026-12-02) put ~80% of those blocks in CPython's ``take_gil`` (after a
 torch op released the GIL, another Python thread took it: the checkpoint writer, the recorder, the trackers
@@ -16,7 +16,7 @@ worker spins on the other core: this, not the work those threads do (0.2 s of CP
 remaining overhead of ``overhead.py``'s tiny and fast cases goes. ``--no-checkpoints`` shows the checkpoint
 writer's share (``checkpoint_every`` larger than the run).
 
-    .venv/bin/python benchmarks/thread_blocks.py                  # both sides, 3 repeats (~1.5 min)
+    .venv/bin/python benchmarks/thread_blocks.py                  # both sides, 3 repeats (~1 min)
     .venv/bin/python benchmarks/thread_blocks.py --no-checkpoints
 
 Numbers, not a pass/fail: a change that moves rapidfire_nb's GIL traffic off the training thread shows here as
@@ -145,9 +145,18 @@ def child(side: str, checkpoint_every: int) -> dict[str, Any]:
     return {"wall_s": wall, "roles": by_role}
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--repeats", type=_positive, default=3, help="repeats per side, alternating order (default 3)"
+    )
     ap.add_argument(
         "--no-checkpoints", action="store_true", help="rf with checkpoint_every larger than the run"
     )
@@ -172,10 +181,10 @@ def main() -> None:
             ).stdout
             results[side].append(json.loads(out.split("RESULT ", 1)[1]))
     print(
-        f"tiny case (4 configs x 32 steps, eval every chunk), training phase only; {a.repeats} repeats, medians; "
-        f"rf checkpoint_every={every}"
+        f"tiny case (4 configs x 32 steps, eval every chunk), training phase only; {a.repeats} repeat(s), medians; "
+        f"rf checkpoint_every={every}{' (no checkpoints during the run)' if a.no_checkpoints else ''}"
     )
-    print(f"{'side':6s} {'thread':42s} {'blocked (vol.)':>15s} {'preempted':>10s} {'CPU s':>7s}")
+    print(f"{'side':6s} {'thread':48s} {'blocked (vol.)':>15s} {'preempted':>10s} {'CPU s':>7s}")
     for side, label in (("base", "sequential plain TRL"), ("rf", "rapidfire_nb")):
         walls = [x["wall_s"] for x in results[side]]
         print(
@@ -187,7 +196,7 @@ def main() -> None:
             if max(v[0] + v[1] for v in vals) == 0 and max(v[2] for v in vals) < 0.01:
                 continue
             med = [statistics.median(v[i] for v in vals) for i in range(3)]
-            print(f"{'':6s} {role:42s} {med[0]:15.0f} {med[1]:10.0f} {med[2]:7.2f}")
+            print(f"{'':6s} {role:48s} {med[0]:15.0f} {med[1]:10.0f} {med[2]:7.2f}")
 
 
 if __name__ == "__main__":
