@@ -6,8 +6,8 @@ chunk end) once per side, each side in its own process, and reads from ``/proc/s
 thread of the training phase gave up the CPU on its own (``voluntary_ctxt_switches``: it blocked, e.g. on the GIL
 or a futex) or was preempted (``nonvoluntary_ctxt_switches``), and its CPU seconds (``stat`` fields 14-15).
 
-Sequential plain TRL's training thread (the main thread) blocks ~0 times (0-14 in runs here): nothing else in the process wants the
-GIL. rapidfire_nb's device thread blocks hundreds of times per experiment. ``perf record -e sched:sched_switch
+Sequential plain TRL's training thread (the main thread) blocks ~0 times (0-14 in runs here): nothing else in the
+process wants the GIL. rapidfire_nb's device thread blocks hundreds of times per experiment. ``perf record -e sched:sched_switch
 --call-graph dwarf`` on the rf side (2026-12-02) put ~80% of those blocks in CPython's ``take_gil`` (after a
 torch op released the GIL, another Python thread took it: the checkpoint writer, the recorder, the trackers
 thread or the main thread waking in ``wait``); the rest are the device loop's own queue waits. Each such block
@@ -107,7 +107,7 @@ def child(side: str, checkpoint_every: int) -> dict[str, Any]:
                 for i, v in enumerate(values):
                     acc[i] += v
         names = {t.native_id: t.name for t in threading.enumerate()}
-        threads = {tid: (names.get(tid, "other"), v) for tid, v in total.items()}
+        threads = {tid: (names.get(tid), v) for tid, v in total.items()}
         wall = sum(walls)
     else:
         from rapidfire_nb import Experiment
@@ -136,10 +136,10 @@ def child(side: str, checkpoint_every: int) -> dict[str, Any]:
         after, wall = thread_counters(), time.perf_counter() - marks["t"]
         names = {t.native_id: t.name for t in threading.enumerate()}
         exp.end()
-        threads = {tid: (names.get(tid, "other"), v) for tid, v in _delta(marks["before"], after).items()}
+        threads = {tid: (names.get(tid), v) for tid, v in _delta(marks["before"], after).items()}
     by_role: dict[str, list[float]] = {}
     for name, (vol, invol, cpu) in threads.values():
-        role = _role(name) if name != "other" else "native threads (OpenMP worker...)"
+        role = _role(name) if name is not None else "native threads (OpenMP worker...)"  # unknown to Python
         acc = by_role.setdefault(role, [0, 0, 0.0])
         acc[0], acc[1], acc[2] = acc[0] + vol, acc[1] + invol, acc[2] + cpu
     return {"wall_s": wall, "roles": by_role}
@@ -158,7 +158,9 @@ def main() -> None:
         "--repeats", type=_positive, default=3, help="repeats per side, alternating order (default 3)"
     )
     ap.add_argument(
-        "--no-checkpoints", action="store_true", help="rf with checkpoint_every larger than the run"
+        "--no-checkpoints",
+        action="store_true",
+        help="rf with checkpoint_every larger than the run: no checkpoints",
     )
     ap.add_argument("--child", choices=["rf", "base"], help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint-every", type=int, default=1, help=argparse.SUPPRESS)
