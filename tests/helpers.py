@@ -103,13 +103,14 @@ def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 # ------------------------------------------------------------------------------------------------ reference
 @dataclass
 class Reference:
-    """A plain-TRL run: adapter weights before/after ``train()``, its ``log_history`` and config."""
+    """A plain-TRL run: adapter weights before/after ``train()``, its ``log_history``, ``total_flos`` and config."""
 
     initial: dict[str, Any]
     final: dict[str, Any]
     log_history: list[dict[str, Any]]
     args: Any
     lora: Any
+    total_flos: float = 0.0
 
     def series(self, name: str) -> list[tuple[int, float]]:
         """``[(step, value)]`` of one logged metric (TRL's names: ``loss``, ``eval_loss``, ``learning_rate``)."""
@@ -151,6 +152,7 @@ def train_plain_trl(
         log_history=list(trainer.state.log_history),
         args=args,
         lora=lora,
+        total_flos=float(trainer.state.total_flos),
     )
 
 

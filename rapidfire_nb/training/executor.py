@@ -36,11 +36,11 @@ from .checkpoint import (
 )
 from .data import prepare_dataset, rows_dropped
 from .device import DeviceThread
+from .garbage import TrainStartCollections
 from .generation_eval import attach_generation_eval
 from .generation_spec import check_generation_eval, generation_enabled
 from .kinds import TrainerKind, get_kind
-from .malloc import tune_malloc
-from .models import BaseModels, SharedBase, attach_run_model, load_trained_weights
+from .models import BaseModels, SharedBase, attach_run_model, count_flos_alone, load_trained_weights
 from .offload import Parked, park, unpark
 from .quiet import quiet_libraries
 from .rng import capture_rng
@@ -137,12 +137,14 @@ class TorchExecutor(Executor):
         self.checkpoint_every = checkpoint_every
         self.models = BaseModels(create_model_fn, self._note)  # create_model_fn calls, shared bases
         self._runs: dict[int, _Run] = {}
-        tune_malloc()  # glibc: few arenas, a fixed mmap threshold (flat memory over many chunk switches)
         self.on_storage_error = on_storage_error
         self._in_record_order = in_record_order or (lambda fn: fn())
         self._writer = CheckpointWriter(on_error=self._write_failed)
         self.device = DeviceThread(f"rapidfire-device-{next(_DEVICE_IDS)}")
         self.handoffs = HandoffClock()  # our own time between two segments (benchmark)
+        self.collections = (
+            TrainStartCollections()
+        )  # TRL's full gc.collect() at train() starts, when it can help
         self.switch_seconds = 0.0  # time spent in activations + snapshots (benchmark)
         self._noted: set[str] = set()
         self.eval_generation_samples = eval_generation_samples
@@ -327,6 +329,8 @@ class TorchExecutor(Executor):
         base = self.models.base_for(spec, args, run_id)
         model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
         trainer = self._build_trainer(spec, model, adapter, base.tokenizer, args, train_ds, eval_ds)
+        if adapter is not None:
+            count_flos_alone(trainer, adapter)  # total_flos as a plain run's: not the other runs' adapters
         for what, given, kept in (
             ("train_dataset", train_ds, trainer.train_dataset),
             ("eval_dataset", eval_ds, trainer.eval_dataset),
@@ -368,6 +372,7 @@ class TorchExecutor(Executor):
             eval_at_boundaries=eval_ds is not None,
             resume_from_checkpoint=resume,
             clock=self.handoffs,
+            collections=self.collections,
         )
         self._runs[run_id] = _Run(
             run_id,

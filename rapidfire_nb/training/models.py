@@ -25,6 +25,7 @@ __all__ = [
     "ModelProvider",
     "SharedBase",
     "adapter_layer_names",
+    "count_flos_alone",
     "load_trained_weights",
     "own_base_reason",
 ]
@@ -256,6 +257,45 @@ def attach_run_model(
     base.model.set_adapter(adapter)
     base.adapters.append(adapter)
     return base.model, adapter
+
+
+def count_flos_alone(trainer: Any, adapter: str) -> None:
+    """Make ``trainer.floating_point_ops`` count the run's own model: the shared base and its own adapter only.
+
+    TRL adds ``Trainer.floating_point_ops(inputs)`` = 6 x ``input_ids.numel()`` x ``model.num_parameters(
+    exclude_embeddings=True)`` to ``state.total_flos`` every step (transformers' ``Trainer`` and
+    ``PreTrainedModel.floating_point_ops``: the 6 N D estimate of Kaplan et al. 2020, section 2.1). On a shared base
+    ``num_parameters`` also counts the other runs' adapters, so ``total_flos`` (and the ``trainer_state.json`` a
+    checkpoint keeps) would differ from a plain run's. Here the count is taken once, at the run's first step, as
+    ``num_parameters`` minus the parameters of every other adapter on the base (PEFT names them
+    ``...lora_A.<adapter>.weight``), and reused: the run's own parameter count never changes while it trains, and
+    no walk over every module of every adapter is left in the step. A trainer whose class overrides
+    ``floating_point_ops`` keeps its own.
+
+    Args:
+        trainer: The run's trainer (its ``model`` is the shared ``PeftModel``).
+        adapter: The run's adapter name on that base (``run_<id>``).
+    """
+    from transformers import Trainer
+
+    if type(trainer).floating_point_ops is not Trainer.floating_point_ops:
+        return
+    counted: list[int] = []
+
+    def floating_point_ops(inputs: dict[str, Any]) -> int:
+        model = trainer.model
+        main_input = getattr(model, "main_input_name", "input_ids")
+        if main_input not in inputs or not hasattr(model, "num_parameters"):
+            return 0
+        if not counted:
+            others = set(getattr(model, "peft_config", {})) - {adapter}
+            theirs = sum(
+                p.numel() for name, p in model.named_parameters() if others.intersection(name.split("."))
+            )
+            counted.append(int(model.num_parameters(exclude_embeddings=True)) - theirs)
+        return 6 * inputs[main_input].numel() * counted[0]
+
+    trainer.floating_point_ops = floating_point_ops
 
 
 def adapter_layer_names(model: Any) -> list[str]:

@@ -28,6 +28,7 @@ from kernel_scheduler import ChunkPlan, SegmentResult
 
 from .device import DeviceThread
 from .divergence import Diverged, check_logs, watch_training_loss
+from .garbage import TrainStartCollections
 from .rng import capture_rng, restore_rng
 
 __all__ = ["HandoffClock", "RunWorker"]
@@ -98,6 +99,8 @@ class RunWorker:
         eval_at_boundaries: also evaluate at each chunk end (needs an eval dataset).
         resume_from_checkpoint: passed to ``train()`` (crash recovery and warm starts).
         clock: where hand-off time is counted (shared by the runs of one device).
+        collections: the device's record of TRL's full ``gc.collect()`` at ``train()`` starts (shared by the runs of
+            one device; see :mod:`~rapidfire_nb.training.garbage`). ``None``: TRL's collection at every start.
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class RunWorker:
         eval_at_boundaries: bool,
         resume_from_checkpoint: str | None = None,
         clock: HandoffClock | None = None,
+        collections: TrainStartCollections | None = None,
     ) -> None:
         self.run_id = run_id
         self.trainer = trainer
@@ -126,6 +130,9 @@ class RunWorker:
         self.eval_at_boundaries = eval_at_boundaries
         self._resume = resume_from_checkpoint
         self._clock = clock or HandoffClock()
+        self._collections = collections
+        if collections is not None:
+            collections.wrap(trainer.accelerator)
         self.stop_step: int | None = None
         self.last_eval_step = -1
         self._parked_step = -1
@@ -209,6 +216,8 @@ class RunWorker:
             )
         finally:
             self._clock.parked()
+            if self._collections is not None:
+                self._collections.run_left()  # its trainer may be garbage now: the next start collects
 
     def _take_metrics(self) -> dict[str, float]:
         metrics, self.segment_metrics = self.segment_metrics, {}

@@ -187,6 +187,9 @@ def exact(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
     seeds = {rid: run.worker.trainer.args.seed for rid, run in exp.session.executor.runs.items()}
     plans = {rid: run.plan for rid, run in exp.session.executor.runs.items()}
+    flos = {rid: float(run.worker.trainer.state.total_flos) for rid, run in exp.session.executor.runs.items()}
+    collections = exp.session.executor.collections
+    gc_starts = (collections.full, collections.skipped)
     exp.end()
     refs = {
         rid: train_plain_trl(leaf, tiny_create_model, train, evald, SEED, root / f"plain-{rid}")
@@ -201,6 +204,8 @@ def exact(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "schedule": schedule,
         "seeds": seeds,
         "plans": plans,
+        "flos": flos,
+        "gc_starts": gc_starts,
     }
 
 
@@ -241,6 +246,20 @@ def test_every_adapter_weight_changed(exact: dict[str, Any]) -> None:
         for name, initial in ref.initial.items():
             changed = (saved[name] != initial).float().mean().item()
             assert changed > 0.9, f"run {rid}: only {changed:.0%} of {name} changed"
+
+
+def test_total_flos_counts_the_runs_own_model_as_plain_trl_does(exact: dict[str, Any]) -> None:
+    """TRL's ``total_flos`` (6 x tokens x parameters): each run counts the base and its own adapter only, not the
+    other runs' adapters on the shared base, so it equals a plain run's."""
+    for rid, ref in exact["refs"].items():
+        assert ref.total_flos > 0
+        assert exact["flos"][rid] == ref.total_flos, f"run {rid}: {exact['flos'][rid]} != {ref.total_flos}"
+
+
+def test_one_full_gc_collect_for_the_four_train_starts(exact: dict[str, Any]) -> None:
+    """All 4 runs start train() in the first round, none ended before: TRL's full collection runs once, the other
+    three starts run it with every object frozen (training/garbage.py), and the weights stay bit-identical."""
+    assert exact["gc_starts"] == (1, 3)
 
 
 def test_per_step_training_logs_equal_plain_trl(exact: dict[str, Any]) -> None:
