@@ -75,6 +75,7 @@ CASES: dict[str, dict[str, Any]] = {
         "switch_target": True,
         "rf_passive": True,
         "notebook": True,
+        "gc_reference": True,
     },
     "tiny": {
         "model": "tiny",
@@ -89,6 +90,7 @@ CASES: dict[str, dict[str, Any]] = {
         "switch_target": True,
         "rf_passive": True,
         "notebook": True,
+        "gc_reference": True,
     },
     "smollm2": {
         "model": "smollm2",
@@ -103,6 +105,7 @@ CASES: dict[str, dict[str, Any]] = {
         "switch_target": False,
         "rf_passive": False,
         "notebook": False,
+        "gc_reference": False,
     },
 }
 OPENMP_VARS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "MKL_NUM_THREADS")
@@ -171,6 +174,8 @@ def _spawn(c: dict[str, Any], side: str, a: argparse.Namespace, log_dir: Path, t
         cmd.append("--no-eval")
     if side == "rfN":
         cmd.append("--main-torch")
+    if side == "rfG":
+        cmd.append("--every-gc")
     if kw.get("profile_out") is not None:
         cmd += ["--profile-out", str(kw["profile_out"])]
     env = _child_env(passive, a)
@@ -208,6 +213,8 @@ def _sides(c: dict[str, Any], a: argparse.Namespace) -> list[str]:
         sides.append("rf1")
     if c["notebook"]:
         sides.append("rfN")
+    if c["gc_reference"]:
+        sides.append("rfG")
     return sides
 
 
@@ -442,6 +449,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--profile-out", help=argparse.SUPPRESS)
     ap.add_argument("--main-torch", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--every-gc", action="store_true", help=argparse.SUPPRESS)
     return ap
 
 

@@ -288,12 +288,21 @@ def notebook_cell_torch() -> None:
 
 
 def _child_rf(
-    w: dict[str, Any], num_chunks: int, checkpoint_every: int, out: dict[str, Any], main_torch: bool = False
+    w: dict[str, Any],
+    num_chunks: int,
+    checkpoint_every: int,
+    out: dict[str, Any],
+    main_torch: bool = False,
+    every_gc: bool = False,
 ) -> None:
     from rapidfire_nb import Experiment
 
     if main_torch:
         notebook_cell_torch()
+    if every_gc:  # the like-for-like reference: every run's train() start does TRL's full gc.collect()
+        from rapidfire_nb.training.garbage import TrainStartCollections
+
+        TrainStartCollections.wrap = lambda self, accelerator: None  # type: ignore[method-assign]
     costs = Costs()
     costs.install()
     root = tempfile.mkdtemp(prefix="rf-bench-")
@@ -470,7 +479,7 @@ def child_main(a: argparse.Namespace) -> None:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
     if a.child == "rf":
-        _child_rf(w, a.num_chunks, a.checkpoint_every, out, main_torch=a.main_torch)
+        _child_rf(w, a.num_chunks, a.checkpoint_every, out, main_torch=a.main_torch, every_gc=a.every_gc)
     else:
         _child_base(w, out)
     import resource

@@ -18,6 +18,7 @@ SIDES = {
     "rf1": (True, False),
     "rfP": (True, True),
     "rfN": (True, False),
+    "rfG": (True, False),
 }
 PASSIVE = "OMP_WAIT_POLICY=passive"
 TARGET_SWITCH_SHARE = 0.02  # chunk-switch time / training time (the earlier issue's target)
@@ -96,6 +97,7 @@ def _side_name(c: dict[str, Any], side: str) -> str:
         "rf1": f"rapidfire_nb, {_per_chunk(c['steps'])} (num_chunks=1), {user}",
         "rfP": f"rapidfire_nb, {_per_chunk(chunk)}, {PASSIVE}",
         "rfN": f"rapidfire_nb, {_per_chunk(chunk)}, after torch on the main thread",
+        "rfG": f"rapidfire_nb, {_per_chunk(chunk)}, TRL's gc.collect() at every train() start",
     }[side]
 
 
@@ -116,8 +118,9 @@ def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], tar
         "rf1": "(no-switching reference)",
         "rfP": "(passive, beside it)",
         "rfN": "(a notebook, beside it)",
+        "rfG": "(like for like, beside it)",
     }
-    for s in (x for x in ("rf", "rf1", "rfP", "rfN") if x in sides):
+    for s in (x for x in ("rf", "rf1", "rfP", "rfN", "rfG") if x in sides):
         vals = [r[s]["total_s"] / r[ref]["total_s"] for r in reps]
         m = med(vals)
         note = notes[s] or f"<= {c['target']:.2f}x  {ok(m, c['target'])}"
@@ -127,6 +130,7 @@ def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], tar
             "rf1": "  beside it: the same, num_chunks=1 (no switching)",
             "rfP": f"  beside it: the same, rf with {PASSIVE}",
             "rfN": "  beside it: the same, after a torch op on the main thread (a notebook)",
+            "rfG": "  beside it: the same, TRL's full gc.collect() at every run's train() start",
         }[s]
         targets.append((f"{c['label']}: {what}", f"{fmt(m)}x", limit, m))
         lines.append(_row(_side_name(c, s), fmt(m), [fmt(v) for v in vals], note))
