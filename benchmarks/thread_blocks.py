@@ -7,20 +7,18 @@ thread of the training phase gave up the CPU on its own (``voluntary_ctxt_switch
 or a futex) or was preempted (``nonvoluntary_ctxt_switches``), and its CPU seconds (``stat`` fields 14-15).
 
 Sequential plain TRL's training thread (the main thread) blocks ~0 times (0-14 in runs here): nothing else in the
-process wants the GIL. rapidfire_nb's device thread blocks hundreds of times per experiment. ``perf record -e sched:sched_switch
---call-graph dwarf`` on the rf side (2026-12-02) put ~80% of those blocks in CPython's ``take_gil`` (after a
-torch op released the GIL, another Python thread took it: the checkpoint writer, the recorder, the trackers
-thread or the main thread waking in ``wait``); the rest are the device loop's own queue waits. Each such block
-costs the device thread the other thread's time holding the GIL plus its wake-up, while the device's OpenMP
-worker spins on the other core: this, not the work those threads do (0.2 s of CPU in all), is where the
-remaining overhead of ``overhead.py``'s tiny and fast cases goes. ``--no-checkpoints`` shows the checkpoint
-writer's share (``checkpoint_every`` larger than the run).
+process wants the GIL. rapidfire_nb's device thread blocks hundreds of times per experiment, ~80% of them in
+CPython's ``take_gil`` (``perf record -e sched:sched_switch --call-graph dwarf``, 2026-12-02). Each block is
+short: ``perf sched timehist`` put the device thread off the CPU for only 0.16 s over a whole tiny rf child,
+so the CPU column, not the block count, is where a slower step shows (benchmarks/README.md says what the
+extra CPU was and how it was removed). ``--no-checkpoints`` shows the checkpoint writer's share
+(``checkpoint_every`` larger than the run).
 
     .venv/bin/python benchmarks/thread_blocks.py                  # both sides, 3 repeats (~1 min)
     .venv/bin/python benchmarks/thread_blocks.py --no-checkpoints
 
-Numbers, not a pass/fail: a change that moves rapidfire_nb's GIL traffic off the training thread shows here as
-fewer device-thread blocks, before it shows reliably in wall time.
+Numbers, not a pass/fail: fewer device-thread blocks or less device-thread CPU show here before they show
+reliably in wall time.
 """
 
 from __future__ import annotations
