@@ -142,9 +142,8 @@ class TorchExecutor(Executor):
         self._writer = CheckpointWriter(on_error=self._write_failed)
         self.device = DeviceThread(f"rapidfire-device-{next(_DEVICE_IDS)}")
         self.handoffs = HandoffClock()  # our own time between two segments (benchmark)
-        self.collections = (
-            TrainStartCollections()
-        )  # TRL's full gc.collect() at train() starts, when it can help
+        # TRL's full gc.collect() at train() starts, only where it can find garbage (training/garbage.py)
+        self.collections = TrainStartCollections()
         self.switch_seconds = 0.0  # time spent in activations + snapshots (benchmark)
         self._noted: set[str] = set()
         self.eval_generation_samples = eval_generation_samples
