@@ -51,14 +51,16 @@ def _files_holding(folder: Path, secrets: tuple[str, ...]) -> list[str]:
 
 
 def test_secrets_train_but_are_never_stored_or_shown(tmp_path: Path) -> None:
-    from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
+    from rapidfire_nb.testing import tiny_sft_dataset
+    from tests.helpers import slow_create_model
 
     given: list[dict[str, Any]] = []
 
     def create_model(model_config: dict[str, Any]) -> Any:
         given.append(model_config)
         kwargs = {k: v for k, v in model_config["model_kwargs"].items() if k != "token"}
-        return tiny_create_model({**model_config, "model_kwargs": kwargs})
+        # each forward 0.1 s slower (same numbers): run 1 is still training when stop(1) arrives
+        return slow_create_model({**model_config, "model_kwargs": kwargs})
 
     lines: list[str] = []
     exp = Experiment("secret", experiment_path=tmp_path)

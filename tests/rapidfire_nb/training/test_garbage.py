@@ -74,9 +74,9 @@ def test_a_users_freeze_or_disabled_collector_gets_trls_call_unchanged() -> None
     first.free_memory()
     gc.freeze()  # the user froze their objects (e.g. before forking)
     try:
-        kept = gc.get_freeze_count()
         second.free_memory()
-        assert gc.get_freeze_count() == kept, "their freeze is left as it was"
+        assert second.calls[0][0] > 1000, "TRL's call ran with their objects frozen, as they left them"
+        assert gc.get_freeze_count() > 1000, "their freeze is not undone"  # (a frozen object freed drops out)
     finally:
         gc.unfreeze()
     gc.disable()
