@@ -6,7 +6,8 @@ datasets, the notebook's own objects), 0.15-0.2 s each on the tiny case's 2-core
 the GIL. A sequential user pays it once per run, after the previous trainer was freed, which is when it finds
 something. rapidfire_nb starts every run's ``train()`` in the first round, one after the other, while every run
 is alive: a second full collection right after the first finds nothing the first did not, but costs the same
-(4 LoRA runs of the tiny case: 0.65 s of a 2.3 s training phase, measured with ``gc.callbacks`` 2026-12-02).
+(4 LoRA runs of the tiny case: 0.63-0.68 s of a 1.8-2.3 s training phase, measured with ``gc.callbacks``,
+2026-12-02).
 
 :class:`TrainStartCollections` keeps the full collection where it can find garbage — the first ``train()`` start
 on a device, and the first one after a run's ``train()`` ended (finished, failed or released: its trainer may
@@ -27,7 +28,8 @@ __all__ = ["TrainStartCollections"]
 
 
 class TrainStartCollections:
-    """One device's record of whether the next ``train()`` start needs TRL's full ``gc.collect()``.
+    """One executor's record (its one device thread) of whether the next ``train()`` start needs TRL's full
+    ``gc.collect()``. Two experiments in one kernel keep one each: the first start of each collects.
 
     Attributes:
         full: full collections run at ``train()`` starts (TRL's own ``free_memory``, unchanged).
