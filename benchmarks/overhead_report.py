@@ -83,7 +83,7 @@ def _row(name: str, value: str, per: list[str], note: str = "") -> str:
 def _totals(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str]) -> list[str]:
     lines = [f"  total time (s){'':<57}median   per repeat"]
     for s in sides:
-        vals = [r[s]["total_s"] for r in reps]
+        vals = [r[s]["total_s"] if s in r else None for r in reps]
         lines.append(_row(_side_name(c, s), fmt(med(vals), ".2f"), [fmt(v, ".2f") for v in vals]))
     return lines
 
@@ -111,7 +111,7 @@ def _setting(c: dict[str, Any], side: str) -> str:
 
 def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], targets: list) -> list[str]:
     ref = reference(reps)
-    ref_t = med([r[ref]["total_s"] for r in reps])
+    ref_t = med([r[ref]["total_s"] for r in reps if ref in r])
     lines = [f"  ratio to sequential's faster setting ({_setting(c, ref)}: {fmt(ref_t, '.2f')} s)"]
     notes = {
         "rf": None,
@@ -121,7 +121,7 @@ def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], tar
         "rfG": "(like for like, beside it)",
     }
     for s in (x for x in ("rf", "rf1", "rfP", "rfN", "rfG") if x in sides):
-        vals = [r[s]["total_s"] / r[ref]["total_s"] for r in reps]
+        vals = [r[s]["total_s"] / r[ref]["total_s"] for r in reps if s in r and ref in r]
         m = med(vals)
         note = notes[s] or f"<= {c['target']:.2f}x  {ok(m, c['target'])}"
         limit = c["target"] if s == "rf" else None
@@ -135,12 +135,12 @@ def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], tar
         targets.append((f"{c['label']}: {what}", f"{fmt(m)}x", limit, m))
         lines.append(_row(_side_name(c, s), fmt(m), [fmt(v) for v in vals], note))
     if "rfP" in sides and "seqP" in sides:
-        vals = [r["rfP"]["total_s"] / r["seqP"]["total_s"] for r in reps]
+        vals = [r["rfP"]["total_s"] / r["seqP"]["total_s"] for r in reps if "rfP" in r and "seqP" in r]
         lines.append(
             _row("rapidfire_nb passive / sequential passive", fmt(med(vals)), [fmt(v) for v in vals])
         )
     if "seqP" in sides and "seq" in sides:
-        vals = [r["seqP"]["total_s"] / r["seq"]["total_s"] for r in reps]
+        vals = [r["seqP"]["total_s"] / r["seq"]["total_s"] for r in reps if "seqP" in r and "seq" in r]
         lines.append(
             _row("(sequential passive / sequential users' setting)", fmt(med(vals)), [fmt(v) for v in vals])
         )
@@ -150,7 +150,7 @@ def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], tar
 def _details(c: dict[str, Any], reps: list[dict[str, Any]]) -> list[str]:
     """rf (users' setting) against the faster sequential setting: evals, switch share, memory, phases."""
     ref = reference(reps)
-    pairs = [(r["rf"], r[ref]) for r in reps]
+    pairs = [(r["rf"], r[ref]) for r in reps if ref in r]
     fe = [
         rf["first_eval_all_s"] / b["first_eval_all_s"]
         for rf, b in pairs
@@ -180,6 +180,15 @@ def _details(c: dict[str, Any], reps: list[dict[str, Any]]) -> list[str]:
     ):
         vals = [rf[key] / b[key] for rf, b in pairs]
         lines.append(_row(what, fmt(med(vals)), [fmt(x) for x in vals]))
+    cpu = [rf["cpu_s"] / b["cpu_s"] for rf, b in pairs if rf.get("cpu_s") and b.get("cpu_s")]
+    if cpu:  # results from before 2026-12-03 have no CPU times
+        lines.append(
+            _row(
+                "CPU-time ratio (user+sys, whole child; stolen time not in it)",
+                fmt(med(cpu)),
+                [fmt(x) for x in cpu],
+            )
+        )
     lines.append("  absolute medians (s):")
     for key, what in (
         ("total_s", "total"),
@@ -189,6 +198,13 @@ def _details(c: dict[str, Any], reps: list[dict[str, Any]]) -> list[str]:
     ):
         rf_v, b_v = med([rf.get(key) for rf, _ in pairs]), med([b.get(key) for _, b in pairs])
         lines.append(f"    {what:<42} rf {fmt(rf_v, '8.2f')}   sequential {fmt(b_v, '8.2f')}")
+    if any(rf.get("cpu_s") for rf, _ in pairs):
+        for key, what in (
+            ("cpu_s", "CPU time, whole child (user+sys)"),
+            ("stolen_s", "stolen by the VM host (all CPUs)"),
+        ):
+            rf_v, b_v = med([rf.get(key) for rf, _ in pairs]), med([b.get(key) for _, b in pairs])
+            lines.append(f"    {what:<42} rf {fmt(rf_v, '8.2f')}   sequential {fmt(b_v, '8.2f')}")
     k = c["num_chunks"]
     lines.append(
         f"    {'rf chunk switches + snapshots':<42} rf {fmt(med([rf['switch_s'] for rf, _ in pairs]), '8.3f')}"
