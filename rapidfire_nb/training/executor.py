@@ -203,13 +203,14 @@ class TorchExecutor(Executor):
                 if storage_error(exc, str(run.run_dir / "final")) is None:
                     raise
                 self._write_failed(exc, run.run_dir / "final")
-        if status == "DELETED":
-            run.worker.release()
+        if status == "DELETED":  # never trains again: its trainer, optimizer and adapter leave the device
+            self.drop_run(run_id)
 
     def drop_run(self, run_id: int) -> None:
-        """Forget run ``run_id`` (it moved to another device): unwind its paused ``train()`` and delete its adapter
-        from the shared base, on the device thread after what is queued there (a segment in progress); returns at
-        once. Its run folder stays. Unknown runs are ignored."""
+        """Forget run ``run_id`` (it moved to another device, or it was deleted): unwind its paused ``train()`` and
+        delete its adapter from the shared base, on the device thread after what is queued there (a segment in
+        progress); returns at once. Its run folder stays (a deleted run's last checkpoint included). Unknown runs
+        are ignored."""
         run = self._runs.pop(run_id, None)
         if run is None:
             return

@@ -139,6 +139,12 @@ def ic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["deleted"] = _until(lambda: _status(exp, 3) == "DELETED")
     out["snap_2_stopped"] = exp.run_snapshot(2)
     out["snap_3_deleted"] = exp.run_snapshot(3)
+    executor = exp.session.executor
+    out["dropped_3"] = _until(lambda: not executor.has_run(3))
+    base_model = next(iter(executor.runs.values())).base.model
+    out["adapters_after_delete"] = _until(lambda: "run_3" not in base_model.peft_config) and sorted(
+        base_model.peft_config
+    )
 
     # --- every other run finishes; the stopped run does not end the experiment
     out["wait_all"] = exp.wait(timeout=WAIT_S)
@@ -257,6 +263,14 @@ def test_delete_marks_deleted_and_hides_the_run(ic: dict[str, Any]) -> None:
     kept = ic["results_all"][ic["results_all"].run_id == 3]
     assert list(kept.step) == list(range(1, snap.step + 1)), (snap.step, list(kept.step))
     assert len(ic["results_all"]) == len(ic["results"]) + len(kept)
+
+
+def test_delete_frees_the_runs_trainer_and_adapter(ic: dict[str, Any]) -> None:
+    """A deleted run never trains again: the executor forgets it and its adapter leaves the shared base."""
+    assert ic["dropped_3"]
+    assert ic["adapters_after_delete"] and "run_3" not in ic["adapters_after_delete"]
+    assert {"run_1", "run_2"} <= set(ic["adapters_after_delete"])
+    assert 3 not in ic["totals"]
 
 
 def test_delete_renames_tensorboard_folder(ic: dict[str, Any]) -> None:
