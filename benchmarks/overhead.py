@@ -288,7 +288,7 @@ def _cases(a: argparse.Namespace) -> list[dict[str, Any]]:
     """The selected cases with the command line's overrides applied."""
     out = []
     repeats = _per_case(a.repeats, "--repeats")
-    passive_repeats = _per_case(a.passive_repeats, "--passive-repeats")
+    passive_repeats = _per_case(a.passive_repeats, "--passive-repeats", minimum=0)
     for name in (n.strip() for n in a.cases.split(",") if n.strip()):
         if name not in CASES:
             raise SystemExit(f"--cases: unknown case {name!r}; use {', '.join(CASES)}")
@@ -305,18 +305,31 @@ def _cases(a: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def _per_case(text: str | None, flag: str) -> dict[str, int]:
-    """``"3"`` -> every case 3; ``"fast=7,smollm2=2"`` -> those cases (the others keep their default)."""
+def _per_case(text: str | None, flag: str, minimum: int = 1) -> dict[str, int]:
+    """``"3"`` -> every case 3; ``"fast=7,smollm2=2"`` -> those cases (the others keep their default).
+
+    Raises:
+        SystemExit: not a number, a number below ``minimum``, or a case name that is not in :data:`CASES`.
+    """
     if not text:
         return {}
     try:
         if "=" not in text:
-            return {"*": int(text)}
-        return {k.strip(): int(v) for k, v in (part.split("=", 1) for part in text.split(","))}
+            got = {"*": int(text)}
+        else:
+            got = {k.strip(): int(v) for k, v in (part.split("=", 1) for part in text.split(","))}
     except ValueError:
         raise SystemExit(
             f"{flag}: use a number (every case) or case=number,... (e.g. fast=7,smollm2=2)"
         ) from None
+    for name, n in got.items():
+        if name != "*" and name not in CASES:
+            raise SystemExit(f"{flag}: unknown case {name!r}; use {', '.join(CASES)}")
+        if n < minimum:
+            raise SystemExit(
+                f"{flag}: {n} for {'every case' if name == '*' else name}; use {minimum} or more"
+            )
+    return got
 
 
 def _header(a: argparse.Namespace, load0: tuple[float, ...], load1: tuple[float, ...]) -> list[str]:

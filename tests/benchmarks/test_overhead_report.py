@@ -1,0 +1,57 @@
+"""benchmarks/overhead_report.py on a recorded run: SmolLM2's 5 repeats with the passive side in the first only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import overhead_report  # noqa: E402
+
+
+def _recorded() -> tuple[dict, list[dict], list[str]]:
+    raw = json.loads((BENCH / "results" / "smollm2_latest.json").read_text())
+    got = raw["cases"]["smollm2"]
+    return got["case"], got["repeats"], got["orders"]
+
+
+def _line(lines: list[str], start: str) -> str:
+    return next(line for line in lines if line.strip().startswith(start))
+
+
+def test_passive_side_in_the_first_repeat_only_reads_n_a_after_it() -> None:
+    c, reps, orders = _recorded()
+    assert [("seqP" in r) for r in reps] == [True, False, False, False, False]
+    targets: list = []
+    lines = overhead_report.report_case(c, reps, orders, None, targets)
+    passive = _line(lines, "sequential plain TRL, OMP_WAIT_POLICY=passive")
+    assert passive.split()[-5:] == ["192.38,", "n/a,", "n/a,", "n/a,", "n/a"]
+    # the ratio is over all 5 pairs, against sequential's faster setting (the users' one: 109.94 s median)
+    rf_rows = [
+        line
+        for line in lines
+        if line.strip().startswith("rapidfire_nb, 8 steps/chunk, OMP_WAIT_POLICY unset")
+    ]
+    ratio = rf_rows[1]  # the first is its total time
+    assert "1.062   1.237, 0.988, 1.062, 1.257, 0.994" in ratio and ratio.endswith("<= 1.02x  MISSED")
+    name, text, limit, value = next(t for t in targets if t[0].startswith("smollm2: total time"))
+    assert (text, limit) == ("1.062x", 1.02) and abs(value - 1.0624) < 1e-3
+    # sequential passive / sequential users' setting: only the repeat that has both
+    assert _line(lines, "(sequential passive / sequential users' setting)").split()[-2:] == ["2.034", "2.034"]
+
+
+def test_cpu_lines_only_when_the_children_recorded_them() -> None:
+    c, reps, orders = _recorded()
+    assert not any(
+        "CPU-time ratio" in line for line in overhead_report.report_case(c, reps, orders, None, [])
+    )
+    for i, r in enumerate(reps):
+        r["rf"]["cpu_s"], r["seq"]["cpu_s"] = 200.0 + i, 100.0 + i
+        r["rf"]["stolen_s"], r["seq"]["stolen_s"] = 0.5, 1.5
+    lines = overhead_report.report_case(c, reps, orders, None, [])
+    cpu = _line(lines, "CPU-time ratio")
+    assert f"{202 / 102:.3f}   {200 / 100:.3f}," in cpu  # the median of 200/100 ... 204/104 is 202/102
+    assert _line(lines, "stolen by the VM host").split()[-3:] == ["0.50", "sequential", "1.50"]
