@@ -257,10 +257,18 @@ def run_case(
 ) -> dict[str, Any]:
     """Every repeat of one case (+ the memory and profile children); the raw results."""
     sides, reps, orders = _sides(c, a), [], []
+    if c["passive_repeats"] == 0:
+        sides = [s for s in sides if not overhead_report.SIDES[s][1]]
     _warm_file_cache(c["model"])
     started = time.time()
     print(
-        f"[{c['label']}] {c['repeats']} repeat(s) of {', '.join(sides)}; {c['steps']} steps/run", flush=True
+        f"[{c['label']}] {c['repeats']} repeat(s) of {', '.join(sides)}; {c['steps']} steps/run"
+        + (
+            f" (the passive sides in the first {c['passive_repeats']} only)"
+            if c["passive_repeats"] < c["repeats"] and any(overhead_report.SIDES[s][1] for s in sides)
+            else ""
+        ),
+        flush=True,
     )
     for r in range(c["repeats"]):
         these = sides if r < c["passive_repeats"] else [s for s in sides if not overhead_report.SIDES[s][1]]

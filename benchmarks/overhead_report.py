@@ -109,10 +109,18 @@ def _setting(c: dict[str, Any], side: str) -> str:
     return PASSIVE if SIDES[side][1] else c["user_omp"]
 
 
+def _only(reps: list[dict[str, Any]], ref: str) -> str:
+    """``"; over the 1 of 5 repeats that ran it"`` when the reference side ran in fewer repeats (``--passive-repeats``)."""
+    n = sum(1 for r in reps if ref in r)
+    return f"; over the {n} of {len(reps)} repeats that ran it" if n < len(reps) else ""
+
+
 def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], targets: list) -> list[str]:
     ref = reference(reps)
     ref_t = med([r[ref]["total_s"] for r in reps if ref in r])
-    lines = [f"  ratio to sequential's faster setting ({_setting(c, ref)}: {fmt(ref_t, '.2f')} s)"]
+    lines = [
+        f"  ratio to sequential's faster setting ({_setting(c, ref)}: {fmt(ref_t, '.2f')} s{_only(reps, ref)})"
+    ]
     notes = {
         "rf": None,
         "rf1": "(no-switching reference)",
@@ -157,7 +165,9 @@ def _details(c: dict[str, Any], reps: list[dict[str, Any]]) -> list[str]:
         if rf.get("first_eval_all_s") and b.get("first_eval_all_s")
     ]
     sw = [rf["switch_s"] / rf["train_s"] for rf, _ in pairs]
-    lines = [f"  rapidfire_nb ({c['user_omp']}) against sequential plain TRL ({_setting(c, ref)}):"]
+    lines = [
+        f"  rapidfire_nb ({c['user_omp']}) against sequential plain TRL ({_setting(c, ref)}{_only(reps, ref)}):"
+    ]
     lines.append(
         _row(
             "time until every config has an eval (ratio)",
@@ -189,7 +199,7 @@ def _details(c: dict[str, Any], reps: list[dict[str, Any]]) -> list[str]:
                 [fmt(x) for x in cpu],
             )
         )
-    lines.append("  absolute medians (s):")
+    lines.append(f"  absolute medians (s){_only(reps, ref)}:")
     for key, what in (
         ("total_s", "total"),
         ("setup_s", "setup (model load + trainer builds)"),

@@ -55,3 +55,18 @@ def test_cpu_lines_only_when_the_children_recorded_them() -> None:
     cpu = _line(lines, "CPU-time ratio")
     assert f"{202 / 102:.3f}   {200 / 100:.3f}," in cpu  # the median of 200/100 ... 204/104 is 202/102
     assert _line(lines, "stolen by the VM host").split()[-3:] == ["0.50", "sequential", "1.50"]
+
+
+def test_a_reference_from_fewer_repeats_says_so() -> None:
+    c, reps, orders = _recorded()
+    assert not any(
+        "repeats that ran it" in line for line in overhead_report.report_case(c, reps, orders, None, [])
+    )
+    reps[0]["seqP"]["total_s"] = 50.0  # the passive side, run in repeat 1 only, is now the faster setting
+    lines = overhead_report.report_case(c, reps, orders, None, [])
+    assert "(OMP_WAIT_POLICY=passive: 50.00 s; over the 1 of 5 repeats that ran it)" in _line(
+        lines, "ratio to"
+    )
+    assert (
+        _line(lines, "absolute medians (s)") == "  absolute medians (s); over the 1 of 5 repeats that ran it:"
+    )
