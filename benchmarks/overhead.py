@@ -257,21 +257,23 @@ def run_case(
 ) -> dict[str, Any]:
     """Every repeat of one case (+ the memory and profile children); the raw results."""
     sides, reps, orders = _sides(c, a), [], []
-    if c["passive_repeats"] == 0:
-        sides = [s for s in sides if not overhead_report.SIDES[s][1]]
+    users = [
+        s for s in sides if not overhead_report.SIDES[s][1]
+    ]  # the sides of the repeats after passive_repeats
+    shown = sides if c["passive_repeats"] else users
     _warm_file_cache(c["model"])
     started = time.time()
     print(
-        f"[{c['label']}] {c['repeats']} repeat(s) of {', '.join(sides)}; {c['steps']} steps/run"
+        f"[{c['label']}] {c['repeats']} repeat(s) of {', '.join(shown)}; {c['steps']} steps/run"
         + (
             f" (the passive sides in the first {c['passive_repeats']} only)"
-            if c["passive_repeats"] < c["repeats"] and any(overhead_report.SIDES[s][1] for s in sides)
+            if 0 < c["passive_repeats"] < c["repeats"] and users != sides
             else ""
         ),
         flush=True,
     )
     for r in range(c["repeats"]):
-        these = sides if r < c["passive_repeats"] else [s for s in sides if not overhead_report.SIDES[s][1]]
+        these = sides if r < c["passive_repeats"] else users
         order = these if r % 2 == 0 else these[::-1]
         reps.append({s: _spawn(c, s, a, log_dir, f"{c['label']}-{s}-{r}") for s in order})
         orders.append(">".join(order))
@@ -304,7 +306,7 @@ def _cases(a: argparse.Namespace) -> list[dict[str, Any]]:
         c["steps"] = a.steps or c["steps"]
         c["batch"] = a.batch or c["batch"]
         c["repeats"] = repeats.get(name, repeats.get("*", c["repeats"]))
-        passive = c.get("passive_repeats") or c["repeats"]
+        passive = c.get("passive_repeats", c["repeats"])  # a case without the key: every repeat
         c["passive_repeats"] = min(c["repeats"], passive_repeats.get(name, passive_repeats.get("*", passive)))
         c["eval"] = c["eval"] and not a.no_eval
         if c["steps"] % c["num_chunks"]:
