@@ -27,6 +27,7 @@ from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError, StorageError, storage_error
 from rapidfire_nb.spec import LeafConfig, build_lora_config, build_training_args
 
+from .adapters import activate_adapter
 from .checkpoint import (
     WARM_START_PREFIX,
     BoundarySnapshot,
@@ -549,7 +550,7 @@ class TorchExecutor(Executor):
             unpark(run.worker.trainer.model, run.worker.trainer.optimizer, run.parked)
             run.parked = None
         if run.adapter is not None and run.base is not None:
-            run.base.model.set_adapter(run.adapter)
+            activate_adapter(run.base.model, run.adapter)  # set_adapter without its walk of every module
             active = run.base.model.active_adapter
             if active != run.adapter:  # a wrong active adapter raises nothing: it trains the wrong weights
                 raise RuntimeError(f"active adapter is {active!r}, expected {run.adapter!r}")
