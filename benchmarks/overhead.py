@@ -166,6 +166,13 @@ def user_omp(a: argparse.Namespace) -> str:
 
 def _spawn(c: dict[str, Any], side: str, a: argparse.Namespace, log_dir: Path, tag: str, **kw: Any) -> dict:
     """Run one child (``side`` a key of :data:`overhead_report.SIDES`) and return its numbers + peak RSS."""
+    return _finish(_start(c, side, a, log_dir, tag, **kw))
+
+
+def _start(
+    c: dict[str, Any], side: str, a: argparse.Namespace, log_dir: Path, tag: str, **kw: Any
+) -> dict[str, Any]:
+    """Start one child; ``cpu=N`` pins it (every thread) to CPU N with one OpenMP/MKL thread (``--pinned-pairs``)."""
     result, log = log_dir / f"{tag}.json", log_dir / f"{tag}.log"
     is_rf, passive = overhead_report.SIDES[side]
     num_chunks = 1 if side == "rf1" else c["num_chunks"]
@@ -184,15 +191,38 @@ def _spawn(c: dict[str, Any], side: str, a: argparse.Namespace, log_dir: Path, t
     env = _child_env(passive, a)
     if is_rf:
         env.update(_tracker_env(a))
+    cpu = kw.get("cpu")
+    if cpu is not None:
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     t0, stolen0 = time.time(), _stolen_seconds()
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO), env=env)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=str(REPO),
+            env=env,
+            preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
+        )
+    return {"proc": proc, "t0": t0, "stolen0": stolen0, "result": result, "log": log, "tag": tag}
+
+
+def _finish(h: dict[str, Any], waited: tuple[int, Any, float] | None = None) -> dict[str, Any]:
+    """Wait for a child of :func:`_start`; its numbers, peak RSS, CPU and stolen time (exits on a failed child).
+
+    ``waited``: ``(status, rusage, time)`` when the caller has already reaped the child (``os.wait4(-1)``).
+    """
+    proc, t0, stolen0, result, log, tag = (h[k] for k in ("proc", "t0", "stolen0", "result", "log", "tag"))
+    if waited is None:
         try:
             _pid, status, usage = os.wait4(proc.pid, 0)
         except KeyboardInterrupt:
             proc.kill()
             raise
-    code, wall = os.waitstatus_to_exitcode(status), time.time() - t0
+        waited = (status, usage, time.time())
+    status, usage, ended = waited
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    code, wall = proc.returncode, ended - t0
     if code != 0 or not result.exists():
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"child {tag} failed (exit {code}); log {log}:\n{tail}")
@@ -256,6 +286,8 @@ def run_case(
     c: dict[str, Any], a: argparse.Namespace, log_dir: Path, prof_dir: Path | None
 ) -> dict[str, Any]:
     """Every repeat of one case (+ the memory and profile children); the raw results."""
+    if c.get("pinned"):
+        return run_pinned_pairs(c, a, log_dir)
     sides, reps, orders = _sides(c, a), [], []
     users = [
         s for s in sides if not overhead_report.SIDES[s][1]
@@ -293,16 +325,85 @@ def run_case(
     return {"case": c, "repeats": reps, "orders": orders, "rf_1_config": one}
 
 
+def _pair(c: dict[str, Any], a: argparse.Namespace, log_dir: Path, sides: dict[str, tuple[str, int]]) -> dict:
+    """Run two children at the same time, ``label -> (side, cpu)``, each pinned to its CPU; both results."""
+    started = {
+        k: _start(c, side, a, log_dir, f"{c['label']}-{k}", cpu=cpu) for k, (side, cpu) in sides.items()
+    }
+    by_pid = {h["proc"].pid: k for k, h in started.items()}
+    done: dict[str, Any] = {}
+    try:
+        while len(done) < len(started):  # whichever ends first: its wall time is its own
+            pid, status, usage = os.wait4(-1, 0)
+            if pid in by_pid:
+                k = by_pid[pid]
+                done[k] = _finish(started[k], (status, usage, time.time()))
+    finally:  # one child failed (SystemExit) or Ctrl-C: the other does not train on alone
+        for k, h in started.items():
+            if k not in done and h["proc"].poll() is None:
+                h["proc"].kill()
+    return done
+
+
+def run_pinned_pairs(c: dict[str, Any], a: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """``--pinned-pairs``: rf and sequential TRL at the same time, each pinned to its own CPU with one thread.
+
+    Both sides of a pair live through the same moments of the host, so a slow stretch (a busy neighbour on a
+    shared VM, which slowed identical work by up to 35% on 2026-12-03) slows both; the CPUs are swapped every
+    other repeat. ``--control-repeats n`` adds n pairs of sequential against sequential (the same work on both
+    CPUs): the spread of their ratios is this layout's own precision on this machine. The side started first
+    alternates every two repeats (``orders`` lists the start order); in each control pair the first-started
+    child is the numerator.
+    """
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("--pinned-pairs needs 2 CPUs (one per side); this process may use fewer")
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    _warm_file_cache(c["model"])
+    reps, orders, control = [], [], []
+    print(
+        f"[{c['label']}] {c['repeats']} pinned pair(s) rf | seq on CPUs {cpus}, one thread each"
+        + (f", + {a.control_repeats} control pair(s) seq | seq" if a.control_repeats else ""),
+        flush=True,
+    )
+    started = time.time()
+    for r in range(c["repeats"]):
+        x, y = (
+            cpus if r % 2 == 0 else cpus[::-1]
+        )  # CPUs swapped every repeat, who starts first every 2 repeats
+        pair = {f"rf-{r}": ("rf", x), f"seq-{r}": ("seq", y)}
+        if (r // 2) % 2:
+            pair = dict(reversed(pair.items()))
+        got = _pair(c, a, log_dir, pair)
+        reps.append({"rf": got[f"rf-{r}"], "seq": got[f"seq-{r}"]})
+        orders.append("|".join(f"{side}@cpu{cpu}" for side, cpu in pair.values()))
+        print(
+            f"  [{c['label']}] pair {r + 1}/{c['repeats']} done, {time.time() - started:.0f} s so far",
+            flush=True,
+        )
+    for r in range(a.control_repeats):
+        x, y = cpus if r % 2 == 0 else cpus[::-1]
+        got = _pair(c, a, log_dir, {f"ctlA-{r}": ("seq", x), f"ctlB-{r}": ("seq", y)})
+        control.append({"cpus": [x, y], "totals": [got[f"ctlA-{r}"]["total_s"], got[f"ctlB-{r}"]["total_s"]]})
+        print(f"  [{c['label']}] control pair {r + 1}/{a.control_repeats} done", flush=True)
+    return {"case": c, "repeats": reps, "orders": orders, "rf_1_config": None, "control": control}
+
+
 # ====================================================================== parent
 def _cases(a: argparse.Namespace) -> list[dict[str, Any]]:
     """The selected cases with the command line's overrides applied."""
     out = []
     repeats = _per_case(a.repeats, "--repeats")
     passive_repeats = _per_case(a.passive_repeats, "--passive-repeats", minimum=0)
+    if a.control_repeats < 0 or (a.control_repeats and not a.pinned_pairs):
+        raise SystemExit("--control-repeats: a number of 0 or more, and only with --pinned-pairs")
     for name in (n.strip() for n in a.cases.split(",") if n.strip()):
         if name not in CASES:
             raise SystemExit(f"--cases: unknown case {name!r}; use {', '.join(CASES)}")
         c = dict(CASES[name], label=name, user_omp=user_omp(a), num_chunks=a.num_chunks)
+        if a.pinned_pairs:
+            c.update(
+                label=f"{name}-pinned", pinned=True, user_omp="1 thread on its own CPU, at the same time"
+            )
         c["steps"] = a.steps or c["steps"]
         c["batch"] = a.batch or c["batch"]
         c["repeats"] = repeats.get(name, repeats.get("*", c["repeats"]))
@@ -354,7 +455,9 @@ def _header(a: argparse.Namespace, load0: tuple[float, ...], load1: tuple[float,
         )
     others = [f"{k}={os.environ[k]}" for k in OPENMP_VARS[1:] if k in os.environ]
     passive = (
-        "no separate passive sides (the users' setting is passive)"
+        "OMP_NUM_THREADS=1 in every child (one thread on one CPU: no OpenMP team)"
+        if a.pinned_pairs
+        else "no separate passive sides (the users' setting is passive)"
         if user_omp(a).endswith("passive")
         else "'passive' sides set OMP_WAIT_POLICY=PASSIVE"
     )
@@ -363,8 +466,14 @@ def _header(a: argparse.Namespace, load0: tuple[float, ...], load1: tuple[float,
         f"command: python benchmarks/overhead.py {' '.join(sys.argv[1:])}".rstrip(),
         f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {vers}",
         f"load average 1 min: {load0[0]:.1f} at start, {load1[0]:.1f} at end (other work on the machine adds noise)",
-        "every measurement in its own child process; each repeat runs every side once, order reversed every "
-        "other repeat; ratios are medians of per-repeat ratios",
+        (
+            "--pinned-pairs: each repeat runs rf and sequential at the same time, each child pinned to its own "
+            "CPU with one thread (OMP_NUM_THREADS=1), CPUs swapped every other repeat; ratios are medians of "
+            "per-pair ratios"
+            if a.pinned_pairs
+            else "every measurement in its own child process; each repeat runs every side once, order reversed "
+            "every other repeat; ratios are medians of per-repeat ratios"
+        ),
         f"OpenMP: {omp}; {passive}" + (f"; also set here: {', '.join(others)}" if others else ""),
         "",
     ]
@@ -376,8 +485,7 @@ def _paste_block(head: list[str], summary: list[str], report: list[str]) -> str:
         [
             "==== README.md, section 'Benchmark': paste this block ====",
             fence + "text",
-            *head[:4],
-            head[5],
+            *head[:6],
             "",
             *summary,
             fence,
@@ -419,7 +527,7 @@ def write_report(raw: dict[str, Any], out: Path) -> None:
     targets: list[tuple[str, str, float, float | None]] = []
     for got in raw["cases"].values():
         report += overhead_report.report_case(
-            got["case"], got["repeats"], got["orders"], got["rf_1_config"], targets
+            got["case"], got["repeats"], got["orders"], got["rf_1_config"], targets, got.get("control")
         )
         report.append("")
     head, tail = raw["head"], raw["tail"]
@@ -477,6 +585,19 @@ def _parser() -> argparse.ArgumentParser:
         choices=("unset", "inherit", "active", "passive"),
         help="OMP_WAIT_POLICY of the users'-setting children (default unset, as users have it; 'inherit' keeps "
         "this shell's). The passive sides always set PASSIVE",
+    )
+    ap.add_argument(
+        "--pinned-pairs",
+        action="store_true",
+        help="run rf and sequential TRL at the same time, each pinned to its own CPU with one thread, CPUs "
+        "swapped every other repeat (needs 2 CPUs): a noisy shared host slows both sides of a pair alike. "
+        "Not the users' setting (they train on every CPU); no passive, reference or memory children",
+    )
+    ap.add_argument(
+        "--control-repeats",
+        type=int,
+        default=0,
+        help="with --pinned-pairs: n more pairs of sequential against sequential, the layout's own precision",
     )
     ap.add_argument("--out", default=str(RESULTS / "latest.txt"))
     ap.add_argument(

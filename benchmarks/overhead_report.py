@@ -356,8 +356,12 @@ def report_case(
     orders: list[str],
     one: dict[str, Any] | None,
     targets: list,
+    control: list[dict[str, Any]] | None = None,
 ) -> list[str]:
-    """The report block of one case; appends ``(name, value text, limit, value)`` of its targets to ``targets``."""
+    """The report block of one case; appends ``(name, value text, limit, value)`` of its targets to ``targets``.
+
+    ``control``: ``--pinned-pairs``' sequential-against-sequential pairs, ``{"cpus": [a, b], "totals": [s, s]}``.
+    """
     sides = [s for s in SIDES if s in reps[0]]
     chunk = c["steps"] // c["num_chunks"]
     evals = "eval at every chunk end on both sides" if c["eval"] else "no eval set"
@@ -372,7 +376,29 @@ def report_case(
     lines += _details(c, reps)
     lines += _costs(c, reps, targets)
     lines += _same_work(c, reps, one, targets)
+    lines += _control(control, targets, c["label"])
     return lines
+
+
+def _control(control: list[dict[str, Any]] | None, targets: list, label: str) -> list[str]:
+    """The precision of ``--pinned-pairs`` on this machine: the same sequential work on both CPUs at once."""
+    if not control:
+        return []
+    ratios = [p["totals"][0] / p["totals"][1] for p in control]
+    per = ", ".join(f"{r:.3f} (cpu{p['cpus'][0]}/cpu{p['cpus'][1]})" for r, p in zip(ratios, control))
+    spread = max(abs(r - 1.0) for r in ratios)
+    targets.append(
+        (
+            f"{label}: control, sequential / sequential at once (largest |1 - ratio|)",
+            f"{spread:.3f}",
+            None,
+            spread,
+        )
+    )
+    return [
+        f"  control (the layout's own precision): sequential against sequential at the same time, {len(control)} "
+        f"pair(s), first started / second: {per}; largest |1 - ratio| {spread:.3f}"
+    ]
 
 
 def summary(targets: list[tuple[str, str, float | None, float | None]]) -> list[str]:
