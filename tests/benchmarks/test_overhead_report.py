@@ -1,10 +1,14 @@
-"""benchmarks/overhead_report.py on a recorded run: SmolLM2's 5 repeats with the passive side in the first only."""
+"""benchmarks/overhead_report.py on recorded runs: SmolLM2's 5 repeats with the passive side in the first only, and
+SmolLM2's pinned pairs (``--pinned-pairs``) with their control pairs."""
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -70,3 +74,39 @@ def test_a_reference_from_fewer_repeats_says_so() -> None:
     assert (
         _line(lines, "absolute medians (s)") == "  absolute medians (s); over the 1 of 5 repeats that ran it:"
     )
+
+
+def _pinned() -> dict:
+    raw = json.loads((BENCH / "results" / "smollm2_pinned.json").read_text())
+    return raw["cases"]["smollm2-pinned"]
+
+
+def test_pinned_pairs_report_their_pairs_and_the_control() -> None:
+    got = _pinned()
+    c, reps, control = got["case"], got["repeats"], got["control"]
+    assert c["pinned"] and len(control) == 2 and all(r["rf"]["torch_threads"] == 1 for r in reps)
+    targets: list = []
+    lines = overhead_report.report_case(c, reps, got["orders"], None, targets, control)
+    ratios = [r["rf"]["total_s"] / r["seq"]["total_s"] for r in reps]
+    row = _line(lines, "rapidfire_nb, 8 steps/chunk, 1 thread on its own CPU, at the same time    ")
+    assert f"{statistics.median(ratios):.3f}   {', '.join(f'{x:.3f}' for x in ratios)}" in row
+    ctl = [p["totals"][0] / p["totals"][1] for p in control]
+    line = _line(lines, "control (the layout's own precision)")
+    assert f"{ctl[0]:.3f} (cpu{control[0]['cpus'][0]}/cpu{control[0]['cpus'][1]})" in line
+    assert line.endswith(f"largest |1 - ratio| {max(abs(1 - x) for x in ctl):.3f}")
+    name, text, limit, value = targets[-1]
+    assert name.startswith("smollm2-pinned: control") and limit is None  # a reading, not a target
+    # the start order alternates every two pairs, the CPUs every pair
+    firsts = [o.split("|")[0].split("@")[0] for o in got["orders"]]
+    assert firsts[:4] == ["rf", "rf", "seq", "seq"]
+
+
+def test_control_repeats_only_with_pinned_pairs() -> None:
+    import overhead
+
+    a = overhead._parser().parse_args(["--cases", "tiny", "--control-repeats", "2"])
+    with pytest.raises(SystemExit, match="only with --pinned-pairs"):
+        overhead._cases(a)
+    a = overhead._parser().parse_args(["--cases", "tiny", "--pinned-pairs", "--control-repeats", "2"])
+    (c,) = overhead._cases(a)
+    assert c["label"] == "tiny-pinned" and c["pinned"]
