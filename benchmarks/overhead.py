@@ -30,6 +30,8 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/overhead.py --cases tiny --steps 8 --repeats 1   # quick smoke run
     .venv/bin/python benchmarks/overhead.py --cases fast --profile  # + a cProfile of one rf child
     .venv/bin/python benchmarks/overhead.py --with-trackers mlflow,trackio   # rf side also on MLflow + Trackio
+    .venv/bin/python benchmarks/overhead.py --cases smollm2 --pinned-pairs --control-repeats 2  # both sides at once,
+                                                                     # one CPU and one thread each (~17 min)
 
 Writes the report to ``benchmarks/results/latest.txt``, the raw numbers to ``latest.json`` and the blocks to paste
 into README.md / benchmarks/README.md to ``latest.md``.
@@ -350,7 +352,7 @@ def run_pinned_pairs(c: dict[str, Any], a: argparse.Namespace, log_dir: Path) ->
 
     Both sides of a pair live through the same moments of the host, so a slow stretch (a busy neighbour on a
     shared VM, which slowed identical work by up to 35% on 2026-12-03) slows both; the CPUs are swapped every
-    other repeat. ``--control-repeats n`` adds n pairs of sequential against sequential (the same work on both
+    repeat. ``--control-repeats n`` adds n pairs of sequential against sequential (the same work on both
     CPUs): the spread of their ratios is this layout's own precision on this machine. The side started first
     alternates every two repeats (``orders`` lists the start order); in each control pair the first-started
     child is the numerator.
@@ -367,9 +369,8 @@ def run_pinned_pairs(c: dict[str, Any], a: argparse.Namespace, log_dir: Path) ->
     )
     started = time.time()
     for r in range(c["repeats"]):
-        x, y = (
-            cpus if r % 2 == 0 else cpus[::-1]
-        )  # CPUs swapped every repeat, who starts first every 2 repeats
+        # the CPUs swap every repeat, the side started first every two repeats
+        x, y = cpus if r % 2 == 0 else cpus[::-1]
         pair = {f"rf-{r}": ("rf", x), f"seq-{r}": ("seq", y)}
         if (r // 2) % 2:
             pair = dict(reversed(pair.items()))
@@ -468,7 +469,7 @@ def _header(a: argparse.Namespace, load0: tuple[float, ...], load1: tuple[float,
         f"load average 1 min: {load0[0]:.1f} at start, {load1[0]:.1f} at end (other work on the machine adds noise)",
         (
             "--pinned-pairs: each repeat runs rf and sequential at the same time, each child pinned to its own "
-            "CPU with one thread (OMP_NUM_THREADS=1), CPUs swapped every other repeat; ratios are medians of "
+            "CPU with one thread (OMP_NUM_THREADS=1), CPUs swapped every repeat; ratios are medians of "
             "per-pair ratios"
             if a.pinned_pairs
             else "every measurement in its own child process; each repeat runs every side once, order reversed "
@@ -590,7 +591,7 @@ def _parser() -> argparse.ArgumentParser:
         "--pinned-pairs",
         action="store_true",
         help="run rf and sequential TRL at the same time, each pinned to its own CPU with one thread, CPUs "
-        "swapped every other repeat (needs 2 CPUs): a noisy shared host slows both sides of a pair alike. "
+        "swapped every repeat (needs 2 CPUs): a noisy shared host slows both sides of a pair alike. "
         "Not the users' setting (they train on every CPU); no passive, reference or memory children",
     )
     ap.add_argument(
