@@ -357,8 +357,6 @@ def run_pinned_pairs(c: dict[str, Any], a: argparse.Namespace, log_dir: Path) ->
     alternates every two repeats (``orders`` lists the start order); in each control pair the first-started
     child is the numerator.
     """
-    if len(os.sched_getaffinity(0)) < 2:
-        raise SystemExit("--pinned-pairs needs 2 CPUs (one per side); this process may use fewer")
     cpus = sorted(os.sched_getaffinity(0))[:2]
     _warm_file_cache(c["model"])
     reps, orders, control = [], [], []
@@ -395,8 +393,15 @@ def _cases(a: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     repeats = _per_case(a.repeats, "--repeats")
     passive_repeats = _per_case(a.passive_repeats, "--passive-repeats", minimum=0)
-    if a.control_repeats < 0 or (a.control_repeats and not a.pinned_pairs):
-        raise SystemExit("--control-repeats: a number of 0 or more, and only with --pinned-pairs")
+    if a.control_repeats < 0:
+        raise SystemExit(f"--control-repeats: {a.control_repeats}; use 0 or more")
+    if a.control_repeats and not a.pinned_pairs:
+        raise SystemExit("--control-repeats: only with --pinned-pairs (it adds pairs to that layout)")
+    if a.pinned_pairs and len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit(
+            f"--pinned-pairs: needs 2 CPUs, one per side; this process may run on CPU(s) "
+            f"{sorted(os.sched_getaffinity(0))} only"
+        )
     for name in (n.strip() for n in a.cases.split(",") if n.strip()):
         if name not in CASES:
             raise SystemExit(f"--cases: unknown case {name!r}; use {', '.join(CASES)}")
@@ -522,8 +527,8 @@ def parent_main(a: argparse.Namespace) -> None:
     write_report(raw, out)
 
 
-def write_report(raw: dict[str, Any], out: Path) -> None:
-    """Print the report of ``raw`` (what :func:`parent_main` measured) and write it to ``out`` (+ ``.md``)."""
+def render_report(raw: dict[str, Any]) -> tuple[list[str], str]:
+    """The report of ``raw`` (what :func:`parent_main` measured) as lines, and the blocks to paste."""
     report: list[str] = []
     targets: list[tuple[str, str, float, float | None]] = []
     for got in raw["cases"].values():
@@ -533,10 +538,15 @@ def write_report(raw: dict[str, Any], out: Path) -> None:
         report.append("")
     head, tail = raw["head"], raw["tail"]
     summary = overhead_report.summary(targets)
-    text = "\n".join(head + summary + [""] + report + tail)
+    return head + summary + [""] + report + tail, _paste_block(head, summary, report + tail[:1])
+
+
+def write_report(raw: dict[str, Any], out: Path) -> None:
+    """Print the report of ``raw`` and write it to ``out`` (+ ``.md``: the blocks to paste)."""
+    lines, paste = render_report(raw)
+    text = "\n".join(lines)
     print("\n" + text)
     out.write_text(text + "\n")
-    paste = _paste_block(head, summary, report + tail[:1])
     out.with_suffix(".md").write_text(paste + "\n")
     print(f"\n{paste}\n\nwritten to {out} (.json: raw numbers; .md: the blocks above)")
 
@@ -600,7 +610,11 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="with --pinned-pairs: n more pairs of sequential against sequential, the layout's own precision",
     )
-    ap.add_argument("--out", default=str(RESULTS / "latest.txt"))
+    ap.add_argument(
+        "--out",
+        help="report path, .json and .md beside it (default benchmarks/results/latest.txt; with --report-from: "
+        "print only, unless given)",
+    )
     ap.add_argument(
         "--with-trackers",
         default="",
@@ -630,14 +644,38 @@ def main() -> None:
     if a.child:
         overhead_child.child_main(a)
     elif a.report_from:
-        raw = json.loads(Path(a.report_from).read_text())
-        if not {"cases", "head", "tail"} <= set(raw):
-            raise SystemExit(
-                f"--report-from: {a.report_from} was not written by this overhead.py; run it again"
-            )
-        write_report(raw, Path(a.out))
+        report_from(a)
     else:
+        if a.out is None:
+            a.out = str(RESULTS / "latest.txt")
         parent_main(a)
+
+
+def report_from(a: argparse.Namespace) -> None:
+    """``--report-from JSON``: print an earlier run's report again; written only to ``--out`` when it is given.
+
+    Raises:
+        SystemExit: the file is missing, not JSON, or not a results file of this script (one line each).
+    """
+    path = Path(a.report_from)
+    not_ours = (
+        f"--report-from: {path} is not the .json of an overhead.py run (give the .json next to its .txt)"
+    )
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise SystemExit(f"--report-from: cannot read {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise SystemExit(not_ours) from None
+    if not isinstance(raw, dict) or not {"cases", "head", "tail"} <= set(raw):
+        raise SystemExit(not_ours)
+    try:
+        if a.out is None:
+            print("\n".join(render_report(raw)[0]))
+        else:
+            write_report(raw, Path(a.out))
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        raise SystemExit(f"{not_ours} ({type(exc).__name__}: {exc})") from None
 
 
 if __name__ == "__main__":

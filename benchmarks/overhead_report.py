@@ -119,7 +119,11 @@ def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], tar
     ref = reference(reps)
     ref_t = med([r[ref]["total_s"] for r in reps if ref in r])
     lines = [
-        f"  ratio to sequential's faster setting ({_setting(c, ref)}: {fmt(ref_t, '.2f')} s{_only(reps, ref)})"
+        (
+            f"  ratio to sequential ({_setting(c, ref)}: {fmt(ref_t, '.2f')} s)"
+            if c.get("pinned")
+            else f"  ratio to sequential's faster setting ({_setting(c, ref)}: {fmt(ref_t, '.2f')} s{_only(reps, ref)})"
+        )
     ]
     notes = {
         "rf": None,
@@ -134,7 +138,9 @@ def _ratios(c: dict[str, Any], reps: list[dict[str, Any]], sides: list[str], tar
         note = notes[s] or f"<= {c['target']:.2f}x  {ok(m, c['target'])}"
         limit = c["target"] if s == "rf" else None
         what = {
-            "rf": f"total time rf / sequential (faster: {_setting(c, ref)})",
+            "rf": "total time rf / sequential, pinned pairs"
+            if c.get("pinned")
+            else f"total time rf / sequential (faster: {_setting(c, ref)})",
             "rf1": "  beside it: the same, num_chunks=1 (no switching)",
             "rfP": f"  beside it: the same, rf with {PASSIVE}",
             "rfN": "  beside it: the same, after a torch op on the main thread (a notebook)",
@@ -368,7 +374,8 @@ def report_case(
     title = (
         f"== {c['label']}: {c['title']}; 4 SFT LoRA configs x {c['steps']} steps, batch {c['batch']}, "
         f"{c['steps'] * c['batch']} rows, {evals}; {_per_chunk(chunk)} (num_chunks={c['num_chunks']}); "
-        f"{len(reps)} repeat(s), orders {', '.join(orders)} =="
+        f"{len(reps)} repeat(s), {'start orders (first listed started first)' if c.get('pinned') else 'orders'} "
+        f"{', '.join(orders)} =="
     )
     lines = [title]
     lines += _totals(c, reps, sides)

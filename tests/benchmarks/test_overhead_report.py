@@ -110,3 +110,32 @@ def test_control_repeats_only_with_pinned_pairs() -> None:
     a = overhead._parser().parse_args(["--cases", "tiny", "--pinned-pairs", "--control-repeats", "2"])
     (c,) = overhead._cases(a)
     assert c["label"] == "tiny-pinned" and c["pinned"]
+
+
+def _report_from(path: Path, *extra: str) -> None:
+    import overhead
+
+    overhead.report_from(overhead._parser().parse_args(["--report-from", str(path), *extra]))
+
+
+def test_report_from_refuses_what_it_cannot_read_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "report.txt").write_text("rapidfire_nb overhead benchmark\n")
+    (tmp_path / "odd.json").write_text(json.dumps({"cases": {"x": 5}, "head": [], "tail": []}))
+    for name, says in (
+        ("missing.json", "cannot read"),
+        ("report.txt", "is not the .json of an overhead.py run"),
+        ("odd.json", "is not the .json of an overhead.py run"),
+    ):
+        with pytest.raises(SystemExit) as got:
+            _report_from(tmp_path / name)
+        assert says in str(got.value) and "\n" not in str(got.value)
+
+
+def test_report_from_prints_only_unless_given_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src = tmp_path / "pinned.json"
+    src.write_text((BENCH / "results" / "smollm2_pinned.json").read_text())
+    _report_from(src)
+    assert "smollm2-pinned: total time rf / sequential, pinned pairs" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pinned.json"]  # nothing written
+    _report_from(src, "--out", str(tmp_path / "pinned.txt"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pinned.json", "pinned.md", "pinned.txt"]
