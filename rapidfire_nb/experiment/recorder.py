@@ -483,6 +483,23 @@ class Recorder(SchedulerListener):
             self._trackers.start_run(run, status.value)
         for run_id, step in continued.items():
             self._trackers.continue_from(run_id, step)
+            if hasattr(self.tracker, "restore_points"):
+                self._trackers.restore_points(run_id, step, self._logged_points(run_id, step))
+
+    def _logged_points(self, run_id: int, step: int) -> list[tuple[int, dict[str, float], float | None]]:
+        """Run ``run_id``'s points in the store up to ``step`` as the log calls that made them (``(step,
+        {name: value}, wall_time)``; consecutive rows of one step and wall time were one call), oldest first."""
+        rows, _ = self.store.metrics_since(0, run_id=run_id)
+        calls: list[tuple[int, dict[str, float], float | None]] = []
+        for row in rows:
+            at, wall_time = int(row["step"]), row["wall_time"]
+            if at > step:
+                continue
+            if calls and calls[-1][0] == at and calls[-1][2] == wall_time:
+                calls[-1][1][row["name"]] = row["value"]
+            else:
+                calls.append((at, {row["name"]: row["value"]}, wall_time))
+        return calls
 
     def _write_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
         spec = snap.spec

@@ -232,8 +232,8 @@ class FitSession:
                     raise
             if in_kernel():
                 return False
-            self.executor.flush()  # the parked runs' checkpoints are on disk before the process ends
-            self.recorder.flush()  # and the store and the trackers hold what they reported (on their threads)
+            self.recorder.flush()  # the store and the trackers hold what they reported (on their threads) and
+            self.executor.flush()  # the checkpoints the recorder handed over since are on disk before the end
             text = self._how_to_continue(active, reporter)
             exit_130_if_uncaught()
             raise KeyboardInterrupt(text) from None

@@ -137,9 +137,13 @@ class HeldSteps:
 
     def __init__(self) -> None:
         self._held: dict[int, dict[str, int]] = {}
+        self._highest: dict[
+            int, dict[str, int]
+        ] = {}  # every name's highest step, at or below the restart too
 
     def hold(self, run_id: int, from_step: int, steps_by_name: Mapping[str, int]) -> None:
         """Run ``run_id`` continues from ``from_step``; the backend holds ``{name: highest step}``."""
+        self._highest[run_id] = {k: int(v) for k, v in steps_by_name.items()}
         held = {k: int(v) for k, v in steps_by_name.items() if int(v) > from_step}
         if held:
             self._held[run_id] = held
@@ -155,3 +159,12 @@ class HeldSteps:
         if all(step > v for v in held.values()):
             del self._held[run_id]  # past every held point: nothing to skip any more
         return kept
+
+    def lacking(self, run_id: int, step: int, scalars: Mapping[str, Any]) -> dict[str, Any]:
+        """Of a stored point at ``step`` (at or below the restart point), the names the backend lacks.
+
+        A dead kernel's points of one name reached the backend oldest first, and what it lost was the end it still
+        buffered (the write window); so the backend lacks a name's points above its highest step of that name.
+        """
+        highest = self._highest.get(run_id, {})
+        return {k: v for k, v in scalars.items() if step > highest.get(k, -1)}

@@ -113,6 +113,21 @@ class TrackerSet:
     def continue_from(self, run_id: int, step: int) -> None:
         self._each("continue_from", run_id, step)
 
+    def restore_points(
+        self, run_id: int, step: int, points: Sequence[tuple[int, Mapping[str, float], float | None]]
+    ) -> None:
+        """A restarted run's points up to its checkpoint at ``step``, from the store (``(step, {TRL name: value},
+        wall_time)`` per log call, in order), to the backends that write them again (TensorBoard: a killed process
+        may not have flushed its last ones); the others skip it."""
+        for tracker in list(self._live):
+            if not hasattr(tracker, "restore_points"):
+                continue
+            if tracker.metric_style == "trl":
+                mapped = list(points)
+            else:
+                mapped = [(at, {split_name(k): v for k, v in m.items()}, wt) for at, m, wt in points]
+            self._call(tracker, "restore_points", run_id, step, mapped)
+
     def mark_deleted(self, run_id: int) -> None:
         self._each("mark_deleted", run_id)
 

@@ -31,7 +31,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -291,6 +291,27 @@ class MlflowTracker(BackendTracker):
                 held[key] = max(steps)
         self._held.hold(run_id, step, held)
         self._client.set_tag(mid, "rapidfire.continued_from_step", str(step))
+
+    def restore_points(
+        self, run_id: int, step: int, points: Sequence[tuple[int, Mapping[str, Any], float | None]]
+    ) -> None:
+        """Log the stored points up to the checkpoint at ``step`` that MLflow lacks (after :meth:`continue_from`).
+
+        A kernel killed within a write window (:data:`~.fanout.WRITE_EVERY_S`) never wrote the points it buffered,
+        some of them before its checkpoint; the continued run logs only what comes after it. ``points``:
+        ``(step, {TRL name: value}, wall_time)`` per log call, from the store, oldest first.
+        """
+        if run_id not in self._runs or run_id in self._deleted:
+            return
+        pending = self._pending.setdefault(run_id, [])
+        for at, scalars, wall_time in points:
+            if at > step:
+                continue
+            stamp = int((time.time() if wall_time is None else wall_time) * 1000)
+            for key, value in self._held.lacking(
+                run_id, at, {_key(k): v for k, v in scalars.items()}
+            ).items():
+                pending.append(self._Metric(key, float(value), stamp, int(at)))
 
     # ------------------------------------------------------------------ metrics
     def log_scalars(

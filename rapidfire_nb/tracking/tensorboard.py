@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,6 +177,35 @@ class TensorBoardTracker:
             writer = self._writer(int(run_id))
             if writer is not None:
                 writer.add_event(event)
+
+    def restore_points(
+        self, run_id: int, step: int, points: Sequence[tuple[int, Mapping[str, Any], float | None]]
+    ) -> None:
+        """Write again every point a restarted run holds in the store up to its checkpoint at ``step``.
+
+        A process killed after a checkpoint was written may not have flushed the points before it (the event
+        writer flushes every ``flush_secs`` seconds, 5 by default); the restart continues after the checkpoint and
+        would never log them again. So a ``SessionLog(START)`` at step 0 hides everything earlier event files hold
+        for this run (TensorBoard's restart purge, see :meth:`continue_from`; it drops scalars, not the
+        hyperparameters' text), then ``points`` are written from the store: each step once, with the values and
+        wall times recorded.
+
+        Args:
+            run_id: the run (its folder ``run-<id>``).
+            step: the checkpoint's optimizer step; points above it are skipped.
+            points: ``(step, {tag: value}, wall_time)`` per log call, in the order logged (the store's, with
+                TensorBoard's tags).
+        """
+        tb = self._tb
+        start = tb.Event(wall_time=time.time(), step=0, session_log=tb.SessionLog(status=tb.SessionLog.START))
+        with self._lock:
+            writer = self._writer(int(run_id))
+            if writer is None:
+                return
+            writer.add_event(start)
+        for at, scalars, wall_time in points:
+            if at <= step:
+                self.log_scalars(run_id, at, scalars, wall_time)
 
     def describe(self) -> str | None:
         """No line at start: ``%rapidfire tensorboard`` (or ``tensorboard --logdir <log_root>``) shows it."""

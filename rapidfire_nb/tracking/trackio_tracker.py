@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -197,6 +197,23 @@ class TrackioTracker(BackendTracker):
                 if key not in ("step", "timestamp"):
                     held[key] = max(held.get(key, -1), int(row["step"]))
         self._held.hold(run_id, step, held)
+
+    def restore_points(
+        self, run_id: int, step: int, points: Sequence[tuple[int, Mapping[str, Any], float | None]]
+    ) -> None:
+        """Log the stored points up to the checkpoint at ``step`` that Trackio lacks (after :meth:`continue_from`):
+        a kernel killed within a write window never handed over the points it buffered, some of them before its
+        checkpoint. ``points``: ``(step, {name: value}, wall_time)`` per log call, from the store, oldest first."""
+        if run_id in self._deleted or run_id not in self._ids:
+            return
+        for at, scalars, wall_time in points:
+            values = self._held.lacking(run_id, at, scalars) if at <= step else {}
+            if values:
+                stamp = time.time() if wall_time is None else float(wall_time)
+                self._pending.setdefault(run_id, []).append(
+                    (int(at), {k: float(v) for k, v in values.items()}, stamp)
+                )
+                self._last_step[run_id] = max(self._last_step.get(run_id, 0), int(at))
 
     def log_scalars(
         self, run_id: int, step: int, scalars: Mapping[str, Any], wall_time: float | None = None

@@ -268,3 +268,53 @@ def test_flush_waits_for_what_was_reported_before_it_not_for_training_that_goes_
         feeder.join()
     assert store_only < 10 and with_trackers < 10, (store_only, with_trackers)
     rec.close()
+
+
+def test_a_restarted_run_hands_the_trackers_its_stored_points_up_to_the_checkpoint(tmp_path: Path) -> None:
+    """A killed process may not have flushed its trackers; the store holds every point up to the checkpoint
+    (a checkpoint is written after them), so the restart hands those points, as the log calls that made them."""
+    from rapidfire_nb.tracking import TrackedRun
+
+    class _Restoring(_SpyTracker):
+        def restore_points(self, run_id: int, step: int, points: Any) -> None:
+            self._note("restore_points", run_id, step, [(s, dict(m), w) for s, m, w in points])
+
+    store = Store(tmp_path / "exp")
+    store.add_metrics(
+        [
+            {"run_id": 2, "step": 1, "samples_seen": 4, "name": "loss", "value": 2.0, "wall_time": 10.0},
+            {"run_id": 2, "step": 1, "samples_seen": 4, "name": "grad_norm", "value": 0.5, "wall_time": 10.0},
+            {"run_id": 1, "step": 1, "samples_seen": 4, "name": "loss", "value": 9.0, "wall_time": 10.5},
+            {"run_id": 2, "step": 2, "samples_seen": 8, "name": "loss", "value": 1.5, "wall_time": 11.0},
+            # the chunk-end eval at the same step: a log call of its own (its own wall time)
+            {
+                "run_id": 2,
+                "step": 2,
+                "samples_seen": 8,
+                "name": "eval_loss",
+                "value": 1.75,
+                "wall_time": 11.5,
+            },
+            {"run_id": 2, "step": 3, "samples_seen": 12, "name": "loss", "value": 1.25, "wall_time": 12.0},
+        ]
+    )
+    spy = _Restoring()
+    rec = Recorder(store, Reporter(quiet=True), spy, 4, [], checkpoint_dir=lambda rid: None, inbox=lambda: [])
+    runs = [(TrackedRun(1, {}, {}, "SFT"), RunStatus.NEW), (TrackedRun(2, {}, {}, "SFT"), RunStatus.ONGOING)]
+    rec.track_runs(runs, {2: 2})
+    rec.start()
+    rec.close()
+    assert spy.calls[-2:] == [
+        ("continue_from", 2, 2),
+        (
+            "restore_points",
+            2,
+            2,
+            [
+                (1, {"loss": 2.0, "grad_norm": 0.5}, 10.0),
+                (2, {"loss": 1.5}, 11.0),
+                (2, {"eval_loss": 1.75}, 11.5),
+            ],
+        ),
+    ]
+    assert spy.threads == {"rapidfire-trackers"}

@@ -260,3 +260,38 @@ def test_mlflow_start_line_says_how_to_open_a_store_given_by_mlflow_tracking_uri
         f"mlflow ui --backend-store-uri '{uri}'  (then http://127.0.0.1:5000)"
     )
     tracker.close()
+
+
+def test_a_kernel_killed_within_a_write_window_gets_its_unwritten_points_back_from_the_store(
+    backend: str, tmp_path: Path
+) -> None:
+    """The first kernel writes its points up to step 2; steps 3..6 are still buffered when it is killed (no close),
+    its checkpoint at step 4. The second one continues from step 4 and hands the stored points up to it back:
+    the backend holds each step once, steps 3 and 4 included, with the store's values and the chunk-end eval."""
+    project = f"killed-{backend}"
+    state: dict[str, Any] = {}
+    first = _tracker(backend, tmp_path, project, state)
+    first.start_run(TrackedRun(1, {"learning_rate": 1e-3}, {}, "SFT"), "NEW")
+    first.set_status(1, "ONGOING")
+    for step in range(1, 7):
+        first.log_metrics(1, step, {"loss": LOSS[step]}, 1000.0 + step)
+        if step == 4:
+            first.log_metrics(1, step, {"eval_loss": 3.5}, 1004.5)
+        if step == 2:
+            first.flush()  # the last write before the kill
+    reader = _Reader(backend, tmp_path, project, state)
+    assert reader.history(1, "loss") == [(1, LOSS[1]), (2, LOSS[2])]
+    stored = [(s, {"loss": LOSS[s]}, 1000.0 + s) for s in range(1, 5)] + [(4, {"eval_loss": 3.5}, 1004.5)]
+
+    second = _tracker(backend, tmp_path, project, state)
+    second.start_run(TrackedRun(1, {"learning_rate": 1e-3}, {}, "SFT"), "INTERRUPTED")
+    second.continue_from(1, 4)
+    second.restore_points(1, 4, stored)
+    second.set_status(1, "ONGOING")
+    for step in range(5, 9):
+        second.log_metrics(1, step, {"loss": LOSS[step]})
+        second.end_batch()
+    second.set_status(1, "COMPLETED")
+    second.close()
+    assert reader.history(1, "loss") == [(s, LOSS[s]) for s in range(1, 9)]
+    assert reader.history(1, "eval_loss") == [(4, 3.5)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rapidfire_nb.tracking import NullTracker, TensorBoardTracker, Tracker
+from rapidfire_nb.tracking import NullTracker, TensorBoardTracker, TrackedRun, Tracker
 from rapidfire_nb.tracking.tensorboard import HPARAMS_TAG
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -148,3 +148,34 @@ def test_importing_tracking_does_not_import_tensorboard_or_torch():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_restore_points_brings_back_what_a_killed_process_had_not_flushed(tmp_path):
+    """A process logs steps 1..6 (checkpoint at step 4) but only steps 1..2 reach its event file before it is
+    killed; the next one restores steps 0..4 from the store and logs 5..6 again: each step once, with the stored
+    values and wall times."""
+    first = TensorBoardTracker(tmp_path)
+    first.start_run(TrackedRun(1, {"learning_rate": 1e-3}, {}, "SFT"), "ONGOING")
+    first.log_scalars(1, 0, {"eval/loss": 3.0})  # eval_on_start
+    for step in (1, 2):
+        first.log_scalars(1, step, {"train/loss": 10.0 + step})
+    first.flush()  # then steps 3..6 stay in the writer's buffer: the process is killed
+    stored = [(0, {"eval/loss": 3.0}, 100.0)] + [
+        (s, {"train/loss": 10.0 + s}, 100.0 + s) for s in range(1, 7)
+    ]
+    stored.insert(5, (4, {"eval/loss": 1.0}, 104.5))
+    second = TensorBoardTracker(tmp_path)
+    second.start_run(TrackedRun(1, {"learning_rate": 1e-3}, {}, "SFT"), "ONGOING")
+    second.continue_from(1, 4)
+    second.restore_points(1, 4, stored)  # points above the checkpoint are not written
+    for step in (5, 6):
+        second.log_scalars(1, step, {"train/loss": 20.0 + step})
+    second.close()
+    acc = _load(tmp_path / "run-1")
+    assert _series(acc, "train/loss") == [(s, 10.0 + s) for s in range(1, 5)] + [(5, 25.0), (6, 26.0)]
+    assert _series(acc, "eval/loss") == [(0, 3.0), (4, 1.0)]
+    assert [e.wall_time for e in acc.Scalars("train/loss")[:4]] == [101.0, 102.0, 103.0, 104.0]
+    assert (
+        len(acc.Tensors(HPARAMS_TAG)) == 2
+    )  # one per process's start_run (the purge keeps text); none added
+    first.close()
