@@ -20,6 +20,7 @@ import logging
 import queue
 import shutil
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,9 @@ class BoundarySnapshot:
     trainer_state: Any  # a frozen copy of the trainer's TrainerState (see :func:`frozen_state`)
     training_args: Any
     counters: dict[str, Any] = dataclasses.field(default_factory=dict)  # see TRAINER_COUNTERS
+    # Keeps the snapshot's tensors out of its snapshotter's pool while any copy of it is alive (copy.copy
+    # shares it); see Snapshotter. None: the tensors are the snapshot's alone.
+    lease: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def trainer_state_json(self) -> str:
         """``trainer_state.json`` as ``TrainerState.save_to_json`` writes it (built when written, off the device
@@ -118,6 +122,61 @@ def _clone(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
+def _same_layout(buf: Any, t: torch.Tensor) -> bool:
+    return (
+        isinstance(buf, torch.Tensor)
+        and buf.shape == t.shape
+        and buf.dtype == t.dtype
+        and buf.device == t.device
+        and buf.stride() == t.stride()
+    )
+
+
+def _clone_into(obj: Any, old: Any) -> Any:
+    """:func:`_clone`, copying each tensor into the tensor at the same place of ``old`` (an earlier clone of the
+    same structure) when it has the same shape, dtype, device and strides; a new clone elsewhere."""
+    if isinstance(obj, torch.Tensor):
+        if _same_layout(old, obj):
+            return old.copy_(obj.detach())
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        olds = old if isinstance(old, dict) else {}
+        return {k: _clone_into(v, olds.get(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        olds = old if isinstance(old, (list, tuple)) and len(old) == len(obj) else [None] * len(obj)
+        items = [_clone_into(v, o) for v, o in zip(obj, olds)]
+        return items if isinstance(obj, list) else tuple(items)
+    return _clone(obj)
+
+
+_Tensors = tuple[dict[str, torch.Tensor], dict[str, Any]]  # a snapshot's (weights, optimizer state)
+
+
+class _Lease:
+    """Held by a snapshot (and its shallow copies); when the last of them goes, its tensors go back to the pool."""
+
+    __slots__ = ("__weakref__",)
+
+
+class _SparePool:
+    """A run's spare snapshot tensors (at most ``cap`` sets). It holds tensors only, never the trainer, so a
+    snapshot outliving its run keeps nothing else alive."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._sets: list[_Tensors] = []
+        self._lock = threading.Lock()  # sets come back on whichever thread lets a snapshot go
+
+    def get(self) -> _Tensors | None:
+        with self._lock:
+            return self._sets.pop() if self._sets else None
+
+    def put(self, tensors: _Tensors) -> None:
+        with self._lock:
+            if len(self._sets) < self.cap:
+                self._sets.append(tensors)
+
+
 class Snapshotter:
     """Takes one run's boundary snapshots: a private copy of exactly what a resume needs.
 
@@ -131,16 +190,30 @@ class Snapshotter:
     logged step (:func:`frozen_state`): 1.6 ms at step 24 on that model, against 3.0 ms when the trainer state
     was serialised here (its JSON is built by the checkpoint writer instead).
 
+    For a LoRA run the copies go into the buffers of an earlier snapshot of the run that nothing holds any more
+    (``copy_`` into kept tensors instead of ``clone``: no allocation, no page faults for fresh memory). Measured on
+    CPU, SmolLM2-135M, one thread: a snapshot of an r=32 q/k/v/o adapter (14.7 MB, 29.5 MB of AdamW state) takes
+    ~10 ms instead of ~26 ms; r=8 q/v 2.2 ms instead of 3.8 ms. A snapshot's buffers return to the pool when the
+    last reference to it (or to a shallow copy of it) goes: the run's ``last`` snapshot was replaced and the
+    checkpoint writer is done with it. The pool keeps at most ``SPARE_BUFFERS`` spare sets, so a run holds its
+    latest snapshot, the ones still being written and at most that many more. Full fine-tuning clones every time
+    (a spare set there would be a whole extra copy of the model and its optimizer state).
+
     Args:
         run_id: the run.
         trainer: its TRL trainer.
         adapter_name: its adapter on the shared base (None: full fine-tuning).
     """
 
+    SPARE_BUFFERS = 1
+    """How many spare buffer sets a LoRA run's snapshotter keeps for its next snapshots."""
+
     def __init__(self, run_id: int, trainer: Any, adapter_name: str | None) -> None:
         self.run_id = run_id
         self.trainer = trainer
         self.adapter_name = adapter_name
+        self._pool = _SparePool(self.SPARE_BUFFERS)
+        self.reused = 0  # snapshots copied into spare buffers (benchmark, tests)
         model = trainer.model
         self._tensors: dict[str, torch.Tensor] | None = None
         if adapter_name is not None:
@@ -162,18 +235,33 @@ class Snapshotter:
         """The run's resumable state now; ``rng`` is a fresh capture (it is kept, not copied again)."""
         trainer = self.trainer
         adapter_config, model_config, training_args = self._fixed
+        live = self._live_tensors()
+        lease = None
+        if self._tensors is None:  # full fine-tuning
+            weights = {k: v.detach().clone() for k, v in live.items()}
+            optimizer = _clone(trainer.optimizer.state_dict())
+        else:
+            spare = self._pool.get()
+            if spare is not None:
+                self.reused += 1
+            old_weights, old_optimizer = spare if spare is not None else ({}, None)
+            weights = {k: _clone_into(v, old_weights.get(k)) for k, v in live.items()}
+            optimizer = _clone_into(trainer.optimizer.state_dict(), old_optimizer)
+            lease = _Lease()
+            weakref.finalize(lease, self._pool.put, (weights, optimizer)).atexit = False
         return BoundarySnapshot(
             run_id=self.run_id,
             step=int(trainer.state.global_step),
-            weights={k: v.detach().clone() for k, v in self._live_tensors().items()},
+            weights=weights,
             adapter_config=adapter_config,
             model_config=model_config,
-            optimizer=_clone(trainer.optimizer.state_dict()),
+            optimizer=optimizer,
             scheduler=_clone(trainer.lr_scheduler.state_dict()),
             rng=rng,
             trainer_state=frozen_state(trainer.state),
             training_args=training_args,
             counters={n: _plain_number(getattr(trainer, n)) for n in TRAINER_COUNTERS if hasattr(trainer, n)},
+            lease=lease,
         )
 
 
@@ -271,6 +359,7 @@ class CheckpointWriter:
                 with self._lock:
                     snap, run_dir = self._waiting.pop(item)
                 self._write(snap, run_dir)
+                del snap  # not held while waiting for the next one: a LoRA snapshot's tensors are reused
             finally:
                 self._queue.task_done()
 

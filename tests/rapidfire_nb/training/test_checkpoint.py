@@ -87,3 +87,83 @@ def test_the_snapshot_trainer_state_is_frozen_and_written_as_transformers_writes
     write_snapshot(snap, target)
     assert json.loads((target / "trainer_state.json").read_text()) == state
     assert (target / "adapter_model.safetensors").is_file() and (target / "COMPLETE").is_file()
+
+
+def _tensors(snap: Any) -> list[torch.Tensor]:
+    out = list(snap.weights.values())
+    for state in snap.optimizer["state"].values():
+        out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _ptrs(snap: Any) -> set[int]:
+    return {t.data_ptr() for t in _tensors(snap)}
+
+
+def _equal(a: Any, b: Any) -> bool:
+    ta, tb = _tensors(a), _tensors(b)
+    return len(ta) == len(tb) and all(torch.equal(x, y) for x, y in zip(ta, tb))
+
+
+def _train_more(trainer: Any, steps: int) -> None:
+    """More real optimizer steps on the same trainer: the live adapter and AdamW state move."""
+    model, opt = trainer.model, trainer.optimizer
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    for _ in range(steps):
+        model(**batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_a_let_go_snapshot_lends_its_tensors_to_the_next_and_the_copy_is_exact(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, max_steps=3)
+    snapshotter = Snapshotter(1, trainer, "default")
+    trainer.train()
+    first = snapshotter.take(capture_rng())
+    ptrs = _ptrs(first)
+    assert snapshotter.reused == 0 and len(ptrs) == len(_tensors(first)) > 4
+    del first  # the run's last snapshot was replaced and the writer is done with it
+    _train_more(trainer, 2)
+    reused = snapshotter.take(capture_rng())
+    assert snapshotter.reused == 1
+    assert _ptrs(reused) == ptrs  # copied into the let-go snapshot's tensors, no new ones
+    # exactly what a fresh clone holds, and written the same way
+    fresh = Snapshotter(1, trainer, "default").take(capture_rng())
+    assert _equal(reused, fresh) and not (_ptrs(fresh) & ptrs)
+    write_snapshot(reused, tmp_path / "reused")
+    write_snapshot(fresh, tmp_path / "fresh")
+    for name in ("adapter_model.safetensors", "optimizer.pt"):
+        assert (tmp_path / "reused" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes(), name
+
+
+def test_a_held_snapshot_or_a_shallow_copy_of_it_is_never_written_over(tmp_path: Path) -> None:
+    import copy
+
+    trainer = _trainer(tmp_path, max_steps=3)
+    snapshotter = Snapshotter(1, trainer, "default")
+    trainer.train()
+    held = snapshotter.take(capture_rng())
+    kept = {k: v.clone() for k, v in held.weights.items()}
+    shallow = copy.copy(snapshotter.take(capture_rng()))  # as a warm clone copies its parent's snapshot
+    shallow_values = [t.clone() for t in _tensors(shallow)]
+    for _ in range(3):
+        _train_more(trainer, 1)
+        snapshotter.take(capture_rng())  # let go at once: these may reuse each other, never held ones
+    assert all(torch.equal(held.weights[k], v) for k, v in kept.items())
+    assert all(torch.equal(a, b) for a, b in zip(_tensors(shallow), shallow_values))
+    assert not (_ptrs(held) & _ptrs(shallow))
+    # the pool keeps one spare set: three let-go snapshots reused it twice
+    assert snapshotter.reused == 2
+
+
+def test_full_fine_tuning_snapshots_clone_every_time(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, max_steps=2)
+    trainer.train()
+    snapshotter = Snapshotter(1, trainer, None)
+    first = snapshotter.take(capture_rng())
+    assert len(first.weights) > 10 and first.lease is None
+    del first  # nothing is kept for the next: a spare set would be a second copy of the whole model
+    second = snapshotter.take(capture_rng())
+    assert snapshotter.reused == 0 and second.lease is None
+    live = trainer.model.state_dict()
+    assert all(torch.equal(second.weights[k], v) for k, v in live.items())
