@@ -137,9 +137,8 @@ class HeldSteps:
 
     def __init__(self) -> None:
         self._held: dict[int, dict[str, int]] = {}
-        self._highest: dict[
-            int, dict[str, int]
-        ] = {}  # every name's highest step, at or below the restart too
+        # every name's highest step, at or below the restart point too (lacking)
+        self._highest: dict[int, dict[str, int]] = {}
 
     def hold(self, run_id: int, from_step: int, steps_by_name: Mapping[str, int]) -> None:
         """Run ``run_id`` continues from ``from_step``; the backend holds ``{name: highest step}``."""

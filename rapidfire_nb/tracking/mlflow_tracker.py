@@ -308,9 +308,8 @@ class MlflowTracker(BackendTracker):
             if at > step:
                 continue
             stamp = int((time.time() if wall_time is None else wall_time) * 1000)
-            for key, value in self._held.lacking(
-                run_id, at, {_key(k): v for k, v in scalars.items()}
-            ).items():
+            keyed = {_key(k): v for k, v in scalars.items()}  # as MLflow holds them (continue_from)
+            for key, value in self._held.lacking(run_id, at, keyed).items():
                 pending.append(self._Metric(key, float(value), stamp, int(at)))
 
     # ------------------------------------------------------------------ metrics

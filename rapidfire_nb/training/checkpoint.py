@@ -193,9 +193,9 @@ class Snapshotter:
     For a LoRA run the copies go into the buffers of an earlier snapshot of the run that nothing holds any more
     (``copy_`` into kept tensors instead of ``clone``: no allocation, no page faults for fresh memory). Measured on
     CPU, SmolLM2-135M, one thread (``benchmarks/snapshot_reuse.py``): a snapshot of an r=32 q/k/v/o adapter
-    (14.7 MB, 29.5 MB of AdamW state) takes 14.8 ms instead of 29.3 ms; r=8 q/v 5.2 ms instead of 7.0 ms. A snapshot's buffers return to the pool when the
-    last reference to it (or to a shallow copy of it) goes: the run's ``last`` snapshot was replaced and the
-    checkpoint writer is done with it. The pool keeps at most ``SPARE_BUFFERS`` spare sets, so a run holds its
+    (14.7 MB, 29.5 MB of AdamW state) takes 14.8 ms instead of 29.3 ms; r=8 q/v 5.2 ms instead of 7.0 ms. A
+    snapshot's buffers return to the pool when the last reference to it (or to a shallow copy of it) goes: the
+    run's ``last`` snapshot was replaced and the checkpoint writer is done with it. The pool keeps at most ``SPARE_BUFFERS`` spare sets, so a run holds its
     latest snapshot, the ones still being written and at most that many more. Full fine-tuning clones every time
     (a spare set there would be a whole extra copy of the model and its optimizer state).
 
