@@ -63,10 +63,15 @@ __all__ = ["ADDED_RUNS_META_KEY", "DEVICES_META_KEY", "NOT_EDITABLE", "Recorder"
 
 log = logging.getLogger(__name__)
 
+_ENDED = (RunStatus.COMPLETED, RunStatus.FAILED)  # ended runs that are not continued after a restart
+
 #: hyperparameter columns that the panel, the magic and the server cannot change (functions: API only).
 NOT_EDITABLE = ("formatting_func", "compute_metrics", "reward_funcs", "model_type")
 
 ADDED_RUNS_META_KEY = "added_runs"
+TRACKED_RUNS_META_KEY = "tracked_runs"
+"""Meta key: the ids of the ended runs (COMPLETED, FAILED) whose points every tracker wrote and flushed. A restart
+writes the stored points of any other ended run to the trackers again (its kernel died before they wrote them)."""
 """Meta key: run id (str) -> the info the early-stopping policy added that run with (e.g. ``{"source": "trial",
 "trial": 9}``, an Optuna trial number); a restarted kernel hands it back to the policy to rebuild the runs."""
 
@@ -404,6 +409,8 @@ class Recorder(SchedulerListener):
             self._write_added(item[1], item[2])
         elif kind == "call":
             item[1]()
+        elif kind == "tracked":
+            self._write_tracked(item[1])
         elif kind == "track":
             self._write_track(item[1], item[2])
         elif kind == "rewound":
@@ -433,6 +440,8 @@ class Recorder(SchedulerListener):
                 self._trackers.mark_deleted(snap.run_id)  # TensorBoard renames it, MLflow/Trackio delete it
             else:
                 self._trackers.set_status(snap.run_id, snap.status.value, snap.error, at)
+                if snap.status in _ENDED:
+                    self._confirm_tracked(snap.run_id)
         if self._clock.observe(snap.run_id, snap.status, at):  # training starts or stops (unix s)
             self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
         if self._should_report(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
@@ -485,15 +494,47 @@ class Recorder(SchedulerListener):
             self._trackers.continue_from(run_id, step)
             if hasattr(self.tracker, "restore_points"):
                 self._trackers.restore_points(run_id, step, self._logged_points(run_id, step))
+        if not hasattr(self.tracker, "restore_points"):
+            return
+        # runs that ended in a kernel that died before its trackers wrote their points: all of them again
+        confirmed = set(self.store.get_meta(TRACKED_RUNS_META_KEY, []) or [])
+        for run, status in runs:
+            if status in _ENDED and run.run_id not in continued and run.run_id not in confirmed:
+                points = self._logged_points(run.run_id, None)
+                if points:
+                    last = max(at for at, _, _ in points)
+                    self._trackers.restore_points(run.run_id, last, points)
+                self._confirm_tracked(run.run_id)
 
-    def _logged_points(self, run_id: int, step: int) -> list[tuple[int, dict[str, float], float | None]]:
-        """Run ``run_id``'s points in the store up to ``step`` as the log calls that made them (``(step,
-        {name: value}, wall_time)``; consecutive rows of one step and wall time were one call), oldest first."""
+    def _confirm_tracked(self, run_id: int) -> None:
+        """Once every tracker wrote and flushed what it was handed so far, record that ended run ``run_id`` is
+        fully tracked (meta ``tracked_runs``, written back on this thread)."""
+        if not hasattr(self.tracker, "restore_points"):
+            return
+        if hasattr(self.tracker, "flush"):
+            self._trackers.flush()
+        self._trackers.after(lambda: self._hand_back(("tracked", run_id)))
+
+    def _hand_back(self, item: tuple[Any, ...]) -> None:
+        """From the trackers' thread: an item for this thread (put even while closing: close waits for it)."""
+        self._queue.put(item)
+
+    def _write_tracked(self, run_id: int) -> None:
+        confirmed = list(self.store.get_meta(TRACKED_RUNS_META_KEY, []) or [])
+        if run_id not in confirmed:
+            self.store.set_meta(TRACKED_RUNS_META_KEY, sorted([*confirmed, run_id]))
+
+    def _logged_points(
+        self, run_id: int, step: int | None
+    ) -> list[tuple[int, dict[str, float], float | None]]:
+        """Run ``run_id``'s points in the store up to ``step`` (None: all) as the log calls that made them
+        (``(step, {name: value}, wall_time)``; consecutive rows of one step and wall time were one call), oldest
+        first."""
         rows, _ = self.store.metrics_since(0, run_id=run_id)
         calls: list[tuple[int, dict[str, float], float | None]] = []
         for row in rows:
             at, wall_time = int(row["step"]), row["wall_time"]
-            if at > step:
+            if step is not None and at > step:
                 continue
             if calls and calls[-1][0] == at and calls[-1][2] == wall_time:
                 calls[-1][1][row["name"]] = row["value"]

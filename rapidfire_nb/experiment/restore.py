@@ -5,7 +5,8 @@ carry out the few writes (removing half-written leftovers, setting a damaged che
 kernel's runs and ops). For each run, :func:`plan_restore` says one of:
 
 * ``new`` — never trained: built and trained from step 0;
-* ``finished`` — COMPLETED / FAILED / DELETED: shown, never trained again;
+* ``finished`` — COMPLETED / FAILED / DELETED: shown, never trained again (a COMPLETED run whose final weights
+  were never saved, the kernel having died right after its last chunk, continues from its latest checkpoint);
 * ``continue`` — resumed from its latest complete, readable chunk checkpoint (or, for a warm clone stopped
   before its first chunk ended, from its warm start) through TRL's own ``resume_from_checkpoint``;
 * ``restart`` — it trained before but has no usable checkpoint: from step 0 (its checkpoint was damaged, or
@@ -25,7 +26,7 @@ from typing import Any
 
 from kernel_scheduler import RunStatus
 
-from .._atomic import leftovers
+from .._atomic import is_complete_dir, leftovers
 from ..run_folder import (
     CHECKPOINT_PREFIX,
     DAMAGED_PREFIX,
@@ -34,7 +35,11 @@ from ..run_folder import (
     readable_checkpoint,
 )
 
+FINAL_DIR = "final"
+"""A run's final weights: ``runs/<id>/final`` (written atomically by the executor's final save)."""
+
 __all__ = [
+    "FINAL_DIR",
     "Reconciliation",
     "RestoreAction",
     "RunRestore",
@@ -102,6 +107,16 @@ def warm_start_checkpoint(folder: Path) -> Path | None:
     return ckpt if ckpt is not None and readable_checkpoint(ckpt) else None
 
 
+def _final_weights_lost(folder: Path) -> bool:
+    """A COMPLETED run whose ``final`` folder is not complete while a complete, readable chunk checkpoint is
+    there: the store recorded COMPLETED (the scheduler emits it first) and the process died before the final
+    weights were saved. Without any checkpoint either (the run folder was removed) it stays finished."""
+    if is_complete_dir(folder / FINAL_DIR):
+        return False
+    ckpt = latest_checkpoint(folder)
+    return ckpt is not None and readable_checkpoint(ckpt)
+
+
 def plan_restore(run_id: int, prior: Mapping[str, Any] | None, folder: Path) -> RunRestore:
     """Decide what run ``run_id`` becomes, from its stored row (None: not stored yet) and its run folder.
 
@@ -110,6 +125,9 @@ def plan_restore(run_id: int, prior: Mapping[str, Any] | None, folder: Path) -> 
     if prior is None:
         return RunRestore(run_id, RestoreAction.NEW, RunStatus.NEW)
     status = RunStatus(prior["status"])
+    if status is RunStatus.COMPLETED and _final_weights_lost(folder):
+        # the kernel died between the store's COMPLETED and the final save: the last chunk is trained again
+        status = RunStatus.INTERRUPTED
     if status.is_finished():
         return RunRestore(run_id, RestoreAction.FINISHED, status, prior)
     stale = tuple(leftovers(folder, f"{CHECKPOINT_PREFIX}*"))

@@ -14,6 +14,7 @@ from typing import Any
 
 from kernel_scheduler import RunStatus, Scheduler, device_arbiter
 
+from .._atomic import is_complete_dir
 from ..errors import ExperimentError
 from ..run_folder import run_dir
 from ..stops import StopInfo, stop_history
@@ -21,7 +22,7 @@ from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs, column_names
 from .recorder import ADDED_RUNS_META_KEY, Recorder
 from .reporter import Reporter
-from .restore import RestoreAction, RunRestore, apply_restore, plan_restore
+from .restore import FINAL_DIR, RestoreAction, RunRestore, apply_restore, plan_restore
 from .session import FitSession
 from .tracking import make_trackers, tracked_run
 
@@ -341,6 +342,10 @@ def _register(
             ),
         )
         session.recorder.known(run_id, int(prior.get("chunks_done") or 0), finished=True)
+        final = run_dir(session.store.experiment_dir, run_id) / FINAL_DIR
+        if plan.status is RunStatus.COMPLETED and not prior.get("checkpoint_dir") and is_complete_dir(final):
+            # saved, but the kernel died before the store recorded where: load_model() finds it again
+            session.store.upsert_run(run_id, checkpoint_dir=str(final))
         return
     message = apply_restore(plan)
     if message:

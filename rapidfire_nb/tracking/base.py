@@ -159,6 +159,10 @@ class HeldSteps:
             del self._held[run_id]  # past every held point: nothing to skip any more
         return kept
 
+    def knows(self, run_id: int) -> bool:
+        """Whether :meth:`hold` was told what the backend holds of ``run_id``."""
+        return run_id in self._highest
+
     def lacking(self, run_id: int, step: int, scalars: Mapping[str, Any]) -> dict[str, Any]:
         """Of a stored point at ``step`` (at or below the restart point), the names the backend lacks.
 

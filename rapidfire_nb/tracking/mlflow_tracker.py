@@ -284,18 +284,23 @@ class MlflowTracker(BackendTracker):
         if mid is None or run_id in self._deleted:
             return
         self._write(run_id)  # what it buffered before the rewind is in MLflow, so it is held like the rest
+        self._held.hold(run_id, step, self._held_steps(mid))
+        self._client.set_tag(mid, "rapidfire.continued_from_step", str(step))
+
+    def _held_steps(self, mid: str) -> dict[str, int]:
+        """``{metric key: highest step}`` of what MLflow holds of the run ``mid``."""
         held: dict[str, int] = {}
         for key in self._client.get_run(mid).data.metrics:
             steps = [m.step for m in self._client.get_metric_history(mid, key)]
             if steps:
                 held[key] = max(steps)
-        self._held.hold(run_id, step, held)
-        self._client.set_tag(mid, "rapidfire.continued_from_step", str(step))
+        return held
 
     def restore_points(
         self, run_id: int, step: int, points: Sequence[tuple[int, Mapping[str, Any], float | None]]
     ) -> None:
-        """Log the stored points up to the checkpoint at ``step`` that MLflow lacks (after :meth:`continue_from`).
+        """Log the stored points up to ``step`` that MLflow lacks (a continued run's checkpoint, or the last step
+        of a run that ended in a dead kernel).
 
         A kernel killed within a write window (:data:`~.fanout.WRITE_EVERY_S`) never wrote the points it buffered,
         some of them before its checkpoint; the continued run logs only what comes after it. ``points``:
@@ -303,6 +308,9 @@ class MlflowTracker(BackendTracker):
         """
         if run_id not in self._runs or run_id in self._deleted:
             return
+        if not self._held.knows(run_id):  # a run that ended in the dead kernel: not continued
+            self._write(run_id)
+            self._held.hold(run_id, step, self._held_steps(self._runs[run_id]))
         pending = self._pending.setdefault(run_id, [])
         for at, scalars, wall_time in points:
             if at > step:

@@ -188,6 +188,10 @@ class TrackioTracker(BackendTracker):
         if tid is None or run_id in self._deleted:
             return
         # what it buffered before the rewind is written, then held like the rest
+        self._held.hold(run_id, step, self._held_steps(run_id, tid))
+
+    def _held_steps(self, run_id: int, tid: Any) -> dict[str, int]:
+        """``{name: highest step}`` of what Trackio holds of the run, once what it buffered is written."""
         handle = self._hand_over(run_id)
         if handle is not None:
             _write_now(handle)
@@ -196,16 +200,18 @@ class TrackioTracker(BackendTracker):
             for key in row:
                 if key not in ("step", "timestamp"):
                     held[key] = max(held.get(key, -1), int(row["step"]))
-        self._held.hold(run_id, step, held)
+        return held
 
     def restore_points(
         self, run_id: int, step: int, points: Sequence[tuple[int, Mapping[str, Any], float | None]]
     ) -> None:
-        """Log the stored points up to the checkpoint at ``step`` that Trackio lacks (after :meth:`continue_from`):
-        a kernel killed within a write window never handed over the points it buffered, some of them before its
-        checkpoint. ``points``: ``(step, {name: value}, wall_time)`` per log call, from the store, oldest first."""
+        """Log the stored points up to ``step`` that Trackio lacks (a continued run's checkpoint, or the last step of
+        a run that ended in a dead kernel): a kernel killed before its trackers wrote never handed over the points
+        it buffered. ``points``: ``(step, {name: value}, wall_time)`` per log call, from the store, oldest first."""
         if run_id in self._deleted or run_id not in self._ids:
             return
+        if not self._held.knows(run_id):  # a run that ended in the dead kernel: not continued
+            self._held.hold(run_id, step, self._held_steps(run_id, self._ids[run_id]))
         for at, scalars, wall_time in points:
             values = self._held.lacking(run_id, at, scalars) if at <= step else {}
             if values:

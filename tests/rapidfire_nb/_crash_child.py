@@ -119,6 +119,19 @@ def _install(mode: str, k: int, marker: str) -> None:
                 hit({"run_id": run_id, "chunks_done": done})
 
         Store.upsert_run = upsert_run
+    elif mode == "complete":
+        from rapidfire_nb.store import Store
+
+        orig_complete = Store.upsert_run
+
+        def upsert_completed(self, run_id, **fields):
+            orig_complete(self, run_id, **fields)
+            if (
+                fields.get("status") == "COMPLETED"
+            ):  # before the trackers hear it and its final weights are saved
+                hit({"run_id": run_id})
+
+        Store.upsert_run = upsert_completed
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

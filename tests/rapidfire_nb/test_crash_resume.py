@@ -1,4 +1,4 @@
-"""Kill test (issue 6, requirement 3): SIGKILL a training process at 5 different moments, resume, compare.
+"""Kill test (issue 6, requirement 3): SIGKILL a training process at 6 different moments, resume, compare.
 
 One 3-run tiny experiment (LoRA with dropout, 2 epochs, 4 chunks per epoch, run 2 with gradient accumulation 3)
 is trained in a child process (``_crash_child.py``) that freezes at a chosen moment; the test SIGKILLs it there,
@@ -9,10 +9,12 @@ The kills are chained on ONE experiment (each restart is itself killed, except t
 2. inside a checkpoint write, after the adapter file, before the other files and the ``COMPLETE`` marker;
 3. inside a checkpoint write, ``COMPLETE`` written in the temporary folder, before the rename;
 4. right after a checkpoint folder was renamed into place (older checkpoint not yet removed);
-5. between chunks, right after the store recorded a finished chunk.
+5. between chunks, right after the store recorded a finished chunk;
+6. right after the store recorded a run COMPLETED: before the trackers heard it, perhaps before its final weights
+   were saved (the restart then trains its last chunk again).
 
-An uninterrupted reference runs concurrently in its own process. At the end every run's final adapter and every
-per-step loss must match the reference within 1e-6 (CPU, fp32).
+An uninterrupted reference runs concurrently in its own process. At the end every run's final adapter, every
+per-step loss and every TensorBoard point must match the reference within 1e-6 (CPU, fp32).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOL = 1e-6
 NAME = "crash"
 # (mode:k) per incarnation: k counts occurrences in THAT process (see _crash_child.py)
-KILLS = ["step:10", "ckptfile:2", "ckptmark:3", "ckptdone:2", "boundary:4"]
+KILLS = ["step:10", "ckptfile:2", "ckptmark:3", "ckptdone:2", "boundary:4", "complete:1"]
 FREEZE_TIMEOUT = 120.0
 
 
@@ -177,7 +179,7 @@ def _tb_series(exp_dir: Path, run_id: int) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars("train/loss")]
 
 
-def test_kill_at_five_moments_then_resume_exactly(tmp_path: Path) -> None:
+def test_kill_at_six_moments_then_resume_exactly(tmp_path: Path) -> None:
     t0 = time.monotonic()
     root = tmp_path / "exps"
     root.mkdir()

@@ -318,3 +318,52 @@ def test_a_restarted_run_hands_the_trackers_its_stored_points_up_to_the_checkpoi
         ),
     ]
     assert spy.threads == {"rapidfire-trackers"}
+
+
+def test_a_run_that_ended_in_a_dead_kernel_gets_all_its_points_back_until_the_trackers_confirm_it(
+    tmp_path: Path,
+) -> None:
+    """A run that COMPLETED in a kernel killed before its trackers wrote its points is not continued by the restart,
+    so nothing would log them again: the restart hands the trackers all its stored points, unless an earlier
+    kernel recorded (meta ``tracked_runs``) that the trackers wrote and flushed them."""
+    from rapidfire_nb.experiment.recorder import TRACKED_RUNS_META_KEY
+    from rapidfire_nb.tracking import TrackedRun
+
+    class _Restoring(_SpyTracker):
+        def restore_points(self, run_id: int, step: int, points: Any) -> None:
+            self._note("restore_points", run_id, step, [(s, dict(m)) for s, m, _ in points])
+
+        def flush(self) -> None:
+            self._note("flush")
+
+    store = Store(tmp_path / "exp")
+    store.add_metrics(
+        [
+            {
+                "run_id": r,
+                "step": s,
+                "samples_seen": 4 * s,
+                "name": "loss",
+                "value": 10.0 * r + s,
+                "wall_time": s,
+            }
+            for r in (1, 3)
+            for s in (1, 2)
+        ]
+    )
+    store.set_meta(TRACKED_RUNS_META_KEY, [3])  # run 3 ended in a kernel whose trackers caught up
+    spy = _Restoring()
+    rec = Recorder(store, Reporter(quiet=True), spy, 4, [], checkpoint_dir=lambda rid: None, inbox=lambda: [])
+    done = [(TrackedRun(r, {}, {}, "SFT"), RunStatus.COMPLETED) for r in (1, 3)]
+    rec.track_runs([*done, (TrackedRun(2, {}, {}, "SFT"), RunStatus.ONGOING)], {})
+    rec.start()
+    rec.on_run(_snap(2, RunStatus.ONGOING, 2, 1))
+    rec.on_run(_snap(2, RunStatus.COMPLETED, 8, 4))  # ends in this kernel: confirmed once the trackers flush
+    rec.close()
+    restored = [c for c in spy.calls if c[0] == "restore_points"]
+    assert restored == [("restore_points", 1, 2, [(1, {"loss": 11.0}), (2, {"loss": 12.0})])]
+    assert store.get_meta(TRACKED_RUNS_META_KEY) == [1, 2, 3]
+    # each confirmation comes after a flush of the trackers
+    assert spy.calls.index(("set_status", 2, "COMPLETED", None)) < max(
+        i for i, c in enumerate(spy.calls) if c == ("flush",)
+    )

@@ -165,3 +165,19 @@ def test_reconcile_writes_the_plan_into_the_store(tmp_path: Path) -> None:
         states = {o["op_id"]: o["state"] for o in store.ops()}
         assert states == {"a": "rejected", "e": "rejected"}
         assert store.take_inbox_ops() == []
+
+
+def test_a_completed_run_whose_final_weights_were_never_saved_continues_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The scheduler records COMPLETED before the final save; a kernel killed in between left no ``final``."""
+    folder = tmp_path / "runs" / "1"
+    ck = _checkpoint(folder, "checkpoint-6", 6)
+    (folder / "final").mkdir()  # half written: no COMPLETE marker
+    plan = plan_restore(1, _row("COMPLETED"), folder)
+    assert (plan.action, plan.status, plan.checkpoint) == (RestoreAction.CONTINUE, RunStatus.ONGOING, ck)
+    (folder / "final" / "COMPLETE").write_text("{}")  # saved: finished, as any completed run
+    plan = plan_restore(1, _row("COMPLETED"), folder)
+    assert (plan.action, plan.status) == (RestoreAction.FINISHED, RunStatus.COMPLETED)
+    # no final and no checkpoint either (the run folder was removed): shown as it was, not trained again
+    assert plan_restore(2, _row("COMPLETED"), tmp_path / "runs" / "2").action is RestoreAction.FINISHED

@@ -266,27 +266,35 @@ def test_a_kernel_killed_within_a_write_window_gets_its_unwritten_points_back_fr
     backend: str, tmp_path: Path
 ) -> None:
     """The first kernel writes its points up to step 2; steps 3..6 are still buffered when it is killed (no close),
-    its checkpoint at step 4. The second one continues from step 4 and hands the stored points up to it back:
-    the backend holds each step once, steps 3 and 4 included, with the store's values and the chunk-end eval."""
+    run 1's checkpoint at step 4, run 2 ended at step 4. The second one continues run 1 from step 4 and hands the
+    stored points back (run 1's up to its checkpoint, all of run 2's): the backend holds each step once, steps 3
+    and 4 included, with the store's values and the chunk-end eval."""
     project = f"killed-{backend}"
     state: dict[str, Any] = {}
     first = _tracker(backend, tmp_path, project, state)
     first.start_run(TrackedRun(1, {"learning_rate": 1e-3}, {}, "SFT"), "NEW")
-    first.set_status(1, "ONGOING")
+    first.start_run(TrackedRun(2, {"learning_rate": 5e-4}, {}, "SFT"), "NEW")
+    for rid in (1, 2):
+        first.set_status(rid, "ONGOING")
     for step in range(1, 7):
         first.log_metrics(1, step, {"loss": LOSS[step]}, 1000.0 + step)
         if step == 4:
             first.log_metrics(1, step, {"eval_loss": 3.5}, 1004.5)
+        if step <= 4:
+            first.log_metrics(2, step, {"loss": LOSS[step] + 0.5}, 2000.0 + step)  # run 2 ends at step 4
         if step == 2:
             first.flush()  # the last write before the kill
     reader = _Reader(backend, tmp_path, project, state)
     assert reader.history(1, "loss") == [(1, LOSS[1]), (2, LOSS[2])]
     stored = [(s, {"loss": LOSS[s]}, 1000.0 + s) for s in range(1, 5)] + [(4, {"eval_loss": 3.5}, 1004.5)]
+    stored_2 = [(s, {"loss": LOSS[s] + 0.5}, 2000.0 + s) for s in range(1, 5)]
 
     second = _tracker(backend, tmp_path, project, state)
     second.start_run(TrackedRun(1, {"learning_rate": 1e-3}, {}, "SFT"), "INTERRUPTED")
+    second.start_run(TrackedRun(2, {"learning_rate": 5e-4}, {}, "SFT"), "COMPLETED")
     second.continue_from(1, 4)
     second.restore_points(1, 4, stored)
+    second.restore_points(2, 4, stored_2)  # ended in the dead kernel: not continued, all its points
     second.set_status(1, "ONGOING")
     for step in range(5, 9):
         second.log_metrics(1, step, {"loss": LOSS[step]})
@@ -295,3 +303,4 @@ def test_a_kernel_killed_within_a_write_window_gets_its_unwritten_points_back_fr
     second.close()
     assert reader.history(1, "loss") == [(s, LOSS[s]) for s in range(1, 9)]
     assert reader.history(1, "eval_loss") == [(4, 3.5)]
+    assert reader.history(2, "loss") == [(s, LOSS[s] + 0.5) for s in range(1, 5)]
