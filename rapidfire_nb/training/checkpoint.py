@@ -123,18 +123,15 @@ def _clone(obj: Any) -> Any:
 
 
 def _same_layout(buf: Any, t: torch.Tensor) -> bool:
-    return (
-        isinstance(buf, torch.Tensor)
-        and buf.shape == t.shape
-        and buf.dtype == t.dtype
-        and buf.device == t.device
-        and buf.stride() == t.stride()
-    )
+    # Shape and dtype only (each check costs ~0.5 us, a snapshot has hundreds of tensors): a spare set was cloned
+    # from this run's own live tensors, whose devices and strides do not change (offloading, which moves them, is
+    # for full fine-tuning, which never reuses), and copy_ copies values right whatever the strides.
+    return isinstance(buf, torch.Tensor) and buf.shape == t.shape and buf.dtype is t.dtype
 
 
 def _clone_into(obj: Any, old: Any) -> Any:
     """:func:`_clone`, copying each tensor into the tensor at the same place of ``old`` (an earlier clone of the
-    same structure) when it has the same shape, dtype, device and strides; a new clone elsewhere."""
+    same structure) when it has the same shape and dtype; a new clone elsewhere."""
     if isinstance(obj, torch.Tensor):
         if _same_layout(old, obj):
             return old.copy_(obj.detach())
@@ -176,6 +173,15 @@ class _SparePool:
             if len(self._sets) < self.cap:
                 self._sets.append(tensors)
 
+    def clear(self) -> int:
+        with self._lock:
+            dropped, self._sets = len(self._sets), []
+            return dropped
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sets)
+
 
 class Snapshotter:
     """Takes one run's boundary snapshots: a private copy of exactly what a resume needs.
@@ -190,14 +196,18 @@ class Snapshotter:
     logged step (:func:`frozen_state`): 1.6 ms at step 24 on that model, against 3.0 ms when the trainer state
     was serialised here (its JSON is built by the checkpoint writer instead).
 
-    For a LoRA run the copies go into the buffers of an earlier snapshot of the run that nothing holds any more
-    (``copy_`` into kept tensors instead of ``clone``: no allocation, no page faults for fresh memory). Measured on
-    CPU, SmolLM2-135M, one thread (``benchmarks/snapshot_reuse.py``): a snapshot of an r=32 q/k/v/o adapter
-    (14.7 MB, 29.5 MB of AdamW state) takes 14.8 ms instead of 29.3 ms; r=8 q/v 5.2 ms instead of 7.0 ms. A
-    snapshot's buffers return to the pool when the last reference to it (or to a shallow copy of it) goes: the
-    run's ``last`` snapshot was replaced and the checkpoint writer is done with it. The pool keeps at most ``SPARE_BUFFERS`` spare sets, so a run holds its
-    latest snapshot, the ones still being written and at most that many more. Full fine-tuning clones every time
-    (a spare set there would be a whole extra copy of the model and its optimizer state).
+    For a LoRA run on the CPU the copies go into the buffers of an earlier snapshot of the run that nothing holds
+    any more (``copy_`` into kept tensors instead of ``clone``: no allocation, no page faults for fresh memory).
+    Measured with ``benchmarks/snapshot_reuse.py`` (SmolLM2, one thread, 5 runs): a reused snapshot of an r=32
+    q/k/v/o adapter (14.7 MB, 29.5 MB of AdamW state) takes 14.5-16.4 ms every time, a cloned one 14.0-16.1 ms or,
+    when the allocator had given the freed memory back to the system (2 runs of 5), 32.8-33.2 ms; r=8 q/v
+    4.5-5.5 ms reused, 4.4-7.7 ms cloned. On an accelerator snapshots clone: PyTorch's caching allocator reuses
+    freed blocks itself, and a spare set would hold device memory (not measured here). A snapshot's buffers
+    return to the pool when the last reference to it (or to a shallow copy of it) goes: the run's ``last``
+    snapshot was replaced and the checkpoint writer is done with it. The pool keeps at most ``SPARE_BUFFERS``
+    spare sets, so a run holds its latest snapshot, the ones still being written and at most that many more; a
+    run that ends or stops drops its spare (:meth:`drop_spares`). Full fine-tuning clones every time (a spare set
+    there would be a whole extra copy of the model and its optimizer state).
 
     Args:
         run_id: the run.
@@ -220,10 +230,24 @@ class Snapshotter:
             from peft import get_peft_model_state_dict
 
             self._tensors = dict(get_peft_model_state_dict(model, adapter_name=adapter_name))
+        tensors = list((self._tensors or {}).values())
+        # LoRA on the CPU only: on an accelerator the caching allocator already reuses freed blocks, and a spare
+        # set would hold device memory; full fine-tuning never (a spare would be a second copy of the model)
+        self.reuses = bool(tensors) and all(t.device.type == "cpu" for t in tensors)
         adapter_config = copy.deepcopy(model.peft_config[adapter_name]) if adapter_name is not None else None
         model_config = copy.deepcopy(model.config) if adapter_name is None else None
         # (adapter config, model config, training args)
         self._fixed = (adapter_config, model_config, _without_secrets(copy.deepcopy(trainer.args)))
+
+    def drop_spares(self) -> int:
+        """Free the spare buffer sets (the run ended or stopped: its next snapshot, if any, clones again); returns
+        how many were dropped. Snapshots still held keep their tensors."""
+        return self._pool.clear()
+
+    @property
+    def spares(self) -> int:
+        """How many spare buffer sets the run keeps now (0 or 1)."""
+        return len(self._pool)
 
     def _live_tensors(self) -> dict[str, torch.Tensor]:
         if self._tensors is None:
@@ -237,7 +261,7 @@ class Snapshotter:
         adapter_config, model_config, training_args = self._fixed
         live = self._live_tensors()
         lease = None
-        if self._tensors is None:  # full fine-tuning
+        if not self.reuses:
             weights = {k: v.detach().clone() for k, v in live.items()}
             optimizer = _clone(trainer.optimizer.state_dict())
         else:

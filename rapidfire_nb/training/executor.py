@@ -197,6 +197,8 @@ class TorchExecutor(Executor):
         run = self._runs.get(run_id)
         if run is None:
             return
+        if status in ("COMPLETED", "STOPPED", "FAILED") and run.snapshotter is not None:
+            run.snapshotter.drop_spares()  # no next snapshot soon: the spare buffers leave the device
         if status in ("COMPLETED", "STOPPED"):
             try:
                 self.save_final(run_id)

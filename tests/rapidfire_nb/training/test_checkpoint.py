@@ -127,6 +127,10 @@ def test_a_let_go_snapshot_lends_its_tensors_to_the_next_and_the_copy_is_exact(t
     reused = snapshotter.take(capture_rng())
     assert snapshotter.reused == 1
     assert _ptrs(reused) == ptrs  # copied into the let-go snapshot's tensors, no new ones
+    # a run that ends or stops keeps no spare set (the executor drops it then)
+    probe = Snapshotter(1, trainer, "default")
+    probe.take(capture_rng())  # let go at once: its tensors are the spare set
+    assert probe.spares == 1 and probe.drop_spares() == 1 and probe.spares == 0
     # exactly what a fresh clone holds, and written the same way
     fresh = Snapshotter(1, trainer, "default").take(capture_rng())
     assert _equal(reused, fresh) and not (_ptrs(fresh) & ptrs)
