@@ -57,7 +57,7 @@ from .clones import CloneRequest, record_clone
 from .reporter import Reporter
 from .tracker_thread import TrackerThread
 
-__all__ = ["ADDED_RUNS_META_KEY", "DEVICES_META_KEY", "NOT_EDITABLE", "Recorder"]
+__all__ = ["ADDED_RUNS_META_KEY", "DEVICES_META_KEY", "NOT_EDITABLE", "TRACKED_RUNS_META_KEY", "Recorder"]
 
 """Store meta: ``{"<run id>": "<device>"}``, the device each run trains on (written when it changes)."""
 
@@ -69,11 +69,12 @@ _ENDED = (RunStatus.COMPLETED, RunStatus.FAILED)  # ended runs that are not cont
 NOT_EDITABLE = ("formatting_func", "compute_metrics", "reward_funcs", "model_type")
 
 ADDED_RUNS_META_KEY = "added_runs"
+"""Meta key: run id (str) -> the info the early-stopping policy added that run with (e.g. ``{"source": "trial",
+"trial": 9}``, an Optuna trial number); a restarted kernel hands it back to the policy to rebuild the runs."""
+
 TRACKED_RUNS_META_KEY = "tracked_runs"
 """Meta key: the ids of the ended runs (COMPLETED, FAILED) whose points every tracker wrote and flushed. A restart
 writes the stored points of any other ended run to the trackers again (its kernel died before they wrote them)."""
-"""Meta key: run id (str) -> the info the early-stopping policy added that run with (e.g. ``{"source": "trial",
-"trial": 9}``, an Optuna trial number); a restarted kernel hands it back to the policy to rebuild the runs."""
 
 HEARTBEAT_EVERY_S = 2.0
 """Seconds between two heartbeats written to the store while the scheduler runs."""

@@ -198,7 +198,7 @@ class TorchExecutor(Executor):
         if run is None:
             return
         if status in ("COMPLETED", "STOPPED", "FAILED") and run.snapshotter is not None:
-            run.snapshotter.drop_spares()  # no next snapshot soon: the spare buffers leave the device
+            run.snapshotter.drop_spares()  # no next snapshot soon: its spare buffers are freed
         if status in ("COMPLETED", "STOPPED"):
             try:
                 self.save_final(run_id)
