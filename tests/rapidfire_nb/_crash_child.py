@@ -121,14 +121,18 @@ def _install(mode: str, k: int, marker: str) -> None:
         Store.upsert_run = upsert_run
     elif mode == "complete":
         from rapidfire_nb.store import Store
+        from rapidfire_nb.training.executor import TorchExecutor
 
+        def final_save_too_late(self, run_id):
+            time.sleep(600)  # the kill comes first: the run is COMPLETED in the store without final weights
+
+        TorchExecutor._save_final = final_save_too_late
         orig_complete = Store.upsert_run
 
         def upsert_completed(self, run_id, **fields):
             orig_complete(self, run_id, **fields)
-            if (
-                fields.get("status") == "COMPLETED"
-            ):  # before the trackers hear it and its final weights are saved
+            # the store has COMPLETED; the trackers have not heard it yet
+            if fields.get("status") == "COMPLETED":
                 hit({"run_id": run_id})
 
         Store.upsert_run = upsert_completed

@@ -10,8 +10,9 @@ The kills are chained on ONE experiment (each restart is itself killed, except t
 3. inside a checkpoint write, ``COMPLETE`` written in the temporary folder, before the rename;
 4. right after a checkpoint folder was renamed into place (older checkpoint not yet removed);
 5. between chunks, right after the store recorded a finished chunk;
-6. right after the store recorded a run COMPLETED: before the trackers heard it, perhaps before its final weights
-   were saved (the restart then trains its last chunk again).
+6. right after the store recorded a run COMPLETED: before the trackers heard it and before its final weights
+   were saved (the child holds the final save back, so the kill always lands there; the restart trains its last
+   chunk again).
 
 An uninterrupted reference runs concurrently in its own process. At the end every run's final adapter, every
 per-step loss and every TensorBoard point must match the reference within 1e-6 (CPU, fp32).
