@@ -43,6 +43,7 @@ from .generation_spec import check_generation_eval, generation_enabled
 from .kinds import TrainerKind, get_kind
 from .models import BaseModels, SharedBase, attach_run_model, count_flos_alone, load_trained_weights
 from .offload import Parked, park, unpark
+from .own_params import OwnParameters, skip_redundant_train
 from .quiet import quiet_libraries
 from .rng import capture_rng
 from .worker import HandoffClock, RunWorker
@@ -74,6 +75,7 @@ class _Run:
     parked: Parked | None = (
         None  # full fine-tuning on an accelerator: weights + optimizer state in host memory
     )
+    own: OwnParameters | None = None  # a LoRA run's clip and zero_grad over its own parameters
 
 
 class TorchExecutor(Executor):
@@ -332,8 +334,14 @@ class TorchExecutor(Executor):
         base = self.models.base_for(spec, args, run_id)
         model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
         trainer = self._build_trainer(spec, model, adapter, base.tokenizer, args, train_ds, eval_ds)
+        own = None
         if adapter is not None:
             count_flos_alone(trainer, adapter)  # total_flos as a plain run's: not the other runs' adapters
+            own = OwnParameters(trainer)  # clip and zero_grad walk its own parameters, not every adapter's
+            own.install()
+            skip_redundant_train(
+                trainer.model
+            )  # the step's model.train() returns at once when nothing changes
         for what, given, kept in (
             ("train_dataset", train_ds, trainer.train_dataset),
             ("eval_dataset", eval_ds, trainer.eval_dataset),
@@ -387,6 +395,7 @@ class TorchExecutor(Executor):
             plan,
             run_dir,
             Snapshotter(run_id, trainer, adapter),
+            own=own,
         )
         return start
 
@@ -556,6 +565,8 @@ class TorchExecutor(Executor):
             active = run.base.model.active_adapter
             if active != run.adapter:  # a wrong active adapter raises nothing: it trains the wrong weights
                 raise RuntimeError(f"active adapter is {active!r}, expected {run.adapter!r}")
+            if run.own is not None:
+                run.own.activate()
         run.kind.on_activate(run.worker.trainer)  # e.g. the run's own patched forward on the shared base
         self.switch_seconds += time.perf_counter() - t0
 
