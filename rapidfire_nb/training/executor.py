@@ -337,11 +337,11 @@ class TorchExecutor(Executor):
         own = None
         if adapter is not None:
             count_flos_alone(trainer, adapter)  # total_flos as a plain run's: not the other runs' adapters
-            own = OwnParameters(trainer)  # clip and zero_grad walk its own parameters, not every adapter's
+            # clip and zero_grad walk its own parameters, not every adapter's; the step's model.train() returns
+            # at once when nothing changes
+            own = OwnParameters(trainer)
             own.install()
-            skip_redundant_train(
-                trainer.model
-            )  # the step's model.train() returns at once when nothing changes
+            skip_redundant_train(trainer.model)
         for what, given, kept in (
             ("train_dataset", train_ds, trainer.train_dataset),
             ("eval_dataset", eval_ds, trainer.eval_dataset),

@@ -58,10 +58,8 @@ class OwnParameters:
         """The run trains next: ``model.zero_grad()`` clears its own parameters (once they were checked)."""
         if self._own:
             self.model.zero_grad = self.zero_grad
-        else:
-            self.model.__dict__.pop(
-                "zero_grad", None
-            )  # nn.Module's own, until the first clip checked the list
+        else:  # nn.Module's own, until the first clip checked the list
+            self.model.__dict__.pop("zero_grad", None)
 
     def clip(self, model: Any) -> Any:
         """``Trainer._clip_grad_norm(model)`` over the run's own parameters (its own walk when not checked)."""
