@@ -9,10 +9,11 @@ so that the writer's share stands out of the noise. The sides alternate segment 
 repeat), so a host's slow stretches touch every side alike:
 
 * ``none``: no writer (the reference);
-* ``nice10``: the writer thread at nice +10 (rapidfire_nb before 2026-12-04; the recorder and the trackers'
-  thread still run so);
+* ``nice10``: the writer thread at nice +10 (``_priority.lower_thread_priority``, what rapidfire_nb does);
 * ``nice19``: the writer thread at nice +19, the weakest ``nice``;
-* ``idle``: the writer thread at ``SCHED_IDLE`` (``_priority.idle_thread_priority``, what rapidfire_nb does now).
+* ``idle``: the writer thread at Linux's ``SCHED_IDLE`` (tried for rapidfire_nb on 2026-12-04 and dropped: with
+  the CPUs busy with other processes it stalled training, see ``_priority``'s docstring; run the script beside
+  e.g. two ``python -c "while True: pass"`` to see it).
 
 Printed per side: the median segment time and its ratio to ``none``, per repeat; the writer's median wall and CPU
 milliseconds per checkpoint. A new writer thread is started for each segment (a thread leaves ``SCHED_IDLE`` only
@@ -47,11 +48,11 @@ SIDES = ("none", "nice10", "nice19", "idle")
 def _writer(
     snap: Any, folder: Path, side: str, period: float, stop: threading.Event, out: list[tuple[float, float]]
 ):
-    from rapidfire_nb._priority import idle_thread_priority, lower_thread_priority
+    from rapidfire_nb._priority import lower_thread_priority
     from rapidfire_nb.training.checkpoint import write_snapshot
 
     if side == "idle":
-        idle_thread_priority()
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
     else:
         lower_thread_priority(int(side[4:]))
     while not stop.is_set():

@@ -1,17 +1,16 @@
 """Background threads yield the CPU to training: a lower scheduling priority for the calling thread (stdlib only).
 
-Linux schedules threads one by one, so one thread of the process can be made to give way. Two strengths:
+Linux schedules threads one by one, so one thread of the process can be made to give way. The recorder, the
+trackers' thread and the checkpoint writer run at ``nice`` +10: they still get their share of a busy machine, so
+the store, the panel and the trackers keep up with training (a lag of about a second) and a checkpoint is on disk
+soon after its chunk boundary.
 
-* :func:`lower_thread_priority` (the recorder, the trackers' thread): ``nice`` +10. They still get their share of
-  a busy machine, so the store, the panel and the trackers keep up with training (a lag of about a second).
-* :func:`idle_thread_priority` (the checkpoint writer): ``SCHED_IDLE``. The thread runs when a CPU has nothing else
-  to do (on a 2-core machine the training thread's OpenMP team leaves ~6-14% of one CPU idle, between its parallel
-  regions) and never preempts a normal thread when it wakes up. At nice +10 the writer's wake-ups (the disk, the
-  interpreter lock) still preempted the training threads: measured on SmolLM2 with a boundary checkpoint every
-  ~0.6 s (``benchmarks/checkpoint_interference.py``), training took 1.063x as long with the writer at nice +10
-  and 1.018x with it idle. Under a machine busy with other work the writes wait for idle time (Linux still gives
-  an idle thread a sliver of a CPU, so they are never stuck); a checkpoint is then older when a crash comes,
-  and a resume from it is still exact.
+Why not lower (measured 2026-12-04, ``benchmarks/checkpoint_interference.py``, SmolLM2 LoRA training with a
+checkpoint written every 0.5 s): on a machine otherwise quiet, the writer at ``SCHED_IDLE`` slowed training a
+little less than at nice +10 (1.041-1.048x against 1.056-1.074x; nice +19 1.055x), but with two other busy
+processes on the 2 CPUs it slowed training 3.4x against 1.2-2.2x at nice +10, and one 66 ms write took 17-24 s:
+a thread that gets almost no CPU while it holds the interpreter lock (or a lock in torch) makes the training
+thread wait for it. The crash test's writes then came after the runs had ended.
 """
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ from __future__ import annotations
 import os
 import threading
 
-__all__ = ["BACKGROUND_NICE", "idle_thread_priority", "lower_thread_priority"]
+__all__ = ["BACKGROUND_NICE", "lower_thread_priority"]
 
 BACKGROUND_NICE = 10
-"""How much nicer than the process the recorder and the trackers' thread run (Linux ``nice`` steps)."""
+"""How much nicer than the process the background threads run (Linux ``nice`` steps)."""
 
 
 def lower_thread_priority(steps: int = BACKGROUND_NICE) -> bool:
@@ -40,23 +39,3 @@ def lower_thread_priority(steps: int = BACKGROUND_NICE) -> bool:
     except OSError:
         return False
     return True
-
-
-def idle_thread_priority() -> str:
-    """Run the calling thread only on CPU time nothing else wants (Linux ``SCHED_IDLE``).
-
-    Where ``SCHED_IDLE`` is missing or refused (other systems, a sandbox that filters ``sched_setscheduler``),
-    the thread is made as nice as it can be instead (+19).
-
-    Returns:
-        ``"idle"``, ``"nice"`` (the fallback worked) or ``""`` (neither: the thread runs as it did).
-    """
-    setscheduler = getattr(os, "sched_setscheduler", None)
-    policy = getattr(os, "SCHED_IDLE", None)
-    if setscheduler is not None and policy is not None and hasattr(threading, "get_native_id"):
-        try:
-            setscheduler(threading.get_native_id(), policy, os.sched_param(0))
-            return "idle"
-        except OSError:
-            pass
-    return "nice" if lower_thread_priority(19) else ""

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import save_file
 
 from rapidfire_nb._atomic import atomic_dir
-from rapidfire_nb._priority import idle_thread_priority
+from rapidfire_nb._priority import lower_thread_priority
 from rapidfire_nb.redact import REDACTED, is_secret_key
 from rapidfire_nb.run_folder import WARM_START_PREFIX, latest_checkpoint
 
@@ -340,8 +340,8 @@ class CheckpointWriter:
     most one snapshot waiting: a newer one replaces the one not yet written (which would be removed right after
     being written), so memory stays bounded when chunk switches outpace the disk (measured on the tiny model:
     8 runs switching every ~30 ms queued snapshots faster than they were written, +9 MB in use over 64 rounds).
-    The writer thread runs at Linux's ``SCHED_IDLE`` (:func:`~rapidfire_nb._priority.idle_thread_priority`): on CPU
-    time the training threads leave idle, never preempting them.
+    The writer thread runs at nice +10 (:func:`~rapidfire_nb._priority.lower_thread_priority`), not lower: a thread
+    that gets almost no CPU while it holds the interpreter lock stalls training (``_priority``'s docstring).
     """
 
     def __init__(self, on_error: Callable[[BaseException, Path], None] | None = None) -> None:
@@ -349,7 +349,7 @@ class CheckpointWriter:
         self._queue: queue.Queue[int | None] = queue.Queue()  # run ids with a snapshot waiting (once each)
         self._lock = threading.Lock()
         self._waiting: dict[int, tuple[BoundarySnapshot, Path]] = {}
-        # how the writer thread yields the CPU once it started: "idle", "nice" or "" (see _priority)
+        # how the writer thread yields the CPU once it started: "nice", or "" where it could not (see _priority)
         self.priority = ""
         self._thread = threading.Thread(target=self._main, name="rapidfire-checkpoints", daemon=True)
         self._thread.start()
@@ -378,7 +378,7 @@ class CheckpointWriter:
         self._thread.join()
 
     def _main(self) -> None:
-        self.priority = idle_thread_priority()  # the disk waits; training does not
+        self.priority = "nice" if lower_thread_priority() else ""  # the disk waits; training does not
         while True:
             item = self._queue.get()
             try:
