@@ -66,7 +66,10 @@ def own_base_reason(spec: LeafConfig) -> str | None:
     """Why a LoRA run cannot share its base model with other runs, or ``None``.
 
     ``lora.bias`` other than ``"none"`` trains bias terms of the model itself, and PEFT allows only one adapter
-    with bias per model ("LoraModel supports only 1 adapter with bias").
+    with bias per model ("LoraModel supports only 1 adapter with bias"). ``lora.trainable_token_indices`` wraps the
+    model's embedding in a token adapter that every adapter added later shares: PEFT's
+    ``get_peft_model_state_dict`` then fails for them (``KeyError: 'token_adapter.trainable_tokens_delta.<name>'``,
+    peft 0.21; found by a fresh-user pass, where it took ``run_fit`` down before training).
 
     Args:
         spec: The run's spec.
@@ -79,6 +82,12 @@ def own_base_reason(spec: LeafConfig) -> str | None:
         return (
             f"lora.bias={bias!r} trains bias terms of the base model itself (PEFT allows one adapter with bias "
             "per model)"
+        )
+    tokens = (spec.lora or {}).get("trainable_token_indices")
+    if spec.lora is not None and tokens:
+        return (
+            "lora.trainable_token_indices trains rows of the base model's embedding through a token adapter that "
+            "PEFT shares with every other adapter on the model"
         )
     return None
 

@@ -168,6 +168,44 @@ def test_lora_runs_with_bias_get_their_own_base_and_train_exactly(tmp_path: Path
     exp.end()
 
 
+def test_a_lora_run_with_trainable_tokens_gets_its_own_base_and_the_others_still_share(
+    tmp_path: Path,
+) -> None:
+    """Before: PEFT's token adapter, shared by every adapter added after it, made ``get_peft_model_state_dict``
+    raise ``KeyError: 'token_adapter.trainable_tokens_delta.run_3'`` and took ``run_fit`` down before training."""
+    train = qa_dataset(4)
+    loras = [LORA, {**LORA, "trainable_token_indices": [3, 5, 7]}, {**LORA, "r": 4}]
+    configs = List(
+        [
+            RFModelConfig(
+                model_name="tiny",
+                peft_config=RFLoraConfig(**lora),
+                training_args=RFSFTConfig(**ARGS),
+                formatting_func=qa_to_chat,
+            )
+            for lora in loras
+        ]
+    )
+    lines: list[str] = []
+    exp = Experiment("token-runs")
+    exp.on_message(lines.append)
+    exp.run_fit(RFGridSearch(configs, "SFT"), tiny_create_model, train, num_chunks=2, seed=0)
+    assert list(exp.get_runs_info().status) == ["COMPLETED"] * 3
+    assert any(
+        "lora.trainable_token_indices trains rows" in line and "own base copy" in line for line in lines
+    )
+    executor = exp.session.executor  # type: ignore[union-attr]
+    assert executor.runs[1].base is executor.runs[3].base is not executor.runs[2].base
+    for rid in (2, 3):
+        spec = executor.runs[rid].spec
+        ref = train_plain_trl(spec, tiny_create_model, train, None, 0, tmp_path / str(rid))
+        saved = adapter_from_folder(exp.path / "runs" / str(rid) / "final")
+        if rid == 2:
+            assert any("trainable_tokens" in k for k in saved), "the token rows are trained and saved"
+        assert max_abs_diff(saved, ref.final) <= TOL
+    exp.end()
+
+
 def test_lora_and_full_fine_tuning_runs_mix_in_either_order() -> None:
     train = qa_dataset(4)
     lora = RFModelConfig(
