@@ -353,6 +353,17 @@ def _same_work(
         f"{fmt(md, '.2e')}  = 0.0  {ok_same}"
     )
     targets.append((f"{c['label']}: same work, max |loss rf - sequential|", fmt(md, ".1e"), 0.0, md))
+    # each side against itself, child against child: plain TRL is not always the same from one process to the next
+    # (SmolLM2, 2026-12-04: 1 of 5 sequential children differed in one run from its 3rd step on, by up to 2.1e-4)
+    own = []
+    for side in sorted({a for r in reps for a in r}):
+        runs = [r[side] for r in reps if side in r]
+        worst = [loss_diff(x, y) for i, x in enumerate(runs) for y in runs[i + 1 :]]
+        got = [d for d in worst if d is not None]
+        if got:
+            own.append(f"{side} {fmt(max(got), '.2e')} ({len(runs)} children)")
+    if own:
+        lines.append("  each side against itself, child against child (max |loss diff|): " + ", ".join(own))
     return lines
 
 
