@@ -13,7 +13,7 @@ alone and taken off). It checks that both clips return the same norm, bit for bi
 ::
 
     .venv/bin/python benchmarks/shared_base_walks.py                  # ~1 min on 2 CPUs
-    .venv/bin/python benchmarks/shared_base_walks.py --adapters 1     # a plain run's walks (nothing to skip but train)
+    .venv/bin/python benchmarks/shared_base_walks.py --adapters 1     # one adapter, as on a plain run's model
 """
 
 from __future__ import annotations

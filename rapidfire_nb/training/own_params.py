@@ -4,8 +4,9 @@ Every optimizer step, transformers' ``Trainer`` calls ``model.train()`` (in ``tr
 ``accelerator.clip_grad_norm_(model.parameters(), ...)`` (``Trainer._clip_grad_norm``) and calls ``model.zero_grad()``;
 each walks every module of the model. On a shared base the walks also cover the other runs' adapters:
 SmolLM2-135M-Instruct with the 4 adapters of ``benchmarks/overhead.py`` has 2,319 modules against a plain run's
-1,599. Measured per step (2 CPU threads, medians of 25 steps, one adapter -> four): ``train()`` 3.7 -> 5.5 ms, the
-clip 8.1 -> 10.0 ms, ``zero_grad`` 3.7 -> 5.4 ms; about 19 ms of a 0.28 s step with four adapters.
+1,599. Measured with ``benchmarks/shared_base_walks.py`` (2 CPU threads, medians of 21 calls, one adapter -> four):
+``train()`` 2.8 -> 4.4 ms, the clip 3.6 -> 5.1-7.5 ms, ``zero_grad`` 1.5 -> 2.5 ms; with the changes below 0.1,
+2.0 and 0.03 ms: 10-12 ms less of a ~0.28 s step with four adapters.
 
 * :class:`OwnParameters` (one per LoRA run): only the training run's parameters can hold a gradient
   (:func:`~rapidfire_nb.training.adapters.activate_adapter` makes its adapter the only trainable one, PEFT freezes
@@ -148,11 +149,12 @@ def skip_redundant_train(model: Any) -> Any:
     """Make ``model.train()`` (transformers' ``Trainer.training_step`` calls it every step) return at once when every
     module of the shared base already trains; installed once per model.
 
-    ``nn.Module.train`` walks every module to set its ``training`` flag (module docstring: 3.7-5.5 ms per step on
+    ``nn.Module.train`` walks every module to set its ``training`` flag (module docstring: 2.8-4.4 ms per step on
     SmolLM2). When every flag is already set (every step after the first of a segment, or after an evaluation) the
     call changes nothing, and a look at each module's flag (a list of them, made again when the adapters change)
     costs ~0.1 ms. Any other call (``eval()``, ``train(False)``, a module found in eval mode, a model with a module
-    whose class has its own ``train``) is the full walk of the model's class.
+    whose class has its own ``train``, e.g. PEFT's DoRA layers, which clear a cache there) is the full walk of the
+    model's class.
 
     Args:
         model: The shared ``peft.PeftModel``.
