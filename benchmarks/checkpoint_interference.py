@@ -12,8 +12,7 @@ repeat), so a host's slow stretches touch every side alike:
 * ``nice10``: the writer thread at nice +10 (``_priority.lower_thread_priority``, what rapidfire_nb does);
 * ``nice19``: the writer thread at nice +19, the weakest ``nice``;
 * ``idle``: the writer thread at Linux's ``SCHED_IDLE`` (tried for rapidfire_nb on 2026-12-04 and dropped: with
-  the CPUs busy with other processes it stalled training, see ``_priority``'s docstring; run the script beside
-  e.g. two ``python -c "while True: pass"`` to see it).
+  the CPUs busy with other processes it stalled training, see ``_priority``'s docstring; ``--load 2`` shows it).
 
 Printed per side: the median segment time and its ratio to ``none``, per repeat; the writer's median wall and CPU
 milliseconds per checkpoint. A new writer thread is started for each segment (a thread leaves ``SCHED_IDLE`` only
@@ -23,6 +22,7 @@ with privileges).
 
     .venv/bin/python benchmarks/checkpoint_interference.py            # ~5 min on 2 CPUs
     .venv/bin/python benchmarks/checkpoint_interference.py --repeats 12 --out benchmarks/results/checkpoint_interference.txt
+    .venv/bin/python benchmarks/checkpoint_interference.py --load 2 --repeats 3   # two other busy processes
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ import argparse  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -70,10 +72,17 @@ def main() -> None:
         "--period", type=float, default=0.5, help="seconds between two checkpoints (default 0.5)"
     )
     parser.add_argument("--tokens", type=int, default=128, help="tokens in the training batch (default 128)")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="other busy processes (`python -c 'while True: pass'`) beside the training, as on a shared machine "
+        "(default 0)",
+    )
     parser.add_argument("--out", help="also write the report to this file")
     a = parser.parse_args()
-    if a.repeats < 1 or a.steps < 1 or a.period < 0 or a.tokens < 2:
-        parser.error("--repeats and --steps: 1 or more; --period: 0 or more; --tokens: 2 or more")
+    if a.repeats < 1 or a.steps < 1 or a.period < 0 or a.tokens < 2 or a.load < 0:
+        parser.error("--repeats and --steps: 1 or more; --period and --load: 0 or more; --tokens: 2 or more")
 
     import torch
     from peft import LoraConfig, get_peft_model
@@ -135,10 +144,16 @@ def main() -> None:
             print(f"  repeat {rep + 1}/{a.repeats} done", flush=True)
 
     started = time.time()
-    worker = threading.Thread(target=train, name="rapidfire-device-1")
-    worker.start()
-    worker.join()
-    shutil.rmtree(root, ignore_errors=True)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.load)]
+    try:
+        worker = threading.Thread(target=train, name="rapidfire-device-1")
+        worker.start()
+        worker.join()
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+        shutil.rmtree(root, ignore_errors=True)
 
     ref = statistics.median(times["none"])
     mb = sum(t.numel() * t.element_size() for t in snap.weights.values()) / 1e6
@@ -147,7 +162,8 @@ def main() -> None:
         f"machine: {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"{torch.get_num_threads()} torch threads; OMP_WAIT_POLICY unset (was {OMP_BEFORE!r} in this shell)",
         f"SmolLM2-135M-Instruct, LoRA r=32 q/k/v/o ({mb:.1f} MB adapter + {2 * mb:.1f} MB AdamW state), batch of "
-        f"{a.tokens} tokens; {a.repeats} segments of {a.steps} steps per side; a checkpoint every {a.period} s",
+        f"{a.tokens} tokens; {a.repeats} segments of {a.steps} steps per side; a checkpoint every {a.period} s; "
+        f"{a.load} other busy process(es)",
         f"{'side':<15} {'segment (s)':>11} {'ratio':>7}   {'per checkpoint: wall / CPU (ms)':<32} per repeat (s)",
     ]
     for side in SIDES:

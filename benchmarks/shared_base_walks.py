@@ -63,6 +63,7 @@ def main() -> None:
             )
         return LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
 
+    torch.manual_seed(0)  # the adapters' initialisation, the batch and dropout: the same norms every run
     model = get_peft_model(
         AutoModelForCausalLM.from_pretrained(smollm2_path()), lora(0), adapter_name="run_1"
     )

@@ -7,10 +7,11 @@ soon after its chunk boundary.
 
 Why not lower (measured 2026-12-04, ``benchmarks/checkpoint_interference.py``, SmolLM2 LoRA training with a
 checkpoint written every 0.5 s): on a machine otherwise quiet, the writer at ``SCHED_IDLE`` slowed training a
-little less than at nice +10 (1.041-1.048x against 1.056-1.074x; nice +19 1.055x), but with two other busy
-processes on the 2 CPUs it slowed training 3.4x against 1.2-2.2x at nice +10, and one 66 ms write took 17-24 s:
-a thread that gets almost no CPU while it holds the interpreter lock (or a lock in torch) makes the training
-thread wait for it. The crash test's writes then came after the runs had ended.
+little less than at nice +10 (1.041-1.048x against 1.056-1.074x; nice +19 1.055-1.061x), but with two other
+busy processes on the 2 CPUs it was never better than nice +10 (1.45x against 1.34x; 3.4x against 1.2-2.2x in
+another pass) and one ~65 ms write took 16.5-24 s: a thread that gets almost no CPU while it holds the
+interpreter lock (or a lock in torch) makes the training thread wait for it, and its checkpoints lag. The crash
+test's writes then came after the runs had ended.
 """
 
 from __future__ import annotations

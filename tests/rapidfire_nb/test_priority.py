@@ -67,7 +67,8 @@ def test_where_the_system_refuses_the_thread_runs_as_it_did(monkeypatch: Any) ->
 
 @linux
 def test_the_checkpoint_writer_thread_runs_ten_nicer_not_idle() -> None:
-    """Not ``SCHED_IDLE``: starved while holding the interpreter lock, an idle writer stalled training 3.4x."""
+    """Not ``SCHED_IDLE``: beside busy processes an idle writer, starved while holding the interpreter lock, stalled
+    training (``_priority``'s docstring)."""
     from rapidfire_nb.training.checkpoint import CheckpointWriter
 
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
