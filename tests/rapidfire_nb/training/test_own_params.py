@@ -83,10 +83,8 @@ def test_clip_and_zero_grad_over_the_own_parameters_train_bit_for_bit_the_same(t
     twin, twin_trainers, _ = _pair(tmp_path, own=False)
     _train_in_turns(model, trainers, owns)
     _train_in_turns(twin, twin_trainers, [None, None])
-    assert [o.fast_steps for o in owns if o is not None] == [
-        4,
-        4,
-    ]  # every step of both runs took the short walk
+    # every step of both runs took the short walk
+    assert [o.fast_steps for o in owns if o is not None] == [4, 4]
     assert skip_redundant_train(model).skipped >= 4  # model.train() returned at once where nothing changed
     evals = [[h["eval_loss"] for h in t.state.log_history if "eval_loss" in h] for t in trainers]
     assert evals == [[h["eval_loss"] for h in t.state.log_history if "eval_loss" in h] for t in twin_trainers]
@@ -109,9 +107,8 @@ def test_a_trainable_parameter_outside_the_optimizer_keeps_transformers_own_walk
     twin, twin_trainers, _ = _pair(tmp_path, own=False)
     from transformers import TrainerCallback
 
-    class Unfreeze(
-        TrainerCallback
-    ):  # after the optimizer was built: a gradient outside it, counted in the clip
+    # after the optimizer was built: a gradient outside it, counted in the clip
+    class Unfreeze(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
             next(p for n, p in model.named_parameters() if n.endswith("norm.weight")).requires_grad_(True)
 
