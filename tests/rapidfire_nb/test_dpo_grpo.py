@@ -132,10 +132,12 @@ def dpo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     train, evald = tiny_dpo_dataset(8, seed=0), tiny_dpo_dataset(4, seed=1)
     group = _dpo_group()
     exp = Experiment("dpo", experiment_path=root)
-    exp.quiet = True
+    lines: list[str] = []
+    exp.on_message(lines.append)
     exp.run_fit(group, tiny_create_model, train, evald, num_chunks=2, seed=SEED)
     ex = exp.session.executor
     out = dict(
+        lines=lines,
         info=exp.get_runs_info().set_index("run_id"),
         results=exp.get_results(),
         trainers={rid: run.worker.trainer for rid, run in ex.runs.items()},
@@ -201,6 +203,11 @@ def test_dpo_lora_reference_is_the_shared_base_with_adapters_disabled(dpo: dict[
     trainers, bases = dpo["trainers"], dpo["bases"]
     assert bases[1] is bases[2], "the two beta runs share one base"
     assert bases[3] is not bases[1], "disable_dropout=False disagrees with the others: its own base copy"
+    notes = [line for line in dpo["lines"] if "settings that act on the shared model" in line]
+    assert notes == [
+        "[rapidfire] run 3 differs from the other runs on its base model in settings that act on the shared "
+        "model: disable_dropout=False (others: True); it gets its own base copy (create_model_fn is called again)"
+    ], notes
     assert bases[1].adapters == ["run_1", "run_2"] and bases[3].adapters == ["run_3"]
     for trainer in trainers.values():
         assert trainer.ref_model is None  # TRL then computes reference log-probs under disable_adapter()
