@@ -128,9 +128,11 @@ def plan_restore(run_id: int, prior: Mapping[str, Any] | None, folder: Path) -> 
     if status is RunStatus.COMPLETED and _final_weights_lost(folder):
         # the kernel died between the store's COMPLETED and the final save: the last chunk is trained again
         status = RunStatus.INTERRUPTED
-    if status.is_finished():
-        return RunRestore(run_id, RestoreAction.FINISHED, status, prior)
     stale = tuple(leftovers(folder, f"{CHECKPOINT_PREFIX}*"))
+    if status.is_finished():
+        # a finished run may have leftovers too: the writer lags training, so the kernel can die in the middle of
+        # a checkpoint of a run the store already has as COMPLETED (found by the crash test under load)
+        return RunRestore(run_id, RestoreAction.FINISHED, status, prior, leftovers=stale)
     ckpt = latest_checkpoint(folder)
     damaged = ckpt if ckpt is not None and not readable_checkpoint(ckpt) else None
     if damaged is not None:

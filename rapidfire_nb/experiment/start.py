@@ -328,6 +328,7 @@ def _register(
     prior, sched = plan.prior, session.scheduler
     if plan.action is RestoreAction.FINISHED:
         assert prior is not None
+        apply_restore(plan)  # a checkpoint write the dead kernel left half done (the run had ended meanwhile)
         sched.add_run(
             run_id,
             spec,

@@ -96,6 +96,17 @@ def test_half_written_leftovers_are_listed_and_removed(tmp_path: Path) -> None:
     assert not tmp.exists() and not old.exists()
 
 
+def test_a_finished_runs_half_written_checkpoint_is_removed_too(tmp_path: Path) -> None:
+    """The writer lags training: a kernel can die in a checkpoint write of a run the store has as COMPLETED."""
+    final = _checkpoint(tmp_path, "final", 16)  # complete: the final weights were saved
+    tmp = tmp_path / ".checkpoint-14.tmp-abc"
+    tmp.mkdir()
+    plan = plan_restore(1, _row("COMPLETED"), tmp_path)
+    assert plan.action is RestoreAction.FINISHED and plan.leftovers == (tmp,)
+    assert apply_restore(plan) is None
+    assert not tmp.exists() and final.exists()
+
+
 def test_a_warm_clone_before_its_first_chunk_continues_from_its_warm_start(tmp_path: Path) -> None:
     warm = _checkpoint(tmp_path, "warm-start-from-run-1-step-4", 4)
     plan = plan_restore(5, _row("INTERRUPTED", warm_start=1), tmp_path)
