@@ -1,5 +1,8 @@
 """benchmarks/overhead_report.py on recorded runs: SmolLM2's 5 repeats with the passive side in the first only, and
-SmolLM2's pinned pairs (``--pinned-pairs``) with their control pairs."""
+SmolLM2's pinned pairs (``--pinned-pairs``) with their control pairs.
+
+The recordings are copies of 2026-12-03's ``benchmarks/results/smollm2_latest.json`` and ``smollm2_pinned.json``
+in ``tests/benchmarks/data/``, so that a new benchmark run (which rewrites the results) does not change the tests."""
 
 from __future__ import annotations
 
@@ -11,13 +14,14 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+DATA = Path(__file__).resolve().parent / "data"
 sys.path.insert(0, str(BENCH))
 
 import overhead_report  # noqa: E402
 
 
 def _recorded() -> tuple[dict, list[dict], list[str]]:
-    raw = json.loads((BENCH / "results" / "smollm2_latest.json").read_text())
+    raw = json.loads((DATA / "smollm2_5_repeats_2026-12-03.json").read_text())
     got = raw["cases"]["smollm2"]
     return got["case"], got["repeats"], got["orders"]
 
@@ -77,7 +81,7 @@ def test_a_reference_from_fewer_repeats_says_so() -> None:
 
 
 def _pinned() -> dict:
-    raw = json.loads((BENCH / "results" / "smollm2_pinned.json").read_text())
+    raw = json.loads((DATA / "smollm2_pinned_2026-12-03.json").read_text())
     return raw["cases"]["smollm2-pinned"]
 
 
@@ -133,9 +137,25 @@ def test_report_from_refuses_what_it_cannot_read_in_one_line(tmp_path: Path) -> 
 
 def test_report_from_prints_only_unless_given_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     src = tmp_path / "pinned.json"
-    src.write_text((BENCH / "results" / "smollm2_pinned.json").read_text())
+    src.write_text((DATA / "smollm2_pinned_2026-12-03.json").read_text())
     _report_from(src)
     assert "smollm2-pinned: total time rf / sequential, pinned pairs" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pinned.json"]  # nothing written
     _report_from(src, "--out", str(tmp_path / "pinned.txt"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pinned.json", "pinned.md", "pinned.txt"]
+
+
+def test_each_side_is_compared_with_itself_child_against_child() -> None:
+    c, reps, orders = _recorded()
+    line = _line(overhead_report.report_case(c, reps, orders, None, []), "each side against itself")
+    assert "rf 0.00e+00 (5 children)" in line and "seq 0.00e+00 (5 children)" in line
+    assert "seqP" not in line  # one child: nothing to compare
+    curve = reps[1]["seq"]["losses"]["1"]
+    step = sorted(curve, key=int)[2]
+    curve[step] = float(curve[step]) + 2.5e-4  # one sequential child differs from the others
+    targets: list = []
+    lines = overhead_report.report_case(c, reps, orders, None, targets)
+    assert "seq 2.50e-04 (5 children)" in _line(lines, "each side against itself")
+    assert "rf 0.00e+00 (5 children)" in _line(lines, "each side against itself")
+    name, text, limit, value = next(t for t in targets if "same work" in t[0])
+    assert value == pytest.approx(2.5e-4) and limit == 0.0
