@@ -11,6 +11,7 @@ reports where the run stood.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ class RemoteDevice(Executor):
     _death: str | None
     _lock: threading.Lock
     _positions: dict[int, tuple[int, int]]  # run id -> (step, samples_seen) at its last known boundary
+    _sinks: dict[str, Callable[..., None]]  # event name -> the kernel's callback (``_replies.event_sinks``)
 
     def _invoke(self, method: str, payload: bytes) -> Any:
         """Call ``WorkerHost.<method>`` with the shipped arguments and return its answer (blocking).
@@ -74,7 +76,16 @@ class RemoteDevice(Executor):
         return bool(self._invoke("has_boundary", ship((run_id,), "has_boundary")))
 
     def on_status(self, run_id: int, status: str) -> None:
+        """Tell the worker (a COMPLETED or STOPPED run's final weights are saved there before this returns)."""
         self._invoke("on_status", ship((run_id, status), "on_status"))
+        if status in ("COMPLETED", "STOPPED"):
+            # The worker's own "final" event can reach the kernel after this answer (a Ray actor's events are
+            # drained apart from its answers), so wait() could return before the store has the run's
+            # checkpoint_dir (seen once in a CI run on a loaded machine). Handing it on here keeps it in order;
+            # the event's later repeat writes the same path.
+            final = self.final_dir(run_id)
+            if final is not None:
+                self._sinks["final"](run_id, str(final))
 
     def flush(self) -> None:
         """Wait until the checkpoints the kernel already let through (answered order tokens) are on disk."""
