@@ -206,10 +206,12 @@ class BaseModels(ModelProvider):
         for other, theirs in self._settings.items():
             if other == key or other.split('"shared"')[0] != same_model or '"zown": null' not in other:
                 continue
-            differ = [f"{f}={shared[f]!r} (others: {theirs[f]!r})" for f in shared if shared[f] != theirs[f]]
+            differ = [
+                f"{f}={shared[f]!r} (loaded base: {theirs[f]!r})" for f in shared if shared[f] != theirs[f]
+            ]
             who = f"run {run_id}" if run_id is not None else "a run"
             self._note(
-                f"{who} differs from the other runs on its base model in settings that act on the shared model: "
+                f"{who} differs from a base of its model already loaded in settings that act on the shared model: "
                 f"{', '.join(differ)}; it gets its own base copy (create_model_fn is called again)"
             )
             return

@@ -205,8 +205,9 @@ def test_dpo_lora_reference_is_the_shared_base_with_adapters_disabled(dpo: dict[
     assert bases[3] is not bases[1], "disable_dropout=False disagrees with the others: its own base copy"
     notes = [line for line in dpo["lines"] if "settings that act on the shared model" in line]
     assert notes == [
-        "[rapidfire] run 3 differs from the other runs on its base model in settings that act on the shared "
-        "model: disable_dropout=False (others: True); it gets its own base copy (create_model_fn is called again)"
+        "[rapidfire] run 3 differs from a base of its model already loaded in settings that act on the shared "
+        "model: disable_dropout=False (loaded base: True); it gets its own base copy (create_model_fn is called "
+        "again)"
     ], notes
     assert bases[1].adapters == ["run_1", "run_2"] and bases[3].adapters == ["run_3"]
     for trainer in trainers.values():
