@@ -149,7 +149,7 @@ class BaseModels(ModelProvider):
         self.create_model_fn = create_model_fn
         self._note = note
         self._bases: dict[str, SharedBase] = {}
-        self._settings: dict[str, dict[str, Any]] = {}  # base key -> its SHARED_MODEL_FIELDS values
+        self._settings: dict[str, dict[str, Any]] = {}  # shared base key -> its SHARED_MODEL_FIELDS values
         self._shared: dict[Hashable, Any] = {}
 
     def create(self, model_config: dict[str, Any]) -> tuple[Any, Any]:
@@ -193,22 +193,24 @@ class BaseModels(ModelProvider):
             model, tok = self.create(spec.model_config_dict())
             base = SharedBase(key=key, model=model, tokenizer=tok)
             self._bases[key] = base
-            self._settings[key] = shared
             if own is not None:
                 self._note(f"{own}: such runs get their own base copy (create_model_fn is called for each)")
             else:
                 self._note_disagreement(key, shared, run_id)
+                self._settings[key] = shared
         return base
 
     def _note_disagreement(self, key: str, shared: dict[str, Any], run_id: int | None) -> None:
-        """A note naming the settings in which a new base differs from one of the same model already loaded."""
+        """A note naming the settings in which a new shared base differs from one of the same model already loaded."""
         same_model = key.split('"shared"')[0]
         for other, theirs in self._settings.items():
-            if other == key or other.split('"shared"')[0] != same_model or '"zown": null' not in other:
+            if other.split('"shared"')[0] != same_model:
                 continue
             differ = [
                 f"{f}={shared[f]!r} (loaded base: {theirs[f]!r})" for f in shared if shared[f] != theirs[f]
             ]
+            if not differ:  # the same settings: another tokenizer made it a base of its own
+                continue
             who = f"run {run_id}" if run_id is not None else "a run"
             self._note(
                 f"{who} differs from a base of its model already loaded in settings that act on the shared model: "
