@@ -18,7 +18,7 @@ from .early_stopping import (
     RunState,
     SuccessiveHalving,
 )
-from .executor import Executor, RunStart, SegmentResult
+from .executor import Executor, RunStart, SegmentResult, check_device
 from .loop import RunSnapshot, Scheduler, SchedulerListener
 from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide, expected_status, new_op_id
 from .placement import Assignment, DeviceView, FairPlacement, PlacedRun
@@ -45,6 +45,7 @@ __all__ = [
     "Executor",
     "RunStart",
     "SegmentResult",
+    "check_device",
     "RunSnapshot",
     "Scheduler",
     "SchedulerListener",

@@ -10,7 +10,7 @@ from typing import Any
 
 from .chunks import ChunkPlan
 
-__all__ = ["Executor", "SegmentResult", "RunStart"]
+__all__ = ["Executor", "SegmentResult", "RunStart", "check_device"]
 
 
 @dataclass(frozen=True)
@@ -79,11 +79,21 @@ class Executor(ABC):
         raise NotImplementedError("this executor has a single device")
 
     @abstractmethod
-    def add_run(self, run_id: int, spec: Any, warm_from: int | None = None) -> RunStart:
+    def add_run(
+        self, run_id: int, spec: Any, warm_from: int | None = None, *, device: str | None = None
+    ) -> RunStart:
         """Prepare a run (build its trainer, validate) and return its plan and start position.
 
-        ``warm_from``: parent run id to warm-start from (its latest completed chunk boundary).
-        Raises on bad input (the scheduler then rejects / fails the run).
+        Args:
+            run_id: the run's id.
+            spec: its config (opaque to the scheduler).
+            warm_from: parent run id to warm-start from (its latest completed chunk boundary).
+            device: where to build it, one of :attr:`devices` (the scheduler always names one); ``None`` lets
+                the executor choose. An executor with one device builds there (:func:`check_device`).
+
+        Raises:
+            ValueError: ``device`` is not one of :attr:`devices`. Whatever bad input raises (the scheduler then
+                rejects / fails the run).
         """
 
     @abstractmethod
@@ -101,3 +111,9 @@ class Executor(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release everything (threads, models)."""
+
+
+def check_device(executor: Executor, device: str | None) -> None:
+    """Raise ValueError when ``device`` is given and is not one of ``executor``'s :attr:`Executor.devices`."""
+    if device is not None and device not in executor.devices:
+        raise ValueError(f"unknown device {device!r} (devices: {', '.join(executor.devices)})")

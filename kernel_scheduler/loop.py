@@ -879,10 +879,8 @@ class Scheduler:
             return self._place_new()
 
     def _add_to(self, device: str, run_id: int, spec: Any, warm_from: int | None = None) -> RunStart:
-        """``executor.add_run`` on ``device`` (an executor with one device is not told)."""
-        if self._multi():
-            return self._executor.add_run(run_id, spec, warm_from=warm_from, device=device)  # type: ignore[call-arg]
-        return self._executor.add_run(run_id, spec, warm_from=warm_from)
+        """``executor.add_run`` on ``device``."""
+        return self._executor.add_run(run_id, spec, warm_from=warm_from, device=device)
 
     def _apply_clone_or_reject(self, op: Op) -> None:
         try:

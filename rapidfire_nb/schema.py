@@ -100,7 +100,8 @@ def lora_config_class() -> type:
     """Return ``peft.LoraConfig`` (imports ``peft`` on first use)."""
     from peft import LoraConfig
 
-    return LoraConfig
+    config_class: type = LoraConfig
+    return config_class
 
 
 @functools.cache

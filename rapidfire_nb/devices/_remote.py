@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import Executor, RunStart, SegmentResult
+from kernel_scheduler import Executor, RunStart, SegmentResult, check_device
 
 from ._replies import path_or_none
 from .shipping import ship
@@ -55,14 +55,23 @@ class RemoteDevice(Executor):
 
     # ------------------------------------------------------------------ Executor API
     def add_run(
-        self, run_id: int, spec: Any, warm_from: int | None = None, resume_from: str | Path | None = None
+        self,
+        run_id: int,
+        spec: Any,
+        warm_from: int | None = None,
+        resume_from: str | Path | None = None,
+        *,
+        device: str | None = None,
     ) -> RunStart:
         """Build the run's trainer in the worker; its plan and start position (see ``TorchExecutor.add_run``).
+
+        ``device``: this worker's device or ``None`` (ValueError for another name).
 
         Raises:
             ConfigError: the spec cannot be sent (a loaded model in ``formatting_func``'s closure...) or the
                 worker found bad input. WorkerLost: the worker died.
         """
+        check_device(self, device)
         args = (run_id, spec, warm_from, str(resume_from) if resume_from is not None else None)
         start: RunStart = self._invoke("add_run", ship(args, f"run {run_id}'s config"))
         with self._lock:

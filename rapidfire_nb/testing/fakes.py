@@ -28,6 +28,7 @@ from kernel_scheduler import (
     Scheduler,
     SchedulerListener,
     SegmentResult,
+    check_device,
     plan_chunks,
 )
 
@@ -150,7 +151,10 @@ class FakeExecutor(Executor):
         self.closed = False
 
     # ---------------------------------------------------------------- Executor API
-    def add_run(self, run_id: int, spec: Any, warm_from: int | None = None) -> RunStart:
+    def add_run(
+        self, run_id: int, spec: Any, warm_from: int | None = None, *, device: str | None = None
+    ) -> RunStart:
+        check_device(self, device)
         self._guard("add_run", run_id)
         with self.cond:
             self.events.append(("add_run", run_id, warm_from))

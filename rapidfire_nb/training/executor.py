@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult
+from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult, check_device
 from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError, StorageError, storage_error
 from rapidfire_nb.spec import LeafConfig, build_lora_config, build_training_args
@@ -155,7 +155,13 @@ class TorchExecutor(Executor):
 
     # ------------------------------------------------------------------ Executor API
     def add_run(
-        self, run_id: int, spec: LeafConfig, warm_from: int | None = None, resume_from: Path | None = None
+        self,
+        run_id: int,
+        spec: LeafConfig,
+        warm_from: int | None = None,
+        resume_from: Path | None = None,
+        *,
+        device: str | None = None,
     ) -> RunStart:
         """Build the run's trainer (validation happens here) and return its plan and start position.
 
@@ -167,10 +173,13 @@ class TorchExecutor(Executor):
                 run continues exactly where that checkpoint left it. A warm clone's
                 ``warm-start-from-run-<parent>-step-<s>`` folder works too (a clone restarted before its first
                 chunk ended): it starts from the parent's state with its own hyperparameters, as when created.
+            device: this executor's one device (:attr:`devices`) or ``None``: it builds every run there.
 
         Raises:
             ConfigError: bad input (before any training).
+            ValueError: ``device`` names another device.
         """
+        check_device(self, device)
 
         def build() -> RunStart:
             with quiet_libraries():
