@@ -23,6 +23,7 @@ from .loop import RunSnapshot, Scheduler, SchedulerListener
 from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide, expected_status, new_op_id
 from .placement import Assignment, DeviceView, FairPlacement, PlacedRun
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
+from .runs import StopInfo
 from .status import TRANSITIONS, IllegalTransition, RunStatus, check_transition
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "RunSnapshot",
     "Scheduler",
     "SchedulerListener",
+    "StopInfo",
     "Decision",
     "Op",
     "OpAck",

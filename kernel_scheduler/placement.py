@@ -10,6 +10,10 @@ free device trains next. The rules:
   *active* runs (in rotation and ready), those with a segment in flight included (counted with their
   ``segments_done`` before that segment ends). A late joiner (a cold clone at 0 while the others are at 5) is
   therefore the only run that may train until it has caught up; the other devices idle.
+* **Furthest behind first**: among the runs that may start, a device takes the one whose next chunk comes first
+  (lowest ``(epoch, chunk)``: :attr:`PlacedRun.position`), ties by run id; the active run furthest behind may always
+  start (when a segment covers several chunks, as GRPO's may, it can lie more than one segment behind). On one
+  device this is exactly :class:`~kernel_scheduler.policy.FurthestBehindFirst`'s order.
 * **Takeover**: a free device with nothing of its own takes a run from another device whose home device is busy
   or dead, never one whose home device is free and alive (that device trains it itself; moving costs a checkpoint
   write and load).
@@ -59,6 +63,8 @@ class PlacedRun:
         in_flight: True while one of its segments is training.
         remaining_steps: optimizer steps it has left to train (steps).
         seconds_per_step: its measured time per optimizer step (seconds); ``None`` until measured.
+        position: ``(epoch, chunk)`` of the chunk its next segment ends in (1-based; ``Run.position``); ``None``:
+            ordered by ``segments_done`` instead. Give it for every run or for none.
     """
 
     run_id: int
@@ -69,6 +75,12 @@ class PlacedRun:
     in_flight: bool = False
     remaining_steps: int = 0
     seconds_per_step: float | None = None
+    position: tuple[int, int] | None = None
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Its place in the furthest-behind order (compared first, then the run id)."""
+        return self.position if self.position is not None else (0, self.segments_done)
 
 
 @dataclass(frozen=True)
@@ -88,8 +100,8 @@ class Assignment:
     move_from: str | None = None
 
 
-def _eligible_key(run: PlacedRun) -> tuple[int, int]:
-    return (run.segments_done, run.run_id)
+def _eligible_key(run: PlacedRun) -> tuple[tuple[int, int], int]:
+    return (run.order, run.run_id)
 
 
 class _State:
@@ -107,19 +119,28 @@ class _State:
             self.busy[d.name] = d.busy
         seen: set[int] = set()
         floor: int | None = None
+        first: PlacedRun | None = None  # the active run furthest behind
         for r in runs:
             if r.run_id in seen:
                 raise ValueError(f"run {r.run_id} is listed twice")
             seen.add(r.run_id)
-            if r.ready and r.status.in_rotation() and (floor is None or r.segments_done < floor):
-                floor = r.segments_done
+            if r.ready and r.status.in_rotation():
+                if floor is None or r.segments_done < floor:
+                    floor = r.segments_done
+                if first is None or _eligible_key(r) < _eligible_key(first):
+                    first = r
         self.floor = floor
         # runs that may start now (in rotation, ready, not in flight, allowed by the invariant), by home device
         self.waiting: dict[str | None, list[PlacedRun]] = {}
         if floor is not None:
             limit = floor + 1
             for r in runs:
-                if r.ready and not r.in_flight and r.segments_done <= limit and r.status.in_rotation():
+                if (
+                    r.ready
+                    and not r.in_flight
+                    and r.status.in_rotation()
+                    and (r.segments_done <= limit or r is first)
+                ):
                     self.waiting.setdefault(r.device, []).append(r)
 
     def check(self, device: str) -> None:
@@ -141,14 +162,14 @@ class _State:
     def takeover(self, device: str) -> Assignment | None:
         """The run ``device`` takes from a busy, dead or unknown home (or from no home); ``None`` when none."""
         best: PlacedRun | None = None
-        best_key: tuple[int, int, int] | None = None
+        best_key: tuple[tuple[int, int], int, int] | None = None
         for home, waiting in self.waiting.items():
             if not waiting or home == device:
                 continue
             if home is not None and home in self.alive and self.free(home):
                 continue  # its home device is free and alive: it trains it itself
             for r in waiting:
-                key = (r.segments_done, -len(waiting), r.run_id)
+                key = (r.order, -len(waiting), r.run_id)
                 if best_key is None or key < best_key:
                     best, best_key = r, key
         if best is None:
@@ -173,7 +194,7 @@ class FairPlacement:
         """What the free device ``device`` trains next.
 
         Among the runs that may start (in rotation, ready, not in flight, allowed by the fairness invariant) it
-        picks its own furthest behind (fewest ``segments_done``, then run id). With none of its own it takes over
+        picks its own furthest behind (lowest :attr:`PlacedRun.order`, then run id). With none of its own it takes over
         a run whose home device is busy or dead (or that has no home yet), furthest behind first, ties from the
         home device with the most runs waiting, then run id; such an assignment has ``move_from`` set.
 

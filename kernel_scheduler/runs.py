@@ -12,7 +12,7 @@ from .executor import RunStart
 from .ops import Op, OpAck
 from .status import RunStatus
 
-__all__ = ["Run", "RunSnapshot", "SchedulerListener"]
+__all__ = ["Run", "RunSnapshot", "SchedulerListener", "StopInfo"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,22 @@ class SchedulerListener:
         whenever a decision point changes it ({} once a broken policy was switched off)."""
 
 
+@dataclass(frozen=True)
+class StopInfo:
+    """One run's stops so far (rebuilt from the ops log by ``rapidfire_nb.stops.stop_history`` on a restart).
+
+    Attributes:
+        reason: why its latest applied stop happened (None after a later resume).
+        pruned: the latest applied stop came from the early-stopping policy and nobody resumed it since.
+        exempt_through: the user resumed it after the policy stopped it after this many chunks (0: never); the
+            policy does not stop it again at a rung up to there (later rungs judge it like any run).
+    """
+
+    reason: str | None = None
+    pruned: bool = False
+    exempt_through: int = 0
+
+
 @dataclass
 class Run:
     """One run's mutable state, owned by the scheduler thread (others read :class:`RunSnapshot` copies)."""
@@ -126,6 +142,11 @@ class Run:
         self.segments_done, self.samples_seen = start.segments_done, start.samples_seen
 
     def position(self) -> tuple[int, int]:
+        """``(epoch, chunk)`` of the chunk its next segment ends in (1-based); ``(1, 1)`` before it is planned."""
         if self.plan is None:
             return (1, 1)
         return self.plan.label(self.segments_done)
+
+    def chunks(self, segments: int) -> int:
+        """Chunks done over all epochs once ``segments`` of its segments are complete (``segments`` unplanned)."""
+        return self.plan.chunks_at(segments) if self.plan is not None else segments

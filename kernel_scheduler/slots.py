@@ -11,6 +11,7 @@ process take turns on a device chunk by chunk. Owned by the scheduler thread (no
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -42,15 +43,23 @@ class DeviceSlots:
         self._on_grant = on_grant
         self._leases: dict[str, Lease] = {}
         self.inflight: dict[str, tuple[int, Future[SegmentResult]]] = {}
+        self._started: dict[str, tuple[float, int]] = {}  # device -> (monotonic start, step) of its segment
         self._actions: list[tuple[str, Callable[[], None]]] = []
         self.error: str | None = None  # traceback of the latest boundary action that raised
 
     # ------------------------------------------------------------------ segments
-    def start(self, device: str, run_id: int, fut: Future[SegmentResult]) -> None:
+    def start(self, device: str, run_id: int, fut: Future[SegmentResult], step: int = 0) -> None:
+        """Run ``run_id``'s segment ``fut`` is in flight on ``device``, from optimizer step ``step``."""
         self.inflight[device] = (run_id, fut)
+        self._started[device] = (time.monotonic(), step)
 
-    def end(self, device: str) -> None:
+    def end(self, device: str, step: int = 0) -> float | None:
+        """``device``'s segment ended at optimizer step ``step``: its seconds per step (None when it made none)."""
         self.inflight.pop(device, None)
+        started = self._started.pop(device, None)
+        if started is None or step <= started[1]:
+            return None
+        return (time.monotonic() - started[0]) / (step - started[1])
 
     def finished(self) -> list[tuple[str, int, Future[SegmentResult]]]:
         """The segments whose Future is resolved, in device order."""

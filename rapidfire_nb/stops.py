@@ -8,27 +8,11 @@ chunk in its payload, a user's resume after it exempts the run from the rungs up
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from kernel_scheduler import EARLY_STOPPING
+from kernel_scheduler import EARLY_STOPPING, StopInfo  # StopInfo: one run's stops (the scheduler's own)
 
 __all__ = ["StopInfo", "stop_history"]
-
-
-@dataclass(frozen=True)
-class StopInfo:
-    """One run's stops so far.
-
-    Attributes:
-        reason: why its latest applied stop happened (None after a later resume).
-        pruned: the latest applied stop came from the early-stopping policy and nobody resumed it since.
-        exempt_through: the user resumed it after the policy stopped it after this many chunks (0: never).
-    """
-
-    reason: str | None = None
-    pruned: bool = False
-    exempt_through: int = 0
 
 
 def stop_history(ops: Iterable[Mapping[str, Any]]) -> dict[int, StopInfo]:

@@ -27,7 +27,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernel_scheduler.loop as loop_mod
+import kernel_scheduler.core as loop_mod  # every status change of the loop goes through core.check_transition
 from kernel_scheduler import IllegalTransition, Op, OpKind, RunStatus, check_transition
 from rapidfire_nb.testing.fakes import FakeSpec, Harness
 

@@ -1,0 +1,188 @@
+"""Clone building: the clone op's child run, warm clones waiting for their parent, a search's new trials.
+
+A clone op gets its child run id when it is submitted (the child exists from then on, NEW and ``pending``); the
+:class:`CloneBuilder` builds the child through ``Executor.add_run`` once the op is applied: a cold clone on the
+device with the least work left, a warm clone on its parent's device from the parent's latest chunk boundary. A
+warm clone of a parent with no finished chunk waits for it (while the parent is in rotation). A new run added by the
+early-stopping policy (a search's trial) is built the same way as a cold clone. A build that fails makes the child
+FAILED with the reason and rejects the op; it never takes the loop down.
+
+Called on the scheduler thread, while no segment trains on the device built on (boundary actions). Standard
+library only.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+from .core import SchedulerCore
+from .early_stopping import NewRun
+from .ops import Op, OpKind
+from .roster import DeviceRoster
+from .runs import Run
+from .status import RunStatus
+
+__all__ = ["CloneBuilder"]
+
+log = logging.getLogger(__name__)
+
+
+class CloneBuilder:
+    """Builds clone children and new trials (see the module).
+
+    Args:
+        core: the scheduler's shared state.
+        roster: where new runs go (:meth:`DeviceRoster.place_new`).
+    """
+
+    def __init__(self, core: SchedulerCore, roster: DeviceRoster) -> None:
+        self._core = core
+        self._roster = roster
+
+    def device_for(self, op: Op) -> str:
+        """Where a clone is built: a warm clone on its parent's device (the parent's boundary snapshot is there;
+        a device that would idle may take it over later), a cold one where the least work remains."""
+        core = self._core
+        with core.lock:
+            parent = core.runs.get(op.run_id)
+            if op.payload.get("warm_start") and parent is not None and parent.device is not None:
+                return parent.device
+            return self._roster.place_new()
+
+    def apply(self, op: Op) -> None:
+        """Build the child of clone ``op`` (or make it wait for its parent); never raises."""
+        try:
+            self._apply(op)
+        except Exception as exc:  # never leave the op queued and the child pending
+            log.exception("rapidfire scheduler: clone failed")
+            self.reject_op(op, f"{type(exc).__name__}: {exc}")
+
+    def reject_op(self, op: Op, reason: str) -> None:
+        """Reject ``op``; a clone's child (created NEW by submit) fails with the same reason."""
+        core = self._core
+        child = core.runs.get(int(op.payload.get("child_id", -1))) if op.kind is OpKind.CLONE else None
+        if child is not None and child.pending:
+            self._fail_child(child, op, reason)
+        else:
+            core.reject(op, reason)
+
+    def resolve_waiting(self) -> None:
+        """Build the warm clones whose parent now has a boundary (or answer those whose parent or child left)."""
+        core = self._core
+        with core.lock:
+            waiting = [r.waiting_clone for r in core.runs.values() if r.waiting_clone is not None]
+        for op in waiting:
+            assert op is not None
+            with core.lock:
+                parent, child = core.runs[op.run_id], core.runs[int(op.payload["child_id"])]
+                gone = child.status is RunStatus.DELETED or not parent.status.in_rotation()
+            if gone or core.executor.has_boundary(op.run_id):
+                child.waiting_clone = None
+                self.apply(op)
+
+    def any_waiting(self) -> bool:
+        """True while a warm clone waits for its parent's first boundary (lock held)."""
+        return any(r.waiting_clone is not None for r in self._core.runs.values())
+
+    def add_new(self, new: NewRun) -> int:
+        """Register ``new`` mid-experiment (a search's new trial): NEW at once, built once no segment runs, then
+        it joins the rotation like a cold clone (a build that fails makes it FAILED with the reason)."""
+        core = self._core
+        with core.lock:
+            run = core.new_run(new.spec)
+            core.busy = True
+            snap = core.snap(run)
+        try:
+            core.listener.on_added(snap, dict(new.info))
+        except Exception:
+            log.exception("listener.on_added failed")
+        device = self._roster.place_new()
+        core.when_free(partial(self._build_new, run, device), device)
+        return run.run_id
+
+    # ------------------------------------------------------------------ internals
+    def _apply(self, op: Op) -> None:
+        core = self._core
+        child_id = int(op.payload["child_id"])
+        with core.lock:
+            child = core.runs[child_id]
+        if child.status is RunStatus.DELETED:  # deleted before it was created: never build it
+            self._fail_child(child, op, f"run {child_id} was deleted before it was created")
+            return
+        warm = bool(op.payload.get("warm_start"))
+        if warm and not core.executor.has_boundary(op.run_id):
+            self._wait_or_fail(op, child)
+            return
+        try:
+            device = self.device_for(op)
+            start = core.executor.add_run(
+                child_id, child.spec, warm_from=op.run_id if warm else None, device=device
+            )
+        except Exception as exc:
+            self._fail_child(child, op, f"{type(exc).__name__}: {exc}")
+            return
+        with core.lock:
+            child.place(start)
+            child.device = core.device_of(child_id)
+            child.waiting_clone = None
+            child.pending = False
+        how = "from scratch"
+        if warm:  # a warm start begins at the parent's latest chunk boundary, which may lie behind its step
+            parent_step = core.runs[op.run_id].step
+            how = f"warm from run {op.run_id}'s latest chunk boundary, step {start.step}"
+            how += f"; run {op.run_id} is at step {parent_step}" if parent_step > start.step else ""
+        core.resolved(op, f"run {child_id} created ({how})")
+        core.emit(child)
+
+    def _wait_or_fail(self, op: Op, child: Run) -> None:
+        """A warm clone of a parent with no finished chunk: it waits while the parent trains, else fails."""
+        core = self._core
+        with core.lock:
+            parent = core.runs[op.run_id]
+            waits = parent.status.in_rotation()
+            if waits:
+                child.waiting_clone = op  # waits for the parent's first boundary
+                ack = core.book.with_message(
+                    op, f"run {child.run_id} waits for run {op.run_id} to finish its first chunk (warm start)"
+                )
+                core.tell(op, ack)
+        if waits:
+            return
+        self._fail_child(
+            child,
+            op,
+            f"run {op.run_id} has no completed chunk to warm-start from and is "
+            f"{parent.status.value}; use a cold clone (warm_start=False)",
+        )
+
+    def _fail_child(self, child: Run, op: Op, reason: str) -> None:
+        core = self._core
+        with core.lock:
+            child.waiting_clone = None
+            child.pending = False
+            if child.status is not RunStatus.DELETED:  # a child deleted before it existed stays DELETED
+                child.error = reason
+                core.set_status(child, RunStatus.FAILED)
+        core.reject(op, reason)
+        core.emit(child)
+
+    def _build_new(self, run: Run, device: str) -> None:
+        core = self._core
+        if run.status is RunStatus.DELETED:  # deleted before it was built
+            run.pending = False
+            return
+        try:
+            start = core.executor.add_run(run.run_id, run.spec, device=device)
+        except Exception as exc:
+            with core.lock:
+                run.pending = False
+                run.error = f"{type(exc).__name__}: {exc}"
+                core.set_status(run, RunStatus.FAILED)
+            core.emit(run)
+            return
+        with core.lock:
+            run.place(start)
+            run.device = core.device_of(run.run_id)
+            run.pending = False
+        core.emit(run)
