@@ -21,6 +21,7 @@ from ..tracking.backends import resolve_tracking
 from ..training.openmp import release_thread_team
 from . import lifecycle, panel_source, registry, tables
 from .arguments import check_flag, check_run_id, check_run_ids, check_wait_args
+from .inputs import FitArgs
 from .reporter import Reporter
 from .session import FitSession, require_session
 from .store_files import open_experiment_store
@@ -237,17 +238,22 @@ class Experiment:
         """
         lifecycle.run_fit(
             self,
-            (param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed),
-            {
-                "num_gpus": num_gpus,
-                "monte_carlo_simulations": monte_carlo_simulations,
-                "background": background,
-                "checkpoint_every": checkpoint_every,
-                "eval_generation_samples": eval_generation_samples,
-                "early_stopping": early_stopping,
-                "devices": devices,
-                "backend": backend,
-            },
+            FitArgs(
+                param_config,
+                create_model_fn,
+                train_dataset,
+                eval_dataset,
+                num_chunks,
+                seed,
+                num_gpus,
+                monte_carlo_simulations,
+                background=background,
+                checkpoint_every=checkpoint_every,
+                eval_generation_samples=eval_generation_samples,
+                early_stopping=early_stopping,
+                devices=devices,
+                backend=backend,
+            ),
         )
 
     # ================================================================== waiting / ending

@@ -1,15 +1,18 @@
 """What ``run_fit`` is given, checked before anything is built, and its identity across kernels.
 
-Torch-free. :func:`check_fit_inputs` expands the config group; :func:`dataset_fingerprint` and
-:func:`check_same_inputs` make sure a restarted kernel continues the runs with the inputs they started with.
+Torch-free. ``Experiment.run_fit`` packs its arguments into a :class:`FitArgs` (as given, unchecked);
+:func:`check_fit_inputs` checks them and expands the config group into a :class:`FitInputs`, which holds everything
+later steps need (nothing after it reads the raw arguments or recomputes from them). :func:`dataset_fingerprint`
+and :func:`check_same_inputs` make sure a restarted kernel continues the runs with the inputs they started with.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
+from pathlib import Path
 from typing import Any
 
 from kernel_scheduler import EarlyStoppingPolicy
@@ -20,6 +23,7 @@ from ..errors import ConfigError, ExperimentError
 
 __all__ = [
     "MAX_CHUNKS",
+    "FitArgs",
     "FitInputs",
     "check_fit_inputs",
     "check_same_inputs",
@@ -32,14 +36,66 @@ MAX_CHUNKS = 10_000
 
 
 @dataclass(frozen=True)
+class FitArgs:
+    """``Experiment.run_fit``'s arguments exactly as the user passed them (nothing checked yet).
+
+    The fields are ``run_fit``'s parameters, with the same names, order, keyword-only part and defaults (a test
+    keeps them in step); the annotations say what each should be, :func:`check_fit_inputs` (and, for
+    ``background``, ``num_gpus`` and ``monte_carlo_simulations``, ``lifecycle.run_fit``) checks that it is.
+
+    Attributes:
+        param_config: the config group: ``RFGridSearch`` / ``RFRandomSearch`` / ``RFOptuna`` (anything with
+            ``expand(seed)`` and ``trainer_type``).
+        create_model_fn: ``create_model_fn(model_config: dict) -> (model, tokenizer)``.
+        train_dataset: the training rows (a ``datasets.Dataset``, at least one row).
+        eval_dataset: the evaluation rows, or None (no evaluation).
+        num_chunks: chunks per epoch, 1 to :data:`MAX_CHUNKS` (each chunk ends with an evaluation and a
+            checkpoint).
+        seed: the experiment seed, 0 to ``schema.MAX_SEED``.
+        num_gpus: GPUs per run (``rapidfireai``'s argument): None or 1.
+        monte_carlo_simulations: ``rapidfireai``'s argument, no effect here: None or a positive int.
+        background: train in a background thread (True), block until training ends (False), or None (True in a
+            Jupyter kernel, False in a script).
+        checkpoint_every: chunks between two resumable checkpoints of a run (>= 1).
+        eval_generation_samples: eval rows to generate for, the same seeded sample for every run (rows, >= 1),
+            or None (every eval row).
+        early_stopping: an early-stopping policy (``rapidfire_nb.automl``), or None.
+        devices: where the runs train: None (every visible GPU), a count of devices, or a list of device names.
+        backend: ``"local"`` (worker processes on this machine), ``"ray"``, or None (``"local"``).
+    """
+
+    param_config: Any
+    create_model_fn: Callable[[dict[str, Any]], Any]
+    train_dataset: Any
+    eval_dataset: Any = None
+    num_chunks: int = 4
+    seed: int = 42
+    num_gpus: int | None = None
+    monte_carlo_simulations: int | None = None
+    _: KW_ONLY
+    background: bool | None = None
+    checkpoint_every: int = 1
+    eval_generation_samples: int | None = None
+    early_stopping: Any = None
+    devices: Any = None
+    backend: str | None = None
+
+
+@dataclass(frozen=True)
 class FitInputs:
-    """The checked arguments of one ``run_fit`` call.
+    """The checked arguments of one ``run_fit`` call, and what is derived from them once (the end of checking).
+
+    Made by :func:`check_fit_inputs` only; later steps read it and never the raw :class:`FitArgs`.
 
     Attributes:
         specs: the expanded run specs, run ``i`` (1-based) is ``specs[i - 1]``.
         trainer_type: ``"SFT"``, ``"DPO"`` or ``"GRPO"``.
         fingerprint: JSON text identifying the config group (every spec's fingerprint, in order).
+        columns: the hyperparameter columns worth showing: the ``hparams()`` keys whose values differ between the
+            specs (:func:`column_names`).
         create_model_fn, train_dataset, eval_dataset: as given.
+        train_data, eval_data: the datasets' :func:`dataset_fingerprint` (``{"rows": n, "sha256": ...}``; None for
+            no eval dataset): what a restart is checked against (:func:`check_same_inputs`).
         num_chunks: chunks per epoch; seed: the experiment seed.
         checkpoint_every: write boundary checkpoints every this many chunks.
         eval_generation_samples: eval rows generated for by runs that evaluate by generating (None: all).
@@ -51,9 +107,12 @@ class FitInputs:
     specs: tuple[Any, ...]
     trainer_type: str
     fingerprint: str
+    columns: tuple[str, ...]
     create_model_fn: Callable[[dict[str, Any]], Any]
     train_dataset: Any
     eval_dataset: Any
+    train_data: dict[str, Any] | None
+    eval_data: dict[str, Any] | None
     num_chunks: int
     seed: int
     checkpoint_every: int = 1
@@ -62,35 +121,43 @@ class FitInputs:
     devices: Any = None
 
     def meta(self) -> dict[str, Any]:
-        """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against)."""
+        """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against:
+        ``num_chunks``, ``seed``, ``train_data``, ``eval_data``, ``eval_generation_samples``)."""
         return {
             "num_chunks": self.num_chunks,
             "seed": self.seed,
-            "train_data": dataset_fingerprint(self.train_dataset),
-            "eval_data": dataset_fingerprint(self.eval_dataset),
+            "train_data": self.train_data,
+            "eval_data": self.eval_data,
             "eval_generation_samples": self.eval_generation_samples,
         }
 
 
-def check_fit_inputs(
-    param_config: Any,
-    create_model_fn: Any,
-    train_dataset: Any,
-    eval_dataset: Any,
-    num_chunks: Any,
-    seed: Any,
-    checkpoint_every: Any = 1,
-    eval_generation_samples: Any = None,
-    early_stopping: Any = None,
-    exp_dir: Any = None,
-    devices: Any = None,
-    backend: Any = None,
-) -> FitInputs:
+def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
     """Check ``run_fit``'s arguments and expand the config group (nothing is built or loaded).
 
+    ``args.background``, ``args.num_gpus`` and ``args.monte_carlo_simulations`` are not read here: ``run_fit``
+    checks them first, before it takes the experiment's writer lock.
+
+    Args:
+        args: the arguments as given.
+        exp_dir: the experiment folder, where a search that prunes its own trials (``RFOptuna``) keeps its study;
+            None: not bound to one.
+
+    Returns:
+        The checked inputs, with the specs, the group's fingerprint, its hyperparameter columns and the datasets'
+        fingerprints computed once.
+
     Raises:
-        ConfigError: a bad argument, naming it and what it should be.
+        ConfigError: a bad argument, naming it and what it should be: ``num_chunks`` not an int from 1 to
+            :data:`MAX_CHUNKS`, ``checkpoint_every`` below 1, ``eval_generation_samples`` not a positive int or
+            None, ``seed`` outside numpy's range, ``train_dataset`` None, empty or not a dataset, ``eval_dataset``
+            not a dataset, ``create_model_fn`` not callable, ``param_config`` not a config group, bad
+            ``devices`` / ``backend`` (:func:`check_devices`), a bad ``early_stopping``, ``early_stopping``
+            given with a search that prunes its own trials, or a group that expands to no run.
     """
+    num_chunks, seed, checkpoint_every = args.num_chunks, args.seed, args.checkpoint_every
+    eval_generation_samples, param_config = args.eval_generation_samples, args.param_config
+    train_dataset, eval_dataset = args.train_dataset, args.eval_dataset
     if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or not 1 <= num_chunks <= MAX_CHUNKS:
         raise ConfigError(f"num_chunks must be an integer from 1 to {MAX_CHUNKS:,}, got {num_chunks!r}")
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
@@ -114,21 +181,25 @@ def check_fit_inputs(
         raise ConfigError(
             "train_dataset is required, got None: pass a datasets.Dataset with at least one row"
         )
+    _check_sized(train_dataset, "train_dataset")
     if len(train_dataset) == 0:
         raise ConfigError("train_dataset is empty: pass a datasets.Dataset with at least one row")
-    if not callable(create_model_fn):
+    if eval_dataset is not None:
+        _check_sized(eval_dataset, "eval_dataset")
+    if not callable(args.create_model_fn):
         raise ConfigError("create_model_fn must be a function model_config -> (model, tokenizer)")
     if not hasattr(param_config, "expand") or not hasattr(param_config, "trainer_type"):
         raise ConfigError(
             f"param_config must be RFGridSearch(configs=..., trainer_type=...) or RFRandomSearch(...), got "
             f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one"
         )
-    plan = check_devices(devices, backend)
-    policy = check_early_stopping(early_stopping, eval_dataset)
+    plan = check_devices(args.devices, args.backend)
+    policy = check_early_stopping(args.early_stopping, eval_dataset)
     if isinstance(param_config, EarlyStoppingPolicy):  # a search that also prunes (RFOptuna)
         if policy is not None:
             raise ConfigError(
-                f"{type(param_config).__name__} prunes its own trials: leave early_stopping out (got {early_stopping!r})"
+                f"{type(param_config).__name__} prunes its own trials: leave early_stopping out (got "
+                f"{args.early_stopping!r})"
             )
         policy = check_early_stopping(param_config, eval_dataset, copy=False)
         if exp_dir is not None and hasattr(param_config, "bind"):
@@ -140,9 +211,12 @@ def check_fit_inputs(
         specs=specs,
         trainer_type=str(param_config.trainer_type).upper(),
         fingerprint=json.dumps([spec.fingerprint() for spec in specs]),
-        create_model_fn=create_model_fn,
+        columns=tuple(column_names(specs)),
+        create_model_fn=args.create_model_fn,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
+        train_data=dataset_fingerprint(train_dataset),
+        eval_data=dataset_fingerprint(eval_dataset),
         num_chunks=num_chunks,
         seed=seed,
         checkpoint_every=checkpoint_every,
@@ -150,6 +224,14 @@ def check_fit_inputs(
         early_stopping=policy,
         devices=plan,
     )
+
+
+def _check_sized(dataset: Any, name: str) -> None:
+    """A dataset must have a length (rows are counted and sampled for its fingerprint)."""
+    if not hasattr(dataset, "__len__"):
+        raise ConfigError(
+            f"{name} must be a datasets.Dataset, got {type(dataset).__name__}; e.g. datasets.Dataset.from_list(rows)"
+        )
 
 
 def check_devices(devices: Any, backend: Any) -> Any:
@@ -217,21 +299,17 @@ def dataset_fingerprint(dataset: Any, samples: int = 32) -> dict[str, Any] | Non
 
 
 def check_same_inputs(
-    experiment_name: str,
-    meta: Mapping[str, Any],
-    num_chunks: int,
-    seed: int,
-    train_dataset: Any,
-    eval_dataset: Any,
-    unfinished: list[int],
-    eval_generation_samples: int | None = None,
+    experiment_name: str, stored: Mapping[str, Any], given: Mapping[str, Any], unfinished: Sequence[int]
 ) -> None:
     """Continuing runs from their checkpoints needs the inputs they were started with.
 
     Args:
         experiment_name: for the message.
-        meta: the experiment's stored meta (``num_chunks``, ``seed``, ``train_data``, ``eval_data``; a key that is
-            missing, as in experiments stored before it was recorded, is not checked).
+        stored: the experiment's stored meta (``num_chunks``, ``seed``, ``eval_generation_samples``,
+            ``train_data``, ``eval_data``; a key that is missing, as in experiments stored before it was recorded,
+            is not checked).
+        given: the same keys for this ``run_fit`` (:meth:`FitInputs.meta`; the datasets as their
+            :func:`dataset_fingerprint`).
         unfinished: the run ids that would continue (for the message).
 
     Raises:
@@ -240,20 +318,20 @@ def check_same_inputs(
             sampled rows).
     """
     checks = [
-        ("num_chunks", "num_chunks", num_chunks),
-        ("seed", "seed", seed),
-        ("eval_generation_samples", "eval_generation_samples", eval_generation_samples),
-        ("train_dataset", "train_data", dataset_fingerprint(train_dataset)),
-        ("eval_dataset", "eval_data", dataset_fingerprint(eval_dataset)),
+        ("num_chunks", "num_chunks"),
+        ("seed", "seed"),
+        ("eval_generation_samples", "eval_generation_samples"),
+        ("train_dataset", "train_data"),
+        ("eval_dataset", "eval_data"),
     ]
-    for field, key, given in checks:
-        if key not in meta or meta[key] == given:
+    for field, key in checks:
+        if key not in stored or stored[key] == given.get(key):
             continue
         raise ExperimentError(
-            f"experiment {experiment_name!r} has unfinished runs {unfinished} to continue from their "
-            f"checkpoints, and run_fit got {_difference(field, meta[key], given)}. Continuing needs the same "
-            "num_chunks, seed, eval_generation_samples and datasets; pass those, or use a new experiment name (or "
-            "Experiment(name, overwrite=True)) to start afresh"
+            f"experiment {experiment_name!r} has unfinished runs {list(unfinished)} to continue from their "
+            f"checkpoints, and run_fit got {_difference(field, stored[key], given.get(key))}. Continuing needs the "
+            "same num_chunks, seed, eval_generation_samples and datasets; pass those, or use a new experiment name "
+            "(or Experiment(name, overwrite=True)) to start afresh"
         )
 
 

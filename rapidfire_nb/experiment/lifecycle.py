@@ -20,7 +20,7 @@ from ..training.openmp import release_thread_team
 from . import panel_source, registry
 from .arguments import check_flag
 from .compat import check_drop_in_args
-from .inputs import check_fit_inputs
+from .inputs import FitArgs, check_fit_inputs
 from .ownership import settle_orphan, wipe
 from .start import check_group, open_session, start_message
 from .store_files import read_only_reason
@@ -56,27 +56,32 @@ def announce_owner(exp: Any) -> None:
         )
 
 
-def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> None:
-    """Check, wire and start one ``run_fit`` of ``exp`` (the facade's arguments, unchanged).
+def run_fit(exp: Any, args: FitArgs) -> None:
+    """Check, wire and start one ``run_fit`` of ``exp``.
+
+    Order: ``background``, ``num_gpus`` and ``monte_carlo_simulations`` are checked first; then ``exp`` must be
+    free to train (not ended, not read-only, not training, its writer lock taken); then the rest of ``args``
+    (:func:`~.inputs.check_fit_inputs`) and the stored group (:func:`~.start.check_group`). Only then is anything
+    built. A refusal after the lock was taken gives it back.
 
     Args:
         exp: the experiment.
-        fit_args: ``(param_config, create_model_fn, train_dataset, eval_dataset, num_chunks, seed)``.
-        options: ``num_gpus``, ``monte_carlo_simulations``, ``background``, ``checkpoint_every``,
-            ``eval_generation_samples``, ``early_stopping``, ``devices``, ``backend``.
+        args: ``Experiment.run_fit``'s arguments, as given.
 
     Raises:
+        TypeError: ``background`` is not True, False or None.
         ConfigError: bad input, before any training starts.
-        ExperimentError: ended, read-only, training already, trained by another process or object.
+        ExperimentError: ended, read-only, training already, trained by another process or object, a different
+            config group, or unfinished runs started with other inputs.
         StorageError: the store cannot be written (disk full, read-only file system).
         ExperimentError: (blocking) training stopped because a write to disk failed (after saying so).
     """
-    check_flag(options["background"], "background", allow_none=True)
-    note = check_drop_in_args(options["num_gpus"], options["monte_carlo_simulations"])
+    check_flag(args.background, "background", allow_none=True)
+    note = check_drop_in_args(args.num_gpus, args.monte_carlo_simulations)
     if note:
         exp._say(note)
     _refuse_if_busy(exp)
-    background = in_kernel() if options["background"] is None else options["background"]
+    background = in_kernel() if args.background is None else args.background
     held_before = _acquire_writer(exp)
     try:
         if exp._session is not None and exp._session.halted is not None:
@@ -84,15 +89,7 @@ def run_fit(exp: Any, fit_args: tuple[Any, ...], options: dict[str, Any]) -> Non
             exp._session = None
         if not held_before and exp._session is None:
             settle_orphan(exp._lock, exp.store)  # its writer may have died since this opened it read-only
-        inputs = check_fit_inputs(
-            *fit_args,
-            checkpoint_every=options["checkpoint_every"],
-            eval_generation_samples=options.get("eval_generation_samples"),
-            early_stopping=options.get("early_stopping"),
-            exp_dir=exp.path,
-            devices=options.get("devices"),
-            backend=options.get("backend"),
-        )
+        inputs = check_fit_inputs(args, exp_dir=exp.path)
         existing = check_group(exp.experiment_name, exp.store, inputs, trained_here=exp._session is not None)
         if existing is None:
             exp._say(

@@ -29,6 +29,17 @@ def _group() -> Any:
     )
 
 
+def _given(num_chunks: int, seed: int, train: Any, eval_: Any) -> dict[str, Any]:
+    """What ``FitInputs.meta()`` holds for these inputs (what ``check_same_inputs`` compares)."""
+    return {
+        "num_chunks": num_chunks,
+        "seed": seed,
+        "train_data": dataset_fingerprint(train),
+        "eval_data": dataset_fingerprint(eval_),
+        "eval_generation_samples": None,
+    }
+
+
 def _rows(n: int, text: str = "b") -> Any:
     from datasets import Dataset
 
@@ -96,8 +107,8 @@ def test_an_eval_set_where_there_was_none(tmp_path: Path) -> None:
     with pytest.raises(
         ExperimentError, match="different eval_dataset: 4 rows, but it was started without one"
     ):
-        check_same_inputs(exp.experiment_name, exp.store.meta(), 4, 5, _rows(16), _rows(4), [1])
-    check_same_inputs(exp.experiment_name, exp.store.meta(), 4, 5, _rows(16), None, [1])
+        check_same_inputs(exp.experiment_name, exp.store.meta(), _given(4, 5, _rows(16), _rows(4)), [1])
+    check_same_inputs(exp.experiment_name, exp.store.meta(), _given(4, 5, _rows(16), None), [1])
     exp.end()
 
 
@@ -105,7 +116,9 @@ def test_same_inputs_pass_the_check(crashed: Path) -> None:
     from rapidfire_nb import Experiment
 
     exp = Experiment("crashed", experiment_path=crashed)
-    check_same_inputs(exp.experiment_name, exp.store.meta(), 4, 5, _rows(16), _rows(4, "e"), [1])  # no error
+    check_same_inputs(
+        exp.experiment_name, exp.store.meta(), _given(4, 5, _rows(16), _rows(4, "e")), [1]
+    )  # no error
     exp.end()
 
 

@@ -23,9 +23,9 @@ def test_a_missing_train_dataset_is_named_as_missing() -> None:
     import pytest
 
     from rapidfire_nb import ConfigError
-    from rapidfire_nb.experiment.inputs import check_fit_inputs
+    from rapidfire_nb.experiment.inputs import FitArgs, check_fit_inputs
 
     with pytest.raises(
         ConfigError, match="train_dataset is required, got None"
     ):  # was "train_dataset is empty"
-        check_fit_inputs(object(), lambda cfg: None, None, None, 2, 0)
+        check_fit_inputs(FitArgs(object(), lambda cfg: None, None, None, 2, 0))
