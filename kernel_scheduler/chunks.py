@@ -177,6 +177,24 @@ class ChunkPlan:
         epoch, chunk = self.label(segments - 1)
         return (epoch - 1) * self.num_chunks + chunk
 
+    def full_chunks_at(self, segments: int) -> int:
+        """Chunks whose rows the run has wholly trained on once ``segments`` segments are complete: as
+        :meth:`chunks_at`, except that a last segment cut by ``total_steps`` inside a chunk (``max_steps`` ends
+        mid-chunk) does not count that chunk. A chunk ``k`` of an epoch is whole once at least ``k * N / K`` of the
+        epoch's rows are consumed (the boundary rule of the module docstring), so the count is
+        ``epochs * K + floor(rows * K / N)`` at the run's last step. What early stopping compares runs by: a run
+        that ended before a rung never trained on that rung's rows."""
+        done = self.chunks_at(segments)
+        if (
+            segments < self._count
+            or self._count == 0
+            or self.total_steps >= self._segment(self._count - 1).step
+        ):
+            return done
+        epochs, within = divmod(self.total_steps, self.steps_per_epoch)
+        rows = min(within * self.rows_per_step, self.rows_per_epoch)
+        return min(done, epochs * self.num_chunks + rows * self.num_chunks // self.rows_per_epoch)
+
     def epoch_at(self, step: int) -> float:
         """Fractional epoch after ``step`` optimizer steps (TRL's ``epoch`` convention)."""
         return step / self.steps_per_epoch

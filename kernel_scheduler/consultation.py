@@ -86,12 +86,28 @@ class Consultation:
             return
         if run is not None and res is not None and res.error is None and run.plan is not None:
             if run.segments_done > before:
-                chunk = run.plan.chunks_at(run.segments_done)
+                chunk = run.chunks(
+                    run.segments_done
+                )  # whole chunks: a run compared at a rung trained on its rows
                 final = run.status is RunStatus.COMPLETED
+                if final:
+                    self._note_cut_short(run, chunk)
                 self._driver.chunk(ChunkResult(run.run_id, chunk, res.metrics, final), self.run_states())
         self._driver.review(self.run_states())
         self._apply_ops()
         self.report_progress()
+
+    def _note_cut_short(self, run: Run, whole: int) -> None:
+        """Say so when ``run`` ended inside a chunk that is a rung: it is no candidate there (it never trained
+        on all of that chunk's rows), so its value does not compete with the runs that did."""
+        assert run.plan is not None
+        cut = run.plan.chunks_at(run.segments_done)
+        rung = next((c for c in range(whole + 1, cut + 1) if self._driver.waits_at(c)), None)
+        if rung is not None:
+            self._core.note(
+                f"early stopping: run {run.run_id} ended at step {run.step}, inside chunk {cut} (its max_steps): it "
+                f"is not compared at the rung after chunk {rung}, whose rows it did not all train on"
+            )
 
     def run_states(self) -> list[RunState]:
         """Every run as the early-stopping policy sees it (chunks counted over all epochs)."""

@@ -148,5 +148,6 @@ class Run:
         return self.plan.label(self.segments_done)
 
     def chunks(self, segments: int) -> int:
-        """Chunks done over all epochs once ``segments`` of its segments are complete (``segments`` unplanned)."""
-        return self.plan.chunks_at(segments) if self.plan is not None else segments
+        """Whole chunks done over all epochs once ``segments`` of its segments are complete (a last chunk that
+        ``max_steps`` cuts short does not count: :meth:`ChunkPlan.full_chunks_at`; ``segments`` unplanned)."""
+        return self.plan.full_chunks_at(segments) if self.plan is not None else segments

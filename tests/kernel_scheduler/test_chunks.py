@@ -287,3 +287,19 @@ def test_boundary_out_of_range() -> None:
     assert (
         plan.boundaries[-1] == 6 and plan.boundaries[1:3] == [3, 5] and list(plan.boundaries) == [2, 3, 5, 6]
     )
+
+
+def test_full_chunks_leave_out_a_last_chunk_that_max_steps_cuts_short() -> None:
+    """40 rows, batch 4, 4 chunks: chunk ends at steps 3, 5, 8, 10. A run's whole chunks are the ones whose rows
+    it consumed; max_steps inside a chunk does not complete it (what early stopping compares runs by)."""
+    assert [
+        plan_chunks(40, 4, 4, n).full_chunks_at(plan_chunks(40, 4, 4, n).num_segments) for n in range(1, 11)
+    ] == [0, 0, 1, 1, 2, 2, 2, 3, 3, 4]
+    cut = plan_chunks(40, 4, 4, 12)  # 2 steps into epoch 2: 8 of its rows, under a chunk's 10
+    assert (cut.chunks_at(5), cut.full_chunks_at(5)) == (5, 4)
+    assert cut.full_chunks_at(3) == cut.chunks_at(3) == 3  # not the last segment: unchanged
+    merged = plan_chunks(
+        40, 4, 1, 25, step_multiple=20
+    )  # segments end at 20 (chunk 2) and 25 (inside chunk 3)
+    assert (merged.chunks_at(2), merged.full_chunks_at(2)) == (3, 2)
+    assert plan_chunks(40, 4, 4, 20).full_chunks_at(8) == 8  # ends on an epoch end: every chunk whole

@@ -236,3 +236,25 @@ def test_a_new_run_that_cannot_be_built_fails_with_the_reason(harnesses: list[Ha
     snap = h.sched.run_snapshot(3)
     assert snap is not None and snap.status is S.FAILED and "no such model" in (snap.error or "")
     assert h.status(1) is S.COMPLETED
+
+
+def test_a_run_that_ends_before_a_rung_is_no_candidate_there(harnesses: list[Harness]) -> None:
+    """Issue 34 item 1: a 2-step run (chunk 1 ends at step 4) with the best value took the only place at rung 1
+    and both full runs were pruned against it. It never trained on chunk 1's rows: the full runs compete alone."""
+    full = [
+        FakeSpec(rows=32, batch=2, curve=(7.0, 6.0, 5.0, 4.0)),
+        FakeSpec(rows=32, batch=2, curve=(8.0,) * 4),
+    ]
+    short = FakeSpec(rows=32, batch=2, max_steps=2, curve=(6.1,))
+    h = Harness([*full, short], num_chunks=4, early_stopping=SuccessiveHalving(), idle_poll_s=0.002)
+    harnesses.append(h)
+    assert h.sched.wait(timeout=TIMEOUT)
+    assert [h.status(r) for r in (1, 2, 3)] == [S.COMPLETED, S.STOPPED, S.COMPLETED]
+    assert [steps_trained(h, r) for r in (1, 2, 3)] == [16, 4, 2]
+    assert policy_stops(h) == {
+        2: "run 2 stopped at step 4: pruned at chunk 1/4: eval_loss 8 not in the best 1 of 2 at this rung (cutoff 7)"
+    }
+    assert (
+        "early stopping: run 3 ended at step 2, inside chunk 1 (its max_steps): it is not compared at the rung after "
+        "chunk 1, whose rows it did not all train on"
+    ) in h.rec.notes
