@@ -8,10 +8,13 @@ starts or stops), and polls the ops inbox for the scheduler.
 
 Nothing is written on the thread that reports an event: ``on_metrics`` (a run's training thread, every TRL log
 call), ``on_run`` and ``on_op`` (the scheduler thread; ``on_op`` also from the thread that submitted an op) and
-``record_clone``/``record_editable``/``on_final`` only put an item on a bounded in-memory queue. One recorder
-thread (``rapidfire-recorder``) takes the items in order and writes them in batches: the metric rows of
-consecutive log calls go to the store in one transaction. The panel and the server read what is written, at most
-a fraction of a second behind.
+``record_clone``/``record_editable``/``on_final`` only put an item on a bounded in-memory queue: a small frozen
+dataclass per kind of event (:mod:`rapidfire_nb.experiment.record_items`). One recorder thread
+(``rapidfire-recorder``) takes the items in order and writes them in batches, each with the write method its type
+maps to in the recorder's dispatch table; the metric rows of consecutive log calls go to the store in one
+transaction. The store writes themselves are plain functions of the store
+(:mod:`rapidfire_nb.experiment.record_writes`). The panel and the server read what is written, at most a fraction
+of a second behind.
 
 Tracker calls are handed on to a second thread, ``rapidfire-trackers``
 (:class:`~rapidfire_nb.experiment.tracker_thread.TrackerThread`), in order, once the store write before them is
@@ -21,7 +24,8 @@ reported before it, and with ``trackers=True`` (``wait()`` once training is done
 
 Thread ownership: the recorder thread owns every store write made during training, the chunk lines, the metric
 names, the training clock, each run's last status told to the trackers and the reported-chunk bookkeeping; the
-trackers' thread owns the trackers (opened there too); ``poll_ops`` (the ops inbox, read by the scheduler thread
+trackers' thread owns the trackers (opened there too) and hands items back to the recorder's queue (an ended
+run's points are all written: meta ``tracked_runs``); ``poll_ops`` (the ops inbox, read by the scheduler thread
 about once a second) is the one store access outside it. Each run's live step (the step it last logged) is written
 by that run's training thread only. The hyperparameter columns are a tuple replaced by the recorder thread.
 """
@@ -50,31 +54,37 @@ from kernel_scheduler import (
 from .._priority import lower_thread_priority
 from ..clock import CLOCK_META_KEY, TrainingClock
 from ..errors import StorageError, storage_error
-from ..redact import is_secret_key, redact
 from ..view import DEVICES_META_KEY, EARLY_STOPPING_META_KEY, chunk_line
-from ..wire import json_type_name
+from . import record_writes as writes
 from .clones import CloneRequest, record_clone
+from .record_items import (
+    AddedItem,
+    BeatItem,
+    CloneItem,
+    EarlyStoppingItem,
+    EditableItem,
+    FinalItem,
+    FlushItem,
+    InOrderItem,
+    MetricsItem,
+    NoteItem,
+    OpItem,
+    RecordItem,
+    RewoundItem,
+    RunItem,
+    StopItem,
+    TrackedItem,
+    TrackRunsItem,
+)
+from .record_writes import ADDED_RUNS_META_KEY, EDITABLE_META_KEY, NOT_EDITABLE, TRACKED_RUNS_META_KEY
 from .reporter import Reporter
 from .tracker_thread import TrackerThread
 
 __all__ = ["ADDED_RUNS_META_KEY", "DEVICES_META_KEY", "NOT_EDITABLE", "TRACKED_RUNS_META_KEY", "Recorder"]
 
-"""Store meta: ``{"<run id>": "<device>"}``, the device each run trains on (written when it changes)."""
-
 log = logging.getLogger(__name__)
 
 _ENDED = (RunStatus.COMPLETED, RunStatus.FAILED)  # ended runs that are not continued after a restart
-
-#: hyperparameter columns that the panel, the magic and the server cannot change (functions: API only).
-NOT_EDITABLE = ("formatting_func", "compute_metrics", "reward_funcs", "model_type")
-
-ADDED_RUNS_META_KEY = "added_runs"
-"""Meta key: run id (str) -> the info the early-stopping policy added that run with (e.g. ``{"source": "trial",
-"trial": 9}``, an Optuna trial number); a restarted kernel hands it back to the policy to rebuild the runs."""
-
-TRACKED_RUNS_META_KEY = "tracked_runs"
-"""Meta key: the ids of the ended runs (COMPLETED, FAILED) whose points every tracker wrote and flushed. A restart
-writes the stored points of any other ended run to the trackers again (its kernel died before they wrote them)."""
 
 HEARTBEAT_EVERY_S = 2.0
 """Seconds between two heartbeats written to the store while the scheduler runs."""
@@ -88,6 +98,10 @@ BATCH_DELAY_S = 0.2
 """Seconds the recorder waits after an item arrives before writing, so that one batch takes every item of that
 time: it wakes a few times a second, not once per logged step (each wake-up takes the interpreter lock from the
 training thread). ``flush()`` cuts the wait short."""
+
+NOT_DISPATCHED = (MetricsItem, FlushItem, StopItem)
+"""Item types the dispatch table leaves out: metric items are batched (consecutive ones: one transaction), a flush
+marker is released even after a failed write, and a stop item ends the recorder thread."""
 
 
 class Recorder(SchedulerListener):
@@ -124,35 +138,48 @@ class Recorder(SchedulerListener):
         self._checkpoint_dir = checkpoint_dir
         self._inbox = inbox
         self._columns: tuple[str, ...] = tuple(columns)
-        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=QUEUE_ITEMS)
+        self._queue: queue.Queue[RecordItem] = queue.Queue(maxsize=QUEUE_ITEMS)
         self._thread = threading.Thread(target=self._main, name="rapidfire-recorder", daemon=True)
         self._on_thread_start: Callable[[], None] | None = None
         self._closed = threading.Event()
         self._hurry = threading.Event()  # set by flush()/close(): write what is queued now
         self._last_beat = 0.0  # scheduler thread
         self._last_inbox = 0.0  # scheduler thread
-        self._known_metrics: set[str] | None = None  # recorder thread: metric names in the store's meta
-        self._live_step: dict[
-            int, int
-        ] = {}  # latest logged step per run; each key written by its run's thread
-        self._seen_segments: dict[
-            int, int
-        ] = {}  # recorder thread: chunks reported per run (a restart starts there)
-        self._reported_end: set[int] = set()  # recorder thread: runs whose COMPLETED/FAILED line was printed
+        self._metric_names = writes.MetricNames()  # recorder thread
+        # the latest logged step per run; each key written by its run's training thread
+        self._live_step: dict[int, int] = {}
+        self._reports = writes.ChunkReports()  # recorder thread: the chunks reported per run
         self._status: dict[int, RunStatus] = {}  # recorder thread: each run's status as the trackers know it
         self._devices: dict[str, str] = dict(store.get_meta(DEVICES_META_KEY, {}) or {})  # recorder thread
-        self.tracked_run: Callable[[int, Any, int | None, bool], Any] | None = (
-            None  # (run id, spec, parent id, warm start) -> TrackedRun, for a clone's tracker run
-        )
+        # (run id, spec, parent id, warm start) -> TrackedRun, for a clone's tracker run
+        self.tracked_run: Callable[[int, Any, int | None, bool], Any] | None = None
         self.write_seconds = 0.0  # recorder thread: time spent writing (benchmark)
         self.failed: StorageError | None = None  # recorder thread: the disk failure that stopped the writes
-        self.on_storage_error: Callable[[StorageError], None] | None = (
-            None  # called once, on the recorder thread
-        )
+        # called once, on the recorder thread, when a write fails for the disk
+        self.on_storage_error: Callable[[StorageError], None] | None = None
         self._errors_seen: set[str] = set()
         beat = store.heartbeat()
         self._clock = TrainingClock(store.get_meta(CLOCK_META_KEY), beat["beat_at"] if beat else None)
         self._loop_thread: int | None = None  # the scheduler thread (its on_heartbeat tells)
+        self._writers: dict[type, Callable[[Any], None]] = self._dispatch_table()
+
+    def _dispatch_table(self) -> dict[type, Callable[[Any], None]]:
+        """Item type -> what writes it on the recorder thread (every type but :data:`NOT_DISPATCHED`)."""
+        return {
+            RunItem: self._write_run,
+            OpItem: self._write_op,
+            CloneItem: self._write_clone,
+            AddedItem: self._write_added,
+            TrackRunsItem: self._write_track,
+            RewoundItem: self._write_rewound,
+            BeatItem: self._write_beat,
+            FinalItem: lambda item: self.store.upsert_run(item.run_id, checkpoint_dir=item.folder),
+            NoteItem: lambda item: self.reporter.say(item.text),
+            EarlyStoppingItem: lambda item: self.store.set_meta(EARLY_STOPPING_META_KEY, item.progress),
+            EditableItem: lambda item: self.store.set_meta(EDITABLE_META_KEY, item.fields),
+            InOrderItem: lambda item: item.fn(),
+            TrackedItem: lambda item: writes.confirm_tracked(self.store, item.run_id),
+        }
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, on_thread_start: Callable[[], None] | None = None) -> None:
@@ -177,7 +204,7 @@ class Recorder(SchedulerListener):
         if not self._thread.is_alive():
             return self._queue.unfinished_tasks == 0
         done = threading.Event()
-        self._put(("flush", done, trackers))
+        self._put(FlushItem(done, trackers))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not done.is_set():
             self._hurry.set()
@@ -192,7 +219,7 @@ class Recorder(SchedulerListener):
         if self._thread.is_alive():
             self.flush()
             self._closed.set()
-            self._queue.put(("stop",))
+            self._queue.put(StopItem())
             self._hurry.set()
             self._thread.join()
         elif self._thread.ident is None and self._queue.unfinished_tasks:  # never started: write inline
@@ -212,62 +239,53 @@ class Recorder(SchedulerListener):
 
     # ------------------------------------------------------------------ events (any thread: enqueue only)
     def on_run(self, snap: RunSnapshot) -> None:
-        self._put(("run", snap, time.time()))
+        self._put(RunItem(snap, time.time()))
 
     def on_op(self, op: Op, ack: OpAck) -> None:
         # an outcome the scheduler thread decides later (the submitter already got the immediate answer, its ack)
         later = self._loop_thread is not None and threading.get_ident() == self._loop_thread
-        self._put(("op", op, ack, later))
+        self._put(OpItem(op, ack, later))
 
     def on_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
         """A run the early-stopping policy added (a search's new trial): stored like a clone, ``source`` from
         ``info`` (e.g. ``trial``)."""
-        self._put(("added", snap, dict(info)))
+        self._put(AddedItem(snap, dict(info)))
 
     def on_note(self, text: str) -> None:
         """A sentence from the scheduler (early stopping, a worker that died, a run moved): printed in the cell."""
-        self._put(("say", text))
+        self._put(NoteItem(text))
 
     def on_rewound(self, snap: RunSnapshot, step: int) -> None:
         """Run ``snap.run_id`` continues from its checkpoint at ``step`` (its worker died): the metric rows it
         logged after ``step`` are dropped from the store, and the trackers continue from ``step``."""
-        self._put(("rewound", snap.run_id, step))
+        self._put(RewoundItem(snap.run_id, step))
 
     def on_early_stopping(self, progress: Mapping[str, Any]) -> None:
         """The early-stopping policy's progress changed: stored as meta ``early_stopping`` (the server page and a
         kernel without the scheduler build the header's line from it, :func:`rapidfire_nb.view.early_stopping_text`)."""
-        self._put(("meta", EARLY_STOPPING_META_KEY, dict(progress)))
+        self._put(EarlyStoppingItem(dict(progress)))
 
     def on_metrics(self, run_id: int, step: int, samples_seen: int, logs: Mapping[str, Any]) -> None:
         """One TRL log call of run ``run_id`` at ``step`` (``samples_seen`` rows), from its training thread."""
         self._live_step[run_id] = step
-        self._put(("metrics", run_id, step, samples_seen, dict(logs), time.time()))
+        self._put(MetricsItem(run_id, step, samples_seen, dict(logs), time.time()))
 
     def on_final(self, run_id: int, folder: Path) -> None:
         """Run ``run_id``'s final weights were saved in ``folder``."""
-        self._put(("final", run_id, str(folder)))
+        self._put(FinalItem(run_id, str(folder)))
 
     def in_order(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the recorder thread once everything reported before it is written (a boundary
         checkpoint is handed to its writer this way: never ahead of the store); not at all once a write failed."""
-        self._put(("call", fn))
+        self._put(InOrderItem(fn))
 
     def record_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:
         """Store a clone accepted by the scheduler and show the fields it changed as columns."""
-        self._put(("clone", child_id, parent_id, request))
+        self._put(CloneItem(child_id, parent_id, request))
 
     def record_editable(self, specs: Mapping[int, Any]) -> None:
         """Record, per run, the hyperparameters the panel/server may change in a clone (name -> JSON type)."""
-        fields = {
-            str(rid): {
-                k: json_type_name(v)
-                for k, v in spec.hparams().items()
-                if k not in NOT_EDITABLE
-                and not is_secret_key(k)  # a secret is not stored: it cannot be cloned
-            }
-            for rid, spec in specs.items()
-        }
-        self._put(("meta", "editable_fields", fields))
+        self._put(EditableItem(writes.editable_fields(specs)))
 
     def track_runs(self, runs: Sequence[tuple[Any, RunStatus]], continued: Mapping[int, int]) -> None:
         """Open the trackers and start tracking ``runs`` (``(TrackedRun, status)``), on the recorder thread.
@@ -276,16 +294,14 @@ class Recorder(SchedulerListener):
             runs: every run of the session with its status as registered.
             continued: run id -> the step it continues from (its earlier points above it are not shown twice).
         """
-        self._put(("track", list(runs), dict(continued)))
+        self._put(TrackRunsItem(list(runs), dict(continued)))
 
     def known(self, run_id: int, segments_done: int, finished: bool) -> None:
         """A run restored from the store: its chunks so far (and its end) were reported by an earlier process.
 
         Called on the caller's thread while the session is built, before :meth:`start`.
         """
-        self._seen_segments[run_id] = segments_done
-        if finished:
-            self._reported_end.add(run_id)
+        self._reports.known(run_id, segments_done, finished)
 
     # ------------------------------------------------------------------ scheduler thread
     def poll_ops(self) -> Sequence[Op]:
@@ -300,16 +316,16 @@ class Recorder(SchedulerListener):
         now = time.monotonic()
         if now - self._last_beat > HEARTBEAT_EVERY_S:
             self._last_beat = now
-            self._put(("beat",))
+            self._put(BeatItem())
 
     # ------------------------------------------------------------------ the recorder thread
-    def _put(self, item: tuple[Any, ...]) -> None:
-        if self._closed.is_set() and item[0] != "stop":
-            log.debug("rapidfire recorder: %s after close, dropped", item[0])
+    def _put(self, item: RecordItem) -> None:
+        if self._closed.is_set() and not isinstance(item, StopItem):
+            log.debug("rapidfire recorder: %s after close, dropped", type(item).__name__)
             return
         self._queue.put(item)
 
-    def _drain(self, first: tuple[Any, ...] | None = None) -> list[tuple[Any, ...]]:
+    def _drain(self, first: RecordItem | None = None) -> list[RecordItem]:
         items = [first] if first is not None else []
         while len(items) < BATCH_ITEMS:
             try:
@@ -327,40 +343,44 @@ class Recorder(SchedulerListener):
             self._hurry.wait(BATCH_DELAY_S)  # let a batch gather (flush/close cut this short)
             self._hurry.clear()
             items = self._drain(first)
-            stop = any(item[0] == "stop" for item in items)
-            self._write_batch([item for item in items if item[0] != "stop"])
+            stop = any(isinstance(item, StopItem) for item in items)
+            self._write_batch([item for item in items if not isinstance(item, StopItem)])
             for _ in items:
                 self._queue.task_done()
             if stop:
                 return
 
-    def _write_batch(self, items: list[tuple[Any, ...]]) -> None:
-        """Write ``items`` in order; consecutive metric items become one store transaction."""
+    def _write_batch(self, items: list[RecordItem]) -> None:
+        """Write ``items`` in order, each by its writer in the dispatch table; consecutive metric items become
+        one store transaction."""
         t0 = time.perf_counter()
-        metrics: list[tuple[Any, ...]] = []
+        metrics: list[MetricsItem] = []
         for item in items:
-            if item[0] == "metrics":
+            if isinstance(item, MetricsItem):
                 metrics.append(item)
                 continue
             if metrics:
                 self._guard(self._write_metrics, metrics)
                 metrics = []
-            if item[0] == "flush":  # everything before it is written: its caller goes on
-                _, done, trackers = item
-                if trackers:
-                    if hasattr(self.tracker, "flush"):
-                        self._trackers.flush()
-                    self._trackers.after(done.set)  # the trackers' thread sets it once they wrote it all
-                else:
-                    done.set()
-                continue
-            self._guard(self._write_one, item)
+            if isinstance(item, FlushItem):
+                self._release(item)  # not skipped after a failed write: its caller goes on (and sees it)
+            else:
+                self._guard(self._writers[type(item)], item)
         if metrics:
             self._guard(self._write_metrics, metrics)
         # buffered tracker points: written once per window (the TrackerSet decides)
         if hasattr(self.tracker, "end_batch"):
             self._trackers.end_batch()
         self.write_seconds += time.perf_counter() - t0
+
+    def _release(self, item: FlushItem) -> None:
+        """Everything before ``item`` is written: its caller goes on (with ``trackers``, once they wrote it all)."""
+        if not item.trackers:
+            item.done.set()
+            return
+        if hasattr(self.tracker, "flush"):
+            self._trackers.flush()
+        self._trackers.after(item.done.set)  # the trackers' thread sets it once they wrote it all
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
         if self.failed is not None:
@@ -379,59 +399,11 @@ class Recorder(SchedulerListener):
                 self._errors_seen.add(key)
                 log.exception("rapidfire recorder: a write failed")
 
-    def _check_store_file(self) -> None:
-        """At each run event and heartbeat (~2 s): the store file must still be there (one stat). A deleted experiment folder leaves SQLite
-        writing into an unlinked file, which succeeds and saves nothing; so it is a storage failure."""
-        path = getattr(self.store, "path", None)
-        if isinstance(path, Path) and not path.exists():
-            raise StorageError(
-                str(path), "the file is gone (the experiment folder was removed while training)"
-            )
-
-    def _write_one(self, item: tuple[Any, ...]) -> None:
-        kind = item[0]
-        if kind == "run":
-            self._check_store_file()
-            self._write_run(item[1], item[2])
-        elif kind == "op":
-            self._write_op(item[1], item[2], item[3])
-        elif kind == "clone":
-            self._write_clone(*item[1:])
-        elif kind == "meta":
-            self.store.set_meta(item[1], item[2])
-        elif kind == "final":
-            self.store.upsert_run(item[1], checkpoint_dir=item[2])
-        elif kind == "beat":
-            self._check_store_file()
-            self.store.beat()
-        elif kind == "say":
-            self.reporter.say(item[1])
-        elif kind == "added":
-            self._write_added(item[1], item[2])
-        elif kind == "call":
-            item[1]()
-        elif kind == "tracked":
-            self._write_tracked(item[1])
-        elif kind == "track":
-            self._write_track(item[1], item[2])
-        elif kind == "rewound":
-            self.store.delete_metrics_after(item[1], item[2])
-            self._trackers.continue_from(item[1], item[2])
-
-    def _write_run(self, snap: RunSnapshot, at: float) -> None:
-        ckpt = self._checkpoint_dir(snap.run_id)
-        self.store.upsert_run(
-            snap.run_id,
-            status=snap.status.value,
-            total_steps=snap.total_steps,
-            completed_steps=snap.step,
-            chunks_done=snap.segments_done,
-            num_segments=snap.num_segments,
-            epoch=snap.epoch,
-            samples_seen=snap.samples_seen,
-            error=snap.error,
-            last_checkpoint=str(ckpt) if ckpt else None,
-        )
+    # ------------------------------------------------------------------ writers (the dispatch table's values)
+    def _write_run(self, item: RunItem) -> None:
+        snap, at = item.snap, item.at
+        writes.check_store_file(self.store)
+        writes.store_run(self.store, snap, self._checkpoint_dir(snap.run_id))
         if snap.device not in ("", DEFAULT_DEVICE) and self._devices.get(str(snap.run_id)) != snap.device:
             self._devices[str(snap.run_id)] = snap.device  # the server page and restarts read it
             self.store.set_meta(DEVICES_META_KEY, dict(self._devices))
@@ -445,47 +417,30 @@ class Recorder(SchedulerListener):
                     self._confirm_tracked(snap.run_id)
         if self._clock.observe(snap.run_id, snap.status, at):  # training starts or stops (unix s)
             self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
-        if self._should_report(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
+        if self._reports.due(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
             self.reporter.say(self.chunk_line(snap))  # under a live panel: failures only (it shows the rest)
 
-    def _should_report(self, snap: RunSnapshot) -> bool:
-        if snap.run_id not in self._seen_segments and snap.status is RunStatus.NEW:
-            self._seen_segments[snap.run_id] = snap.segments_done  # a warm clone starts at its parent's chunk
-        prev = self._seen_segments.get(snap.run_id, 0)
-        ended = (
-            snap.status in (RunStatus.COMPLETED, RunStatus.FAILED) and snap.run_id not in self._reported_end
-        )
-        if snap.segments_done <= prev and not ended:
-            return False
-        self._seen_segments[snap.run_id] = max(prev, snap.segments_done)
-        if ended:
-            self._reported_end.add(snap.run_id)
-        return True
-
-    def _write_op(self, op: Op, ack: OpAck, later: bool) -> None:
-        payload = redact({k: v for k, v in op.payload.items() if k != "spec"})
-        added = self.store.add_op(
-            op.op_id,
-            op.kind.value,
-            op.run_id,
-            payload,
-            source=op.source,
-            state=ack.state,
-            message=ack.message,
-            requested_at=op.requested_at,
-        )
-        if not added:
-            applied_at = time.time() if ack.state != "queued" else None
-            self.store.update_op(op.op_id, ack.state, ack.message, applied_at=applied_at)
+    def _write_op(self, item: OpItem) -> None:
+        op, ack = item.op, item.ack
+        writes.store_op(self.store, op, ack, time.time())
         if op.source == EARLY_STOPPING and op.kind is OpKind.STOP and ack.state == "applied":
             # like a failure, said under a live panel too: "run 8 pruned at chunk 1/8: eval_loss 2.71 not in ..."
             self.reporter.say(f"run {op.run_id} {op.payload.get('reason') or 'stopped by early stopping'}")
             return
         # said for ops whose outcome nothing else shows (no live panel with its ops log; not the API's)
-        if ack.state != "queued" and op.source != "api" and later and self.reporter.wants_progress():
+        if ack.state != "queued" and op.source != "api" and item.later and self.reporter.wants_progress():
             self.reporter.say(f"op {op.kind.value} run {op.run_id}: {ack.state} — {ack.message}")
 
-    def _write_track(self, runs: list[tuple[Any, RunStatus]], continued: dict[int, int]) -> None:
+    def _write_rewound(self, item: RewoundItem) -> None:
+        self.store.delete_metrics_after(item.run_id, item.step)
+        self._trackers.continue_from(item.run_id, item.step)
+
+    def _write_beat(self, item: BeatItem) -> None:
+        writes.check_store_file(self.store)
+        self.store.beat()
+
+    def _write_track(self, item: TrackRunsItem) -> None:
+        runs, continued = item.runs, item.continued
         if hasattr(self.tracker, "open"):
             self._trackers.open()  # imports and opens the backends (MLflow's first SQLite store: seconds) there
         for run, status in runs:
@@ -494,14 +449,14 @@ class Recorder(SchedulerListener):
         for run_id, step in continued.items():
             self._trackers.continue_from(run_id, step)
             if hasattr(self.tracker, "restore_points"):
-                self._trackers.restore_points(run_id, step, self._logged_points(run_id, step))
+                self._trackers.restore_points(run_id, step, writes.logged_points(self.store, run_id, step))
         if not hasattr(self.tracker, "restore_points"):
             return
         # runs that ended in a kernel that died before its trackers wrote their points: all of them again
         confirmed = set(self.store.get_meta(TRACKED_RUNS_META_KEY, []) or [])
         for run, status in runs:
             if status in _ENDED and run.run_id not in continued and run.run_id not in confirmed:
-                points = self._logged_points(run.run_id, None)
+                points = writes.logged_points(self.store, run.run_id, None)
                 if points:
                     last = max(at for at, _, _ in points)
                     self._trackers.restore_points(run.run_id, last, points)
@@ -514,66 +469,28 @@ class Recorder(SchedulerListener):
             return
         if hasattr(self.tracker, "flush"):
             self._trackers.flush()
-        self._trackers.after(lambda: self._hand_back(("tracked", run_id)))
+        self._trackers.after(lambda: self._hand_back(TrackedItem(run_id)))
 
-    def _hand_back(self, item: tuple[Any, ...]) -> None:
+    def _hand_back(self, item: RecordItem) -> None:
         """From the trackers' thread: an item for this thread (put even while closing: close waits for it)."""
         self._queue.put(item)
 
-    def _write_tracked(self, run_id: int) -> None:
-        confirmed = list(self.store.get_meta(TRACKED_RUNS_META_KEY, []) or [])
-        if run_id not in confirmed:
-            self.store.set_meta(TRACKED_RUNS_META_KEY, sorted([*confirmed, run_id]))
-
-    def _logged_points(
-        self, run_id: int, step: int | None
-    ) -> list[tuple[int, dict[str, float], float | None]]:
-        """Run ``run_id``'s points in the store up to ``step`` (None: all) as the log calls that made them
-        (``(step, {name: value}, wall_time)``; consecutive rows of one step and wall time were one call), oldest
-        first."""
-        rows, _ = self.store.metrics_since(0, run_id=run_id)
-        calls: list[tuple[int, dict[str, float], float | None]] = []
-        for row in rows:
-            at, wall_time = int(row["step"]), row["wall_time"]
-            if step is not None and at > step:
-                continue
-            if calls and calls[-1][0] == at and calls[-1][2] == wall_time:
-                calls[-1][1][row["name"]] = row["value"]
-            else:
-                calls.append((at, {row["name"]: row["value"]}, wall_time))
-        return calls
-
-    def _write_added(self, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
-        spec = snap.spec
-        self.store.upsert_run(
-            snap.run_id,
-            status=snap.status.value,
-            config=spec.to_json(),
-            hparams=spec.hparams(),
-            fingerprint=spec.fingerprint(),
-            source=str(info.get("source") or "trial"),
-            total_steps=0,
-            completed_steps=0,
-            chunks_done=0,
-            epoch=0.0,
-            samples_seen=0,
-        )
-        # what a restarted kernel hands the policy back to rebuild this run (EarlyStoppingPolicy.restore_added)
-        added = dict(self.store.get_meta(ADDED_RUNS_META_KEY, {}) or {})
-        added[str(snap.run_id)] = redact(dict(info))
-        self.store.set_meta(ADDED_RUNS_META_KEY, added)
+    def _write_added(self, item: AddedItem) -> None:
+        snap, info = item.snap, item.info
+        writes.store_added(self.store, snap, info)
         if self.tracked_run is not None:  # its tracker runs start now, as a clone's do when it is recorded
             status = self._status.setdefault(snap.run_id, snap.status)
-            self._trackers.start_run(self.tracked_run(snap.run_id, spec, None, False), status.value)
+            self._trackers.start_run(self.tracked_run(snap.run_id, snap.spec, None, False), status.value)
         if "trial" in info:
             self.reporter.say(f"run {snap.run_id}: Optuna trial {info['trial']} joins the rotation")
 
-    def _write_clone(self, child_id: int, parent_id: int, request: CloneRequest) -> None:
-        record_clone(self.store, child_id, parent_id, request)
+    def _write_clone(self, item: CloneItem) -> None:
+        child_id, request = item.child_id, item.request
+        record_clone(self.store, child_id, item.parent_id, request)
         if self.tracked_run is not None:
             status = self._status.get(child_id, RunStatus.NEW)
             self._trackers.start_run(
-                self.tracked_run(child_id, request.spec, parent_id, request.warm_start), status.value
+                self.tracked_run(child_id, request.spec, item.parent_id, request.warm_start), status.value
             )
         added = [k for k, v in request.changes.items() if k not in self._columns and not callable(v)]
         if added:
@@ -582,39 +499,17 @@ class Recorder(SchedulerListener):
             "hparam_columns", list(self._columns)
         )  # the page and a restarted kernel show them
 
-    def _write_metrics(self, items: list[tuple[Any, ...]]) -> None:
-        rows = []
-        for _kind, run_id, step, samples_seen, logs, wall_time in items:
-            numbers = {
-                k: float(v)
-                for k, v in logs.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
-            rows += [
-                {
-                    "run_id": run_id,
-                    "step": step,
-                    "samples_seen": samples_seen,
-                    "name": k,
-                    "value": v,
-                    "wall_time": wall_time,
-                }
-                for k, v in numbers.items()
-            ]
+    def _write_metrics(self, items: list[MetricsItem]) -> None:
+        rows: list[dict[str, Any]] = []
+        for item in items:
+            numbers = writes.metric_numbers(item.logs)
+            rows += writes.metric_rows(item, numbers)
             if numbers:  # TRL's names: each tracker maps them to its own
-                self._trackers.log_metrics(run_id, step, numbers, wall_time)
+                self._trackers.log_metrics(item.run_id, item.step, numbers, item.wall_time)
         if not rows:
             return
         self.store.add_metrics(rows)
-        self._note_metric_names({r["name"] for r in rows})
-
-    def _note_metric_names(self, names: set[str]) -> None:
-        if self._known_metrics is None:  # read once; afterwards only new names touch the store's meta
-            self._known_metrics = set(self.store.get_meta("metric_names", None) or [])
-        if names <= self._known_metrics:
-            return
-        self._known_metrics |= names
-        self.store.set_meta("metric_names", sorted(self._known_metrics))
+        self._metric_names.note(self.store, {r["name"] for r in rows})
 
     # ------------------------------------------------------------------ messages
     def chunk_line(self, snap: RunSnapshot) -> str:
