@@ -33,7 +33,7 @@ from rapidfire_nb.paths import (
     validate_experiment_name,
 )
 from rapidfire_nb.redact import is_secret_key
-from rapidfire_nb.store import ExperimentEndedError, SchemaVersionError, Store, StoreError
+from rapidfire_nb.store import ExperimentEndedError, OpIdReusedError, SchemaVersionError, Store, StoreError
 from rapidfire_nb.view import StoreRows, editable_fields, reported_status, store_snapshot
 from rapidfire_nb.wire import encode_points
 
@@ -446,7 +446,7 @@ class ExperimentsManager:
 
         Raises:
             ApiError: 400 bad payload, 404 unknown experiment, 409 the experiment has ended or no live kernel holds it
-                (the message says how to continue).
+                (the message says how to continue), or ``op_id`` was used before by an op of another kind or run.
         """
         op_id, kind, run_id, changes, warm = _parse_op(body)
         with self._open(name) as store:
@@ -477,6 +477,8 @@ class ExperimentsManager:
                 posted = store.post_inbox_op(op_id, kind, run_id, payload)
             except ExperimentEndedError:  # end() ran since the check above
                 raise ApiError(409, self._ended_message(name, store.ended_at() or time.time())) from None
+            except OpIdReusedError as exc:  # the kernel refuses the same case in the same words
+                raise ApiError(409, str(exc)) from None
         return {
             "op_id": op_id,
             "kind": kind,

@@ -24,6 +24,7 @@ from .schema import (
     SCHEMA_VERSION,
     DamagedStoreError,
     ExperimentEndedError,
+    OpIdReusedError,
     ReadOnlyStoreError,
     SchemaVersionError,
     StoreError,
@@ -32,6 +33,7 @@ from .schema import (
     _pid_alive,
     _plain,
     _require_str,
+    check_op_id,
 )
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "DamagedStoreError",
     "ExperimentEndedError",
+    "OpIdReusedError",
     "ReadOnlyStoreError",
     "SchemaVersionError",
     "Store",
@@ -384,6 +387,7 @@ class Store(Connections):
 
         Raises:
             ExperimentEndedError: the experiment's kernel ended it (meta ``ended_at``); nothing would take the op.
+            OpIdReusedError: ``op_id`` names an earlier op of another kind or run.
         """
         params = (
             _require_str("op_id", op_id),
@@ -410,6 +414,7 @@ class Store(Connections):
             raise ExperimentEndedError(
                 f"the experiment in {self.experiment_dir} has ended; its inbox is closed"
             )
+        check_op_id(conn, params[0], params[2], params[1])
         sql = "INSERT OR IGNORE INTO inbox (op_id, run_id, kind, payload, posted_at) VALUES (?, ?, ?, ?, ?)"
         return bool(conn.execute(sql, params).rowcount == 1)
 

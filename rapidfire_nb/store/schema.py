@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 from enum import Enum
 from pathlib import Path
@@ -135,6 +136,23 @@ class SchemaVersionError(StoreError):
 
 class ExperimentEndedError(StoreError):
     """An op was posted to the inbox of an experiment its kernel has ended (meta ``ended_at`` is set)."""
+
+
+class OpIdReusedError(StoreError):
+    """An op was posted with the ``op_id`` of an earlier op of another kind or run (an op id names one request)."""
+
+
+def check_op_id(conn: sqlite3.Connection, op_id: str, kind: str, run_id: int | None) -> None:
+    """Raise :class:`OpIdReusedError` when ``op_id`` names an op of another kind or run, posted to the inbox or
+    in the ops log (the same request again is a duplicate, answered as before). Source: the kernel's rule
+    (``FitSession.submit``), so REST and the kernel refuse the same case with the same words."""
+    for table in ("inbox", "ops"):
+        row = conn.execute(f"SELECT kind, run_id FROM {table} WHERE op_id = ?", (op_id,)).fetchone()
+        if row is not None and (row["kind"], row["run_id"]) != (kind, run_id):
+            raise OpIdReusedError(
+                f"op id {op_id!r} was already used by the {row['kind']} of run {row['run_id']}; an op id names one "
+                "request: leave op_id out or use a new one"
+            )
 
 
 class DamagedStoreError(StoreError):

@@ -121,6 +121,26 @@ async def test_post_op_reaches_the_writers_inbox(jp_fetch: Any, writers: dict[st
     ]
 
 
+async def test_a_reused_op_id_with_another_op_is_refused_as_in_the_kernel(
+    jp_fetch: Any, writers: dict[str, Store]
+) -> None:
+    """Issue 34 item 8: a resume posted with the op id of an earlier stop was answered 202 duplicate and dropped."""
+    stop = {"op_id": "http-2", "kind": "stop", "run_id": 1}
+    assert (await jp_fetch(*API, "live", "ops", method="POST", body=json.dumps(stop))).code == 202
+    resume = {"op_id": "http-2", "kind": "resume", "run_id": 1}
+    code, body = await _error(jp_fetch, *API, "live", "ops", method="POST", body=json.dumps(resume))
+    assert (code, body["message"]) == (
+        409,
+        "op id 'http-2' was already used by the stop of run 1; an op id names one request: leave op_id out or use a "
+        "new one",
+    )
+    writers["live"].add_op("http-3", "delete", 1, source="api", state="applied")  # the kernel's, never posted
+    other = {"op_id": "http-3", "kind": "stop", "run_id": 1}
+    code, body = await _error(jp_fetch, *API, "live", "ops", method="POST", body=json.dumps(other))
+    assert code == 409 and "already used by the delete of run 1" in body["message"]
+    assert [o["op_id"] for o in writers["live"].take_inbox_ops()] == ["http-2"]
+
+
 BAD_BODIES = [
     (b"{not json", "not valid JSON"),
     (b'{"kind": "stop", "run_id": NaN}', "not valid JSON"),
