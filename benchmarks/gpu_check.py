@@ -339,6 +339,7 @@ def section_memory(a: argparse.Namespace, lines: list[str]) -> None:
 
 def section_workers(a: argparse.Namespace, lines: list[str]) -> None:
     from rapidfire_nb.devices import WorkerExecutor, WorkerSettings, share_datasets
+    from rapidfire_nb.spec.bundles import GroupSettings, TrainingCallbacks
 
     cuda = _cuda()
     n_train, n_eval, batch = (8, 4, 2) if a.cpu_smoke else (192, 8, 4)
@@ -369,18 +370,14 @@ def section_workers(a: argparse.Namespace, lines: list[str]) -> None:
                 WorkerExecutor(
                     WorkerSettings(
                         f"cuda:0#{i}" if cuda else f"cpu:{i}",
-                        "SFT",
-                        w["create"],
+                        GroupSettings("SFT", w["create"], num_chunks=1, seed=SEED),
                         str(train_path),
                         str(eval_path),
-                        1,
-                        SEED,
                         str(root),
                         torch_threads=threads,
                         env=env,
                     ),
-                    metric_sink=sink,
-                    notes=lambda text: None,
+                    TrainingCallbacks(metric_sink=sink),
                 )
                 for i in range(count)
             ]

@@ -94,17 +94,13 @@ def _start(conn: Any, send: Any) -> Any:
         )
         return None
     try:
-        import dataclasses
-
         import torch
 
         if settings.torch_threads:
             torch.set_num_threads(int(settings.torch_threads))
         from rapidfire_nb.training.host import WorkerHost
 
-        host = WorkerHost(
-            dataclasses.replace(settings, create_model_fn=create_model_fn), lambda ev: send(("event", ev))
-        )
+        host = WorkerHost(settings.with_model_fn(create_model_fn), lambda ev: send(("event", ev)))
     except Exception:
         send(("start_error", "lost", f"worker {settings.device} failed to start:\n{traceback.format_exc()}"))
         return None

@@ -43,15 +43,13 @@ class Actor:
             )
             return
         try:
-            import dataclasses
-
             import torch
 
             if settings.torch_threads:
                 torch.set_num_threads(int(settings.torch_threads))
             from rapidfire_nb.training.host import WorkerHost
 
-            self._host = WorkerHost(dataclasses.replace(settings, create_model_fn=fn), self._events.put)
+            self._host = WorkerHost(settings.with_model_fn(fn), self._events.put)
             from rapidfire_nb.training.openmp import release_thread_team
 
             release_thread_team()  # this thread's OpenMP team would throttle the device thread's

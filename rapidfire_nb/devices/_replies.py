@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rapidfire_nb.errors import ConfigError, StorageError
+from rapidfire_nb.spec.bundles import TrainingCallbacks
 
-__all__ = ["RemoteTraceback", "event_sinks", "path_or_none", "remote_error", "report_storage"]
-
-log = logging.getLogger(__name__)
+__all__ = ["RemoteTraceback", "event_sinks", "path_or_none", "remote_error"]
 
 
 class RemoteTraceback(Exception):
@@ -29,13 +27,6 @@ def path_or_none(value: Any) -> Path | None:
     return None if value is None else Path(value)
 
 
-def report_storage(sink: Callable[[StorageError], None] | None, failure: StorageError) -> None:
-    if sink is not None:
-        sink(failure)
-    else:
-        log.error("rapidfire_nb: %s", failure)
-
-
 def remote_error(device: str, kind: str, name: str, message: str, trace: str) -> Exception:
     """The worker's exception as raised here: ConfigError and StorageError as such, others a RuntimeError."""
     if kind == "config":
@@ -48,19 +39,15 @@ def remote_error(device: str, kind: str, name: str, message: str, trace: str) ->
     return error
 
 
-def event_sinks(
-    metric_sink: Callable[[int, int, int, dict[str, float]], None],
-    notes: Callable[[str], None] | None,
-    on_final: Callable[[int, Path], None] | None,
-    on_storage_error: Callable[[StorageError], None] | None,
-    on_eval_metrics: Callable[[list[str]], None] | None,
-) -> dict[str, Callable[..., None]]:
+def event_sinks(callbacks: TrainingCallbacks) -> dict[str, Callable[..., None]]:
     """The kernel's callbacks by the name of the worker event they answer (``WorkerHost``'s ``metrics``, ``note``,
-    ``final``, ``storage_error``, ``eval_metrics``; ``order`` is the proxy's own)."""
+    ``final``, ``storage_error``, ``eval_metrics``; ``order`` is the proxy's own, through
+    ``callbacks.in_record_order``): each takes the event's fields as the worker sent them (a path as ``str``, a
+    storage failure as ``where, reason``)."""
     return {
-        "metrics": metric_sink,
-        "note": notes or (lambda text: None),
-        "final": lambda rid, path: (on_final or (lambda r, p: None))(rid, Path(path)),
-        "storage_error": lambda where, reason: report_storage(on_storage_error, StorageError(where, reason)),
-        "eval_metrics": on_eval_metrics or (lambda names: None),
+        "metrics": callbacks.metric_sink,
+        "note": callbacks.notes,
+        "final": lambda rid, path: callbacks.on_final(rid, Path(path)),
+        "storage_error": lambda where, reason: callbacks.on_storage_error(StorageError(where, reason)),
+        "eval_metrics": callbacks.on_eval_metrics,
     }

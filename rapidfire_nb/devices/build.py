@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..spec.bundles import GroupSettings, TrainingCallbacks
 from .datasets import share_datasets
 from .pool import DevicePool, ModelLoader
 from .resolve import DevicePlan
@@ -17,9 +18,10 @@ __all__ = ["make_pool"]
 
 def make_pool(
     plan: DevicePlan,
-    inputs: Any,
+    group: GroupSettings,
+    datasets: tuple[Any, Any],
     exp_dir: Path,
-    callbacks: Mapping[str, Any],
+    callbacks: TrainingCallbacks,
     load_final_model: Callable[[Any, Any, Path], tuple[Any, Any]],
     say: Callable[[str], None],
 ) -> DevicePool:
@@ -31,10 +33,11 @@ def make_pool(
 
     Args:
         plan: the devices (``run_fit(devices=..., backend=...)`` resolved).
-        inputs: the checked ``run_fit`` inputs (``FitInputs``).
+        group: the config group's settings (every worker gets them; ``create_model_fn`` shipped apart).
+        datasets: ``(train_dataset, eval_dataset or None)``, ``datasets.Dataset`` rows before formatting.
         exp_dir: the experiment folder.
-        callbacks: ``metric_sink``, ``notes``, ``on_final``, ``on_storage_error``, ``in_record_order``,
-            ``on_eval_metrics`` (as ``TorchExecutor`` takes them).
+        callbacks: the kernel's callbacks (as ``TorchExecutor`` takes them); a note every worker says reaches
+            ``callbacks.notes`` once.
         load_final_model: ``(create_model_fn, spec, final_dir) -> (model, tokenizer)`` in the kernel process.
         say: a line for the user (which devices train).
 
@@ -47,51 +50,46 @@ def make_pool(
             Ray cluster cannot hold the devices.
     """
     said: set[str] = set()
-    notes = callbacks.get("notes")
+    notes = callbacks.notes
 
     def note_once(text: str) -> None:  # every worker says the same CPU adaptations: once is enough
-        if text not in said and notes is not None:
+        if text not in said:
             said.add(text)
             notes(text)
 
-    callbacks = {**callbacks, "notes": note_once}
-    train_path, eval_path = share_datasets(exp_dir, inputs.train_dataset, inputs.eval_dataset)
+    callbacks = dataclasses.replace(callbacks, notes=note_once)
+    train_path, eval_path = share_datasets(exp_dir, *datasets)
     members: dict[str, Any] = {}
-    group = None
+    placement: Any = None
     on_closed: Callable[[], None] | None = None
     if plan.backend == "ray":
         from .ray_backend import fit_threads, placement_group_for, remove_placement_group
 
         plan = dataclasses.replace(plan, threads=fit_threads(len(plan.names), plan.threads))
-        group = placement_group_for([gpu is not None for gpu in plan.gpus], plan.threads)
+        placement = placement_group_for([gpu is not None for gpu in plan.gpus], plan.threads)
 
         def on_closed() -> None:  # after the actors were killed: their bundles go back to the cluster
-            remove_placement_group(group)
+            remove_placement_group(placement)
 
     try:
         for index, name in enumerate(plan.names):
             settings = WorkerSettings(
                 device=name,
-                trainer_type=inputs.trainer_type,
-                create_model_fn=inputs.create_model_fn,
+                group=group,
                 train_path=str(train_path),
                 eval_path=str(eval_path) if eval_path is not None else None,
-                num_chunks=inputs.num_chunks,
-                seed=inputs.seed,
                 exp_dir=str(exp_dir),
-                checkpoint_every=inputs.checkpoint_every,
-                eval_generation_samples=inputs.eval_generation_samples,
                 torch_threads=plan.threads,
                 env=plan.env(index),
             )
-            members[name] = _member(plan, index, settings, callbacks, group)
+            members[name] = _member(plan, index, settings, callbacks, placement)
     except BaseException:
         for member in members.values():
             member.close()
         if on_closed is not None:
             on_closed()
         raise
-    create = inputs.create_model_fn
+    create = group.create_model_fn
 
     def load(spec: Any, final_dir: Path) -> tuple[Any, Any]:
         return load_final_model(create, spec, final_dir)
@@ -105,12 +103,12 @@ def make_pool(
 
 
 def _member(
-    plan: DevicePlan, index: int, settings: WorkerSettings, callbacks: Mapping[str, Any], group: Any
+    plan: DevicePlan, index: int, settings: WorkerSettings, callbacks: TrainingCallbacks, placement_group: Any
 ) -> Any:
     if plan.backend == "ray":
         from .ray_backend import RayWorkerExecutor
 
-        return RayWorkerExecutor(settings, group, index, **callbacks)
+        return RayWorkerExecutor(settings, placement_group, index, callbacks)
     from .local import WorkerExecutor
 
-    return WorkerExecutor(settings, **callbacks)
+    return WorkerExecutor(settings, callbacks)

@@ -21,7 +21,6 @@ the pipe ends, and is killed by :meth:`WorkerExecutor.close` and at interpreter 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import functools
 import itertools
 import logging
@@ -29,13 +28,12 @@ import pickle
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 from kernel_scheduler import SegmentResult
-from rapidfire_nb.errors import ConfigError, StorageError
+from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.spec.bundles import TrainingCallbacks
 
 from ._process import end_process, exit_reason, start_process
 from ._remote import RemoteDevice
@@ -57,8 +55,8 @@ class WorkerExecutor(RemoteDevice):
 
     Args:
         settings: the worker's :class:`~rapidfire_nb.devices.settings.WorkerSettings` (datasets already shared).
-        metric_sink, notes, on_final, on_storage_error, in_record_order, on_eval_metrics: as ``TorchExecutor``'s
-            (called on the reader thread; ``on_final`` gets a ``Path``, ``on_storage_error`` a ``StorageError``).
+        callbacks: the kernel's :class:`~rapidfire_nb.spec.bundles.TrainingCallbacks`, called on the reader thread
+            (``rapidfire-worker-<device>``) as the worker's events arrive.
         start_timeout_s: seconds the worker may take to start (import torch/TRL, load the datasets) before the
             first call gives up (WorkerLost).
 
@@ -67,20 +65,12 @@ class WorkerExecutor(RemoteDevice):
     """
 
     def __init__(
-        self,
-        settings: WorkerSettings,
-        metric_sink: Callable[[int, int, int, dict[str, float]], None],
-        notes: Callable[[str], None] | None = None,
-        on_final: Callable[[int, Path], None] | None = None,
-        on_storage_error: Callable[[StorageError], None] | None = None,
-        in_record_order: Callable[[Callable[[], None]], None] | None = None,
-        on_eval_metrics: Callable[[list[str]], None] | None = None,
-        start_timeout_s: float = 300.0,
+        self, settings: WorkerSettings, callbacks: TrainingCallbacks, start_timeout_s: float = 300.0
     ) -> None:
         fn_bytes = ship(settings.create_model_fn, "create_model_fn")
         self.device = settings.device
-        self._sinks = event_sinks(metric_sink, notes, on_final, on_storage_error, on_eval_metrics)
-        self._in_record_order = in_record_order or (lambda fn: fn())
+        self._sinks = event_sinks(callbacks)
+        self._in_record_order = callbacks.in_record_order
         self._start_timeout_s = start_timeout_s
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # state: pending, dead, positions
@@ -95,7 +85,7 @@ class WorkerExecutor(RemoteDevice):
         self._ready: Future[int] = Future()
         self._proc, self._conn = start_process(settings.env)
         _LIVE.add(self)
-        self._send(("start", dataclasses.replace(settings, create_model_fn=None), fn_bytes), shipped=True)
+        self._send(("start", settings.with_model_fn(None), fn_bytes), shipped=True)
         self._reader = threading.Thread(
             target=self._read, name=f"rapidfire-worker-{self.device}", daemon=True
         )

@@ -27,20 +27,21 @@ the cluster's CPUs divided among the devices (:func:`fit_threads`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 from kernel_scheduler import SegmentResult
 
-from ..errors import ConfigError, StorageError
+from ..errors import ConfigError
+from ..spec.bundles import TrainingCallbacks
 from ._remote import RemoteDevice
 from ._replies import event_sinks, remote_error
 from .errors import WorkerLost
@@ -167,9 +168,10 @@ class RayWorkerExecutor(RemoteDevice):
 
     Args:
         settings: the device's worker settings (datasets already shared in the experiment folder).
-        group, index: the placement group and this device's bundle index in it (:func:`placement_group_for`).
-        metric_sink, notes, on_final, on_storage_error, in_record_order, on_eval_metrics: as ``TorchExecutor``'s
-            (called on this device's drain thread, ``rapidfire-ray-<device>``).
+        placement_group, bundle_index: the placement group made by :func:`placement_group_for` and this device's
+            bundle in it.
+        callbacks: the kernel's :class:`~rapidfire_nb.spec.bundles.TrainingCallbacks`, called on this device's
+            drain thread (``rapidfire-ray-<device>``).
         start_timeout_s: seconds the actor may take to start (a Ray worker process, torch and TRL imported, the
             datasets opened) before the first call gives up (WorkerLost).
         call_timeout_s: seconds :meth:`close` waits for the actor to write its queued checkpoints.
@@ -181,25 +183,18 @@ class RayWorkerExecutor(RemoteDevice):
     def __init__(
         self,
         settings: WorkerSettings,
-        group: Any,
-        index: int,
-        metric_sink: Callable[[int, int, int, dict[str, float]], None],
-        notes: Callable[[str], None] | None = None,
-        on_final: Callable[[int, Path], None] | None = None,
-        on_storage_error: Callable[[StorageError], None] | None = None,
-        in_record_order: Callable[[Callable[[], None]], None] | None = None,
-        on_eval_metrics: Callable[[list[str]], None] | None = None,
+        placement_group: Any,
+        bundle_index: int,
+        callbacks: TrainingCallbacks,
         start_timeout_s: float = 300.0,
         call_timeout_s: float = 60.0,
     ) -> None:
-        import dataclasses
-
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         fn_bytes = ship(settings.create_model_fn, "create_model_fn")
         self.device = settings.device
-        self._sinks = event_sinks(metric_sink, notes, on_final, on_storage_error, on_eval_metrics)
-        self._in_record_order = in_record_order or (lambda fn: fn())
+        self._sinks = event_sinks(callbacks)
+        self._in_record_order = callbacks.in_record_order
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
         self._death: str | None = None
@@ -211,19 +206,19 @@ class RayWorkerExecutor(RemoteDevice):
         self._next_key = 0
         self._lock = threading.Lock()
         self._ready: Future[int] = Future()
-        bundle: Mapping[str, float] = group.bundle_specs[index]
+        bundle: Mapping[str, float] = placement_group.bundle_specs[bundle_index]
         env = actor_env(settings, gpu=bool(bundle.get("GPU", 0)))
         self._actor = (
             _actor_class()
             .options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=index
+                    placement_group=placement_group, placement_group_bundle_index=bundle_index
                 ),
                 num_cpus=bundle.get("CPU", 1),
                 num_gpus=bundle.get("GPU", 0),
                 runtime_env={"env_vars": env},
             )
-            .remote(dataclasses.replace(settings, create_model_fn=None, env=env), fn_bytes)
+            .remote(dataclasses.replace(settings.with_model_fn(None), env=env), fn_bytes)
         )
         self._started = self._actor.ready.remote()
         self._drainer = threading.Thread(target=self._drain, name=f"rapidfire-ray-{self.device}", daemon=True)

@@ -17,7 +17,9 @@ from kernel_scheduler import RunStatus, Scheduler, device_arbiter
 from .._atomic import is_complete_dir
 from ..errors import ExperimentError
 from ..run_folder import run_dir
+from ..spec.bundles import GroupSettings, TrainingCallbacks
 from ..stops import StopInfo, stop_history
+from .binding import SessionBinding
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs, column_names
 from .recorder import ADDED_RUNS_META_KEY, Recorder
@@ -78,16 +80,7 @@ def check_group(
         return None
     unfinished = [rid for rid, r in existing.items() if not RunStatus(r["status"]).is_finished()]
     if unfinished:
-        check_same_inputs(
-            name,
-            store.meta(),
-            inputs.num_chunks,
-            inputs.seed,
-            inputs.train_dataset,
-            inputs.eval_dataset,
-            unfinished,
-            inputs.eval_generation_samples,
-        )
+        check_same_inputs(name, store.meta(), inputs.meta(), unfinished)
     return existing
 
 
@@ -137,7 +130,7 @@ def open_session(
     from ..training import runtime  # torch is imported here, not at `import rapidfire_nb`
 
     runtime.silence_globally()
-    late: dict[str, Any] = {}  # the recorder needs the executor and the executor the recorder: bound below
+    late = SessionBinding()  # the recorder needs the executor and the session: bound once they exist
     off: MutableSet[str] = trackers_off if trackers_off is not None else set()
     tracker = make_trackers(store, exp_dir, exp_dir.name, tracking, reporter, off)
     recorder = Recorder(
@@ -146,48 +139,24 @@ def open_session(
         tracker,
         inputs.num_chunks,
         column_names(inputs.specs),
-        checkpoint_dir=lambda rid: late["executor"].checkpoint_dir(rid),
-        inbox=lambda: late["session"].inbox_ops(),
+        checkpoint_dir=late.checkpoint_dir,
+        inbox=late.inbox_ops,
     )
-    callbacks: dict[str, Any] = {
-        "metric_sink": recorder.on_metrics,
-        "notes": reporter.say,
-        "on_final": recorder.on_final,
-        "on_storage_error": lambda failure: late["session"].storage_failed(failure),
-        "in_record_order": recorder.in_order,
-        "on_eval_metrics": lambda names: recorder.in_order(lambda: _note_eval_metrics(store, names)),
-    }
-    plan = inputs.devices
-    if plan is not None and plan.workers:  # one worker process (or Ray actor) per device
-        from ..devices.build import make_pool
-
-        try:
-            executor: Any = make_pool(
-                plan, inputs, exp_dir, callbacks, runtime.load_final_model, reporter.say
-            )
-        except BaseException:
-            recorder.close()
-            tracker.close()
-            raise
-    else:
-        executor = runtime.make_executor(
-            inputs.trainer_type,
-            inputs.create_model_fn,
-            inputs.train_dataset,
-            inputs.eval_dataset,
-            inputs.num_chunks,
-            inputs.seed,
-            exp_dir,
-            callbacks["metric_sink"],
-            callbacks["notes"],
-            callbacks["on_final"],
-            checkpoint_every=inputs.checkpoint_every,
-            on_storage_error=callbacks["on_storage_error"],
-            in_record_order=callbacks["in_record_order"],
-            eval_generation_samples=inputs.eval_generation_samples,
-            on_eval_metrics=callbacks["on_eval_metrics"],
-        )
-    late["executor"] = executor
+    callbacks = TrainingCallbacks(
+        metric_sink=recorder.on_metrics,
+        notes=reporter.say,
+        on_final=recorder.on_final,
+        on_storage_error=late.storage_failed,
+        in_record_order=recorder.in_order,
+        on_eval_metrics=lambda names: recorder.in_order(lambda: _note_eval_metrics(store, names)),
+    )
+    try:
+        executor = _make_executor(inputs, exp_dir, callbacks, reporter)
+    except BaseException:
+        recorder.close()
+        tracker.close()
+        raise
+    late.bind_executor(executor)
     scheduler = Scheduler(
         executor,
         listener=recorder,
@@ -197,7 +166,7 @@ def open_session(
     )
     session = FitSession(scheduler, executor, recorder, tracker, inputs, store)
     session.stops = stop_history(store.ops())
-    late["session"] = session
+    late.bind_session(session)
     recorder.on_storage_error = session.storage_failed
     resumed: list[str] = []
     try:
@@ -223,6 +192,36 @@ def open_session(
     _record_group(session, store, existing)
     _track(session)
     return session
+
+
+def _group_settings(inputs: FitInputs) -> GroupSettings:
+    """The settings every run of the group shares, from the checked ``run_fit`` inputs."""
+    return GroupSettings(
+        trainer_type=inputs.trainer_type,
+        create_model_fn=inputs.create_model_fn,
+        num_chunks=inputs.num_chunks,
+        seed=inputs.seed,
+        checkpoint_every=inputs.checkpoint_every,
+        eval_generation_samples=inputs.eval_generation_samples,
+    )
+
+
+def _make_executor(inputs: FitInputs, exp_dir: Path, callbacks: TrainingCallbacks, reporter: Reporter) -> Any:
+    """This process' ``TorchExecutor``, or a pool of one worker process (or Ray actor) per device.
+
+    Raises:
+        ConfigError: a worker cannot be given ``create_model_fn`` or the datasets, or the devices do not fit.
+    """
+    from ..training import runtime
+
+    group = _group_settings(inputs)
+    plan = inputs.devices
+    if plan is not None and plan.workers:
+        from ..devices.build import make_pool
+
+        datasets = (inputs.train_dataset, inputs.eval_dataset)
+        return make_pool(plan, group, datasets, exp_dir, callbacks, runtime.load_final_model, reporter.say)
+    return runtime.make_executor(group, inputs.train_dataset, inputs.eval_dataset, exp_dir, callbacks)
 
 
 def _track(session: FitSession) -> None:
@@ -367,9 +366,7 @@ def _register(
         status=plan.status,
         parent_id=prior.get("parent_id") if prior else None,
         warm_start=bool(prior.get("warm_start")) if prior else False,
-        pruned=stops.pruned,
-        exempt_through=stops.exempt_through,
-        stop_reason=stops.reason,
+        stops=stops,
     )
     if prior is not None:
         _continue_from(session, plan, start, resumed, reporter)

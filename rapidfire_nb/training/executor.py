@@ -15,7 +15,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, Segm
 from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError, StorageError, storage_error
 from rapidfire_nb.spec import LeafConfig, build_lora_config, build_training_args
+from rapidfire_nb.spec.bundles import GroupSettings, TrainingCallbacks
 
 from .adapters import activate_adapter
 from .checkpoint import (
@@ -48,14 +49,11 @@ from .quiet import quiet_libraries
 from .rng import capture_rng
 from .worker import HandoffClock, RunWorker
 
-__all__ = ["MetricSink", "TorchExecutor"]
+__all__ = ["TorchExecutor"]
 
 log = logging.getLogger(__name__)
 
 _DEVICE_IDS = itertools.count(1)  # names of device threads (one per executor)
-
-MetricSink = Callable[[int, int, int, dict[str, float]], None]
-"""``sink(run_id, step, samples_seen, logs)`` — called from the training thread for every TRL log."""
 
 
 @dataclass
@@ -79,69 +77,41 @@ class _Run:
 
 
 class TorchExecutor(Executor):
-    """Trains the runs of one experiment.
+    """Trains the runs of one experiment on one device thread.
 
     Args:
-        trainer_type: "SFT", "DPO" or "GRPO".
-        create_model_fn: ``create_model_fn(model_config: dict) -> (model, tokenizer)``; called once per distinct
-            base (``model_name`` + ``model_kwargs`` + settings that act on the shared model).
-        train_dataset / eval_dataset: ``datasets.Dataset`` (rows before ``formatting_func``).
-        num_chunks: chunks per epoch.
-        seed: the experiment seed (a run's own ``training_args.seed`` wins).
+        group: the config group's settings (trainer type, ``create_model_fn``, chunks per epoch, seed,
+            checkpoint cadence in chunks, generation-eval sample in rows).
+        train_dataset / eval_dataset: ``datasets.Dataset`` (rows before ``formatting_func``); eval may be None.
         exp_dir: the experiment folder (``runs/<id>/`` holds checkpoints and final weights).
-        metric_sink: receives every TRL log line.
-        notes: receives user-facing notes (e.g. CPU adaptations), one string each.
-        on_final: ``on_final(run_id, folder)`` after a run's final weights were saved.
-        checkpoint_every: write a run's boundary checkpoint to disk every this many chunks (1: at every chunk
-            boundary). The in-memory snapshot a warm clone starts from is taken at every boundary regardless; a
-            larger value only means a crashed kernel continues a run from up to ``checkpoint_every - 1`` chunks
-            further back (exactly, as ever).
-        on_storage_error: called once per failed write of a checkpoint or of final weights (a full disk, an I/O
-            error): not the run's fault, so the run does not fail; the session stops training instead.
-        in_record_order: ``in_record_order(fn)`` runs ``fn`` once everything reported before it (the metrics of
-            the steps up to a boundary) is recorded; boundary checkpoints are handed to the writer through it, so
-            a checkpoint on disk is never ahead of the metrics in the store (a resume then loses no step).
-            Default: at once.
-        eval_generation_samples: runs that evaluate by generating (``compute_metrics`` and ``generation_config``
-            both set) generate for this many eval rows, a fixed sample drawn with ``seed`` (the same rows for
-            every run); ``None``: every eval row.
-        on_eval_metrics: ``on_eval_metrics(names)`` with the names of generation metrics (``eval_<name>`` from
-            ``compute_metrics``, GRPO's eval rewards) as runs first log them (device thread).
+        callbacks: where metrics, notes, final folders, storage failures and generation metric names go, and how
+            a boundary checkpoint waits for the metrics before it (threads: see ``TrainingCallbacks``).
+
+    Raises:
+        ConfigError: ``group.trainer_type`` is unknown.
+        ValueError: ``group.create_model_fn`` is None.
     """
 
     def __init__(
         self,
-        trainer_type: str,
-        create_model_fn: Callable[[dict], Any],
+        group: GroupSettings,
         train_dataset: Any,
         eval_dataset: Any,
-        num_chunks: int,
-        seed: int,
         exp_dir: Path,
-        metric_sink: MetricSink,
-        notes: Callable[[str], None] | None = None,
-        on_final: Callable[[int, Path], None] | None = None,
-        checkpoint_every: int = 1,
-        on_storage_error: Callable[[StorageError], None] | None = None,
-        in_record_order: Callable[[Callable[[], None]], None] | None = None,
-        eval_generation_samples: int | None = None,
-        on_eval_metrics: Callable[[list[str]], None] | None = None,
+        callbacks: TrainingCallbacks,
     ) -> None:
-        self.kind = get_kind(trainer_type)
-        self.create_model_fn = create_model_fn
+        self.group = group
+        self.kind = get_kind(group.trainer_type)
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
-        self.num_chunks = num_chunks
-        self.seed = seed
         self.exp_dir = Path(exp_dir)
-        self.metric_sink = metric_sink
-        self.notes = notes or (lambda s: None)
-        self.on_final = on_final or (lambda run_id, path: None)
-        self.checkpoint_every = checkpoint_every
-        self.models = BaseModels(create_model_fn, self._note)  # create_model_fn calls, shared bases
+        self.callbacks = callbacks
+        if group.create_model_fn is None:
+            raise ValueError(
+                "TorchExecutor needs group.create_model_fn (None only in a copy sent to a worker)"
+            )
+        self.models = BaseModels(group.create_model_fn, self._note)  # create_model_fn calls, shared bases
         self._runs: dict[int, _Run] = {}
-        self.on_storage_error = on_storage_error
-        self._in_record_order = in_record_order or (lambda fn: fn())
         self._writer = CheckpointWriter(on_error=self._write_failed)
         self.device = DeviceThread(f"rapidfire-device-{next(_DEVICE_IDS)}")
         self.handoffs = HandoffClock()  # our own time between two segments (benchmark)
@@ -149,8 +119,6 @@ class TorchExecutor(Executor):
         self.collections = TrainStartCollections()
         self.switch_seconds = 0.0  # time spent in activations + snapshots (benchmark)
         self._noted: set[str] = set()
-        self.eval_generation_samples = eval_generation_samples
-        self._on_eval_metrics = on_eval_metrics or (lambda names: None)
         self._eval_metric_names: set[str] = set()
 
     # ------------------------------------------------------------------ Executor API
@@ -287,7 +255,7 @@ class TorchExecutor(Executor):
                 model.save_pretrained(str(tmp))
             tok.save_pretrained(str(tmp))
         run.final_dir = target
-        self.on_final(run_id, target)
+        self.callbacks.on_final(run_id, target)
         return target
 
     def load_model(
@@ -325,15 +293,12 @@ class TorchExecutor(Executor):
     def _write_failed(self, exc: BaseException, folder: Path) -> None:
         """A checkpoint or final-weights write failed (writer or device thread): report it as a StorageError."""
         failure = storage_error(exc, str(folder)) or StorageError(str(folder), f"{type(exc).__name__}: {exc}")
-        if self.on_storage_error is not None:
-            self.on_storage_error(failure)
-        else:
-            log.error("rapidfire_nb: %s", failure)
+        self.callbacks.on_storage_error(failure)
 
     def _note(self, text: str) -> None:
         if text not in self._noted:
             self._noted.add(text)
-            self.notes(text)
+            self.callbacks.notes(text)
 
     def _add_run(
         self, run_id: int, spec: LeafConfig, warm_from: int | None, resume_from: Path | None
@@ -366,8 +331,8 @@ class TorchExecutor(Executor):
                     base.tokenizer,
                     eval_ds,
                     spec,
-                    samples=self.eval_generation_samples,
-                    seed=self.seed,
+                    samples=self.group.eval_generation_samples,
+                    seed=self.group.seed,
                     on_metric_names=self._eval_metrics_seen,
                     note=lambda text: self._note(f"run {run_id}: {text}"),
                 )
@@ -411,7 +376,9 @@ class TorchExecutor(Executor):
     def _inputs(self, spec: LeafConfig, run_dir: Path) -> tuple[Any, Any, Any, Any]:
         """The run's checked inputs: ``(TRL config, train rows, eval rows or None, LoraConfig or None)``."""
         self.kind.precheck(spec, self.train_dataset, self.eval_dataset)  # e.g. GRPO: batch + reward checks
-        args, notes = build_training_args(spec, output_dir=str(run_dir / "trainer"), default_seed=self.seed)
+        args, notes = build_training_args(
+            spec, output_dir=str(run_dir / "trainer"), default_seed=self.group.seed
+        )
         for n in notes:
             self._note(n)
         train_ds = prepare_dataset(self.train_dataset, spec.formatting_func, self.kind, "train_dataset", spec)
@@ -440,7 +407,7 @@ class TorchExecutor(Executor):
                 f"with max_steps={trainer.args.max_steps}; set num_train_epochs >= 1 or max_steps >= 1"
             )
         try:
-            return self.kind.plan_chunks(geo, self.num_chunks)  # GRPO: boundaries on generation rounds
+            return self.kind.plan_chunks(geo, self.group.num_chunks)  # GRPO: boundaries on generation rounds
         except ChunkPlanError as exc:
             raise ConfigError(f"num_chunks: {exc} (run {run_id})") from exc
 
@@ -561,7 +528,7 @@ class TorchExecutor(Executor):
         new = [n for n in names if n not in self._eval_metric_names and not n.endswith(GENERATION_SECONDS)]
         if new:
             self._eval_metric_names.update(new)
-            self._on_eval_metrics(new)
+            self.callbacks.on_eval_metrics(new)
 
     def _activate(self, run_id: int) -> None:
         t0 = time.perf_counter()
@@ -584,9 +551,9 @@ class TorchExecutor(Executor):
         run = self._runs[run_id]
         assert run.snapshotter is not None
         run.last = run.snapshotter.take(rng)
-        if run.plan.segments_done_at(step) % self.checkpoint_every == 0:
+        if run.plan.segments_done_at(step) % self.group.checkpoint_every == 0:
             snap, folder = run.last, run.run_dir
-            self._in_record_order(lambda: self._writer.submit(snap, folder))
+            self.callbacks.in_record_order(lambda: self._writer.submit(snap, folder))
         if run.adapter is None and sum(1 for r in self._runs.values() if not r.worker.done) > 1:
             # another run trains next on this device: a full fine-tuning run's weights and AdamW state leave it
             run.parked = park(run.worker.trainer.model, run.worker.trainer.optimizer)
@@ -594,7 +561,7 @@ class TorchExecutor(Executor):
 
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:
         run = self._runs[run_id]
-        self.metric_sink(run_id, step, run.plan.samples_seen(step), logs)
+        self.callbacks.metric_sink(run_id, step, run.plan.samples_seen(step), logs)
 
 
 def _checkpoint_step(folder: Path) -> int:

@@ -28,22 +28,36 @@ from typing import Any
 
 from kernel_scheduler import RunStart, SegmentResult
 from rapidfire_nb._atomic import is_complete_dir
+from rapidfire_nb.spec.bundles import TrainingCallbacks
 
 from .checkpoint import write_snapshot
 from .executor import TorchExecutor
 
-__all__ = ["Emit", "WorkerHost"]
+__all__ = ["Emit", "WorkerHost", "emitting_callbacks"]
 
 Emit = Callable[[tuple[Any, ...]], None]
 
 ORDER_TIMEOUT_S = 600.0  # export_boundary waits this long for the kernel to record what came before
 
 
+def emitting_callbacks(emit: Emit, in_order: Callable[[Callable[[], None]], None]) -> TrainingCallbacks:
+    """The worker's own callbacks: each sends its event to the kernel through ``emit`` (see the module for the
+    event tuples); ``in_order`` keeps a function until the kernel answers its order token."""
+    return TrainingCallbacks(
+        metric_sink=lambda rid, step, seen, logs: emit(("metrics", rid, step, seen, dict(logs))),
+        notes=lambda text: emit(("note", text)),
+        on_final=lambda rid, path: emit(("final", rid, str(path))),
+        on_storage_error=lambda failure: emit(("storage_error", failure.where, failure.reason)),
+        in_record_order=in_order,
+        on_eval_metrics=lambda names: emit(("eval_metrics", list(names))),
+    )
+
+
 class WorkerHost:
     """Hosts one device's executor.
 
     Args:
-        settings: a ``rapidfire_nb.devices.WorkerSettings`` (its ``create_model_fn`` a callable here).
+        settings: a ``rapidfire_nb.devices.WorkerSettings`` (its group's ``create_model_fn`` a callable here).
         emit: sends one event tuple to the kernel (thread-safe; called from the device, writer and request
             threads).
 
@@ -63,21 +77,7 @@ class WorkerHost:
         train = load_from_disk(settings.train_path)  # memory-mapped Arrow, shared with the other workers
         evald = load_from_disk(settings.eval_path) if settings.eval_path else None
         self.executor = TorchExecutor(
-            settings.trainer_type,
-            settings.create_model_fn,
-            train,
-            evald,
-            settings.num_chunks,
-            settings.seed,
-            Path(settings.exp_dir),
-            metric_sink=lambda rid, step, seen, logs: emit(("metrics", rid, step, seen, dict(logs))),
-            notes=lambda text: emit(("note", text)),
-            on_final=lambda rid, path: emit(("final", rid, str(path))),
-            checkpoint_every=settings.checkpoint_every,
-            on_storage_error=lambda failure: emit(("storage_error", failure.where, failure.reason)),
-            in_record_order=self._in_order,
-            eval_generation_samples=settings.eval_generation_samples,
-            on_eval_metrics=lambda names: emit(("eval_metrics", list(names))),
+            settings.group, train, evald, Path(settings.exp_dir), emitting_callbacks(emit, self._in_order)
         )
 
     # ------------------------------------------------------------------ the executor's calls

@@ -72,18 +72,16 @@ class Session:
     """One process's executor (what ``Experiment`` drives), recording every logged metric per run and step."""
 
     def __init__(self, exp_dir: Path) -> None:
+        from rapidfire_nb.spec.bundles import GroupSettings, TrainingCallbacks
         from rapidfire_nb.training.executor import TorchExecutor
 
         self.logs: dict[int, dict[int, dict[str, float]]] = {}
         self.ex = TorchExecutor(
-            "GRPO",
-            tiny_create_model,
+            GroupSettings("GRPO", tiny_create_model, num_chunks=2, seed=SEED),
             tiny_grpo_dataset(6, seed=0),
             None,
-            num_chunks=2,
-            seed=SEED,
             exp_dir=exp_dir,
-            metric_sink=self._sink,
+            callbacks=TrainingCallbacks(metric_sink=self._sink),
         )
         self.segments: dict[int, int] = {}
         self.plans: dict[int, Any] = {}

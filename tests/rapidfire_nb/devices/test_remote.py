@@ -9,6 +9,7 @@ from typing import Any
 from rapidfire_nb.devices._remote import RemoteDevice
 from rapidfire_nb.devices._replies import event_sinks
 from rapidfire_nb.devices.shipping import unship
+from rapidfire_nb.spec.bundles import TrainingCallbacks
 
 
 class _Worker(RemoteDevice):
@@ -16,9 +17,7 @@ class _Worker(RemoteDevice):
 
     def __init__(self, finals: list[tuple[int, Path]], saved: dict[int, str]) -> None:
         self.device, self._death, self._lock, self._positions = "cpu:1", None, threading.Lock(), {}
-        self._sinks = event_sinks(
-            lambda *a: None, None, lambda rid, path: finals.append((rid, path)), None, None
-        )
+        self._sinks = event_sinks(TrainingCallbacks(on_final=lambda rid, path: finals.append((rid, path))))
         self.saved = saved
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
 

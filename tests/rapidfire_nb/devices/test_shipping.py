@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.spec.bundles import GroupSettings, TrainingCallbacks
 
 
 def _in_main(source: str, name: str, **globals_: Any) -> Any:
@@ -113,9 +114,9 @@ def test_the_worker_executor_refuses_before_starting_a_process(monkeypatch: pyte
 
     monkeypatch.setattr(_process.subprocess, "Popen", no_process)
     fn = _in_main("def create(config):\n    return MODEL, None\n", "create", MODEL=torch.nn.Linear(2, 2))
-    settings = WorkerSettings("cpu:0", "SFT", fn, "/nowhere", None, 2, 0, "/nowhere")
+    settings = WorkerSettings("cpu:0", GroupSettings("SFT", fn, 2, 0), "/nowhere", None, "/nowhere")
     with pytest.raises(ConfigError, match="^create_model_fn cannot be sent to a worker process"):
-        WorkerExecutor(settings, metric_sink=lambda *a: None)
+        WorkerExecutor(settings, TrainingCallbacks())
 
 
 def test_a_create_model_fn_the_worker_cannot_load_is_a_config_error_at_start(tmp_path: Any) -> None:
@@ -126,8 +127,8 @@ def test_a_create_model_fn_the_worker_cannot_load_is_a_config_error_at_start(tmp
     sys.modules[module.__name__] = module
     try:
         fn = module.create
-        settings = WorkerSettings("cpu:0", "SFT", fn, str(tmp_path), None, 2, 0, str(tmp_path))
-        worker = WorkerExecutor(settings, metric_sink=lambda *a: None)
+        settings = WorkerSettings("cpu:0", GroupSettings("SFT", fn, 2, 0), str(tmp_path), None, str(tmp_path))
+        worker = WorkerExecutor(settings, TrainingCallbacks())
         try:
             with pytest.raises(
                 ConfigError, match="create_model_fn could not be loaded in worker cpu:0: Module"

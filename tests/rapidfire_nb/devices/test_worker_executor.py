@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from rapidfire_nb.spec.bundles import GroupSettings, TrainingCallbacks
 from tests.helpers import adapter_from_folder, max_abs_diff, qa_dataset, qa_to_chat, train_plain_trl
 
 SEED = 5
@@ -94,8 +95,8 @@ class Kernel:
     def metrics(self, rid: int) -> list[tuple[int, dict[str, float]]]:
         return [(e[2], e[4]) for e in self.events if e[0] == "metrics" and e[1] == rid]
 
-    def kwargs(self) -> dict[str, Any]:
-        return {"metric_sink": self.sink, "in_record_order": self.in_order, "notes": lambda text: None}
+    def callbacks(self) -> TrainingCallbacks:
+        return TrainingCallbacks(metric_sink=self.sink, in_record_order=self.in_order)
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +109,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert share_datasets(root, train, evald) == (train_path, eval_path)  # reused, not written again
 
     def settings(device: str) -> WorkerSettings:
-        return WorkerSettings(
-            device, "SFT", _main_create(), train_path, eval_path, NUM_CHUNKS, SEED, str(root), torch_threads=1
-        )
+        group = GroupSettings("SFT", _main_create(), NUM_CHUNKS, SEED)
+        return WorkerSettings(device, group, train_path, eval_path, str(root), torch_threads=1)
 
     return {"root": root, "train": train, "eval": evald, "settings": settings, "leaves": _leaves()}
 
@@ -147,7 +147,7 @@ def test_two_runs_in_a_worker_end_exact_and_the_checkpoint_waits_for_the_kernel(
     from rapidfire_nb.devices import WorkerExecutor
 
     kernel = Kernel()
-    worker = WorkerExecutor(world["settings"]("cpu:0"), **kernel.kwargs())
+    worker = WorkerExecutor(world["settings"]("cpu:0"), kernel.callbacks())
     leaves, root = world["leaves"], world["root"]
     try:
         starts = {rid: worker.add_run(rid, leaves[rid - 1]) for rid in (1, 2, 3)}
@@ -209,7 +209,7 @@ def test_a_run_moves_to_a_second_worker_and_a_killed_worker_loses_its_segment(
     if "exported" not in world:
         pytest.skip("needs the first test's export")
     kernel = Kernel()
-    worker = WorkerExecutor(world["settings"]("cpu:1"), **kernel.kwargs())
+    worker = WorkerExecutor(world["settings"]("cpu:1"), kernel.callbacks())
     leaves = world["leaves"]
     try:
         start = worker.add_run(3, leaves[2], resume_from=world["exported"])

@@ -28,12 +28,12 @@ def _leaf(lr: float) -> Any:
 
 
 def _executor(exp_dir: Path) -> Any:
+    from rapidfire_nb.spec.bundles import GroupSettings, TrainingCallbacks
     from rapidfire_nb.testing import tiny_create_model
     from rapidfire_nb.training.executor import TorchExecutor
 
-    return TorchExecutor(
-        "SFT", tiny_create_model, qa_dataset(12, seed=0), None, 3, 7, exp_dir, lambda *a: None
-    )
+    group = GroupSettings("SFT", tiny_create_model, num_chunks=3, seed=7)
+    return TorchExecutor(group, qa_dataset(12, seed=0), None, exp_dir, TrainingCallbacks())
 
 
 def _train(ex: Any, run_id: int, start: Any, chunks: int) -> None:
