@@ -9,18 +9,16 @@ starts or stops), and polls the ops inbox for the scheduler.
 Nothing is written on the thread that reports an event: ``on_metrics`` (a run's training thread, every TRL log
 call), ``on_run`` and ``on_op`` (the scheduler thread; ``on_op`` also from the thread that submitted an op) and
 ``record_clone``/``record_editable``/``on_final`` only put an item on a bounded in-memory queue: a small frozen
-dataclass per kind of event (:mod:`rapidfire_nb.experiment.record_items`). One recorder thread
-(``rapidfire-recorder``) takes the items in order and writes them in batches, each with the write method its type
-maps to in the recorder's dispatch table; the metric rows of consecutive log calls go to the store in one
-transaction. The store writes themselves are plain functions of the store
-(:mod:`rapidfire_nb.experiment.record_writes`). The panel and the server read what is written, at most a fraction
-of a second behind.
+dataclass per kind of event (:mod:`~rapidfire_nb.experiment.record_items`). One recorder thread
+(``rapidfire-recorder``) takes the items in order and writes them in batches, each by the method its type maps to
+in the dispatch table; the metric rows of consecutive log calls go to the store in one transaction. The store
+writes are plain functions (:mod:`~rapidfire_nb.experiment.record_writes`). The panel and the server read what is
+written, at most a fraction of a second behind.
 
-Tracker calls are handed on to a second thread, ``rapidfire-trackers``
-(:class:`~rapidfire_nb.experiment.tracker_thread.TrackerThread`), in order, once the store write before them is
-done: a slow or hanging backend (opening MLflow takes seconds) never holds back the store, so ``wait(chunks=k)``
-and the result tables do not wait for it. :meth:`Recorder.flush` waits for the store writes of everything
-reported before it, and with ``trackers=True`` (``wait()`` once training is done, ``end()``) for the trackers too.
+Tracker calls are handed on to a second thread, ``rapidfire-trackers``, in order, once the store write before
+them is done (:class:`~rapidfire_nb.experiment.record_trackers.TrackerFeed`): a slow or hanging backend never holds
+back the store. :meth:`Recorder.flush` waits for the store writes of everything reported before it, and with
+``trackers=True`` (``wait()`` once training is done, ``end()``) for the trackers too.
 
 Thread ownership: the recorder thread owns every store write made during training, the chunk lines, the metric
 names, the training clock, each run's last status told to the trackers and the reported-chunk bookkeeping; the
@@ -76,15 +74,13 @@ from .record_items import (
     TrackedItem,
     TrackRunsItem,
 )
+from .record_trackers import TrackerFeed
 from .record_writes import ADDED_RUNS_META_KEY, EDITABLE_META_KEY, NOT_EDITABLE, TRACKED_RUNS_META_KEY
 from .reporter import Reporter
-from .tracker_thread import TrackerThread
 
 __all__ = ["ADDED_RUNS_META_KEY", "DEVICES_META_KEY", "NOT_EDITABLE", "TRACKED_RUNS_META_KEY", "Recorder"]
 
 log = logging.getLogger(__name__)
-
-_ENDED = (RunStatus.COMPLETED, RunStatus.FAILED)  # ended runs that are not continued after a restart
 
 HEARTBEAT_EVERY_S = 2.0
 """Seconds between two heartbeats written to the store while the scheduler runs."""
@@ -133,7 +129,7 @@ class Recorder(SchedulerListener):
         self.store = store
         self.reporter = reporter
         self.tracker = tracker
-        self._trackers = TrackerThread(tracker)  # every tracker call runs there, after the store write
+        self._feed = TrackerFeed(tracker, self._hand_back)  # tracker calls: on their thread, after the write
         self.num_chunks = num_chunks
         self._checkpoint_dir = checkpoint_dir
         self._inbox = inbox
@@ -149,7 +145,6 @@ class Recorder(SchedulerListener):
         # the latest logged step per run; each key written by its run's training thread
         self._live_step: dict[int, int] = {}
         self._reports = writes.ChunkReports()  # recorder thread: the chunks reported per run
-        self._status: dict[int, RunStatus] = {}  # recorder thread: each run's status as the trackers know it
         self._devices: dict[str, str] = dict(store.get_meta(DEVICES_META_KEY, {}) or {})  # recorder thread
         # (run id, spec, parent id, warm start) -> TrackedRun, for a clone's tracker run
         self.tracked_run: Callable[[int, Any, int | None, bool], Any] | None = None
@@ -170,7 +165,6 @@ class Recorder(SchedulerListener):
             OpItem: self._write_op,
             CloneItem: self._write_clone,
             AddedItem: self._write_added,
-            TrackRunsItem: self._write_track,
             RewoundItem: self._write_rewound,
             BeatItem: self._write_beat,
             FinalItem: lambda item: self.store.upsert_run(item.run_id, checkpoint_dir=item.folder),
@@ -179,13 +173,14 @@ class Recorder(SchedulerListener):
             EditableItem: lambda item: self.store.set_meta(EDITABLE_META_KEY, item.fields),
             InOrderItem: lambda item: item.fn(),
             TrackedItem: lambda item: writes.confirm_tracked(self.store, item.run_id),
+            TrackRunsItem: lambda item: self._feed.open_runs(self.store, item.runs, item.continued),
         }
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, on_thread_start: Callable[[], None] | None = None) -> None:
         """Start the recorder thread (``on_thread_start`` runs on it first, e.g. ipykernel's thread parent)."""
         self._on_thread_start = on_thread_start
-        self._trackers.start(on_thread_start)
+        self._feed.start(on_thread_start)
         self._thread.start()
 
     def flush(self, timeout: float | None = None, trackers: bool = True) -> bool:
@@ -225,7 +220,7 @@ class Recorder(SchedulerListener):
         elif self._thread.ident is None and self._queue.unfinished_tasks:  # never started: write inline
             self._closed.set()
             self._write_batch(self._drain())
-        self._trackers.close()  # every tracker call handed over has run (the trackers are closed after this)
+        self._feed.close()  # every tracker call handed over has run (the trackers are closed after this)
 
     # ------------------------------------------------------------------ read by the facade and the panel
     @property
@@ -368,19 +363,15 @@ class Recorder(SchedulerListener):
                 self._guard(self._writers[type(item)], item)
         if metrics:
             self._guard(self._write_metrics, metrics)
-        # buffered tracker points: written once per window (the TrackerSet decides)
-        if hasattr(self.tracker, "end_batch"):
-            self._trackers.end_batch()
+        self._feed.end_batch()  # buffered tracker points: written once per window (the TrackerSet decides)
         self.write_seconds += time.perf_counter() - t0
 
     def _release(self, item: FlushItem) -> None:
         """Everything before ``item`` is written: its caller goes on (with ``trackers``, once they wrote it all)."""
-        if not item.trackers:
+        if item.trackers:
+            self._feed.release(item.done)  # the trackers' thread sets it once they wrote it all
+        else:
             item.done.set()
-            return
-        if hasattr(self.tracker, "flush"):
-            self._trackers.flush()
-        self._trackers.after(item.done.set)  # the trackers' thread sets it once they wrote it all
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
         if self.failed is not None:
@@ -407,14 +398,7 @@ class Recorder(SchedulerListener):
         if snap.device not in ("", DEFAULT_DEVICE) and self._devices.get(str(snap.run_id)) != snap.device:
             self._devices[str(snap.run_id)] = snap.device  # the server page and restarts read it
             self.store.set_meta(DEVICES_META_KEY, dict(self._devices))
-        if self._status.get(snap.run_id) is not snap.status:
-            self._status[snap.run_id] = snap.status
-            if snap.status is RunStatus.DELETED:
-                self._trackers.mark_deleted(snap.run_id)  # TensorBoard renames it, MLflow/Trackio delete it
-            else:
-                self._trackers.set_status(snap.run_id, snap.status.value, snap.error, at)
-                if snap.status in _ENDED:
-                    self._confirm_tracked(snap.run_id)
+        self._feed.status(snap, at)  # told once per change
         if self._clock.observe(snap.run_id, snap.status, at):  # training starts or stops (unix s)
             self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
         if self._reports.due(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
@@ -433,43 +417,11 @@ class Recorder(SchedulerListener):
 
     def _write_rewound(self, item: RewoundItem) -> None:
         self.store.delete_metrics_after(item.run_id, item.step)
-        self._trackers.continue_from(item.run_id, item.step)
+        self._feed.continue_from(item.run_id, item.step)
 
     def _write_beat(self, item: BeatItem) -> None:
         writes.check_store_file(self.store)
         self.store.beat()
-
-    def _write_track(self, item: TrackRunsItem) -> None:
-        runs, continued = item.runs, item.continued
-        if hasattr(self.tracker, "open"):
-            self._trackers.open()  # imports and opens the backends (MLflow's first SQLite store: seconds) there
-        for run, status in runs:
-            self._status[run.run_id] = status
-            self._trackers.start_run(run, status.value)
-        for run_id, step in continued.items():
-            self._trackers.continue_from(run_id, step)
-            if hasattr(self.tracker, "restore_points"):
-                self._trackers.restore_points(run_id, step, writes.logged_points(self.store, run_id, step))
-        if not hasattr(self.tracker, "restore_points"):
-            return
-        # runs that ended in a kernel that died before its trackers wrote their points: all of them again
-        confirmed = set(self.store.get_meta(TRACKED_RUNS_META_KEY, []) or [])
-        for run, status in runs:
-            if status in _ENDED and run.run_id not in continued and run.run_id not in confirmed:
-                points = writes.logged_points(self.store, run.run_id, None)
-                if points:
-                    last = max(at for at, _, _ in points)
-                    self._trackers.restore_points(run.run_id, last, points)
-                self._confirm_tracked(run.run_id)
-
-    def _confirm_tracked(self, run_id: int) -> None:
-        """Once every tracker wrote and flushed what it was handed so far, record that ended run ``run_id`` is
-        fully tracked (meta ``tracked_runs``, written back on this thread)."""
-        if not hasattr(self.tracker, "restore_points"):
-            return
-        if hasattr(self.tracker, "flush"):
-            self._trackers.flush()
-        self._trackers.after(lambda: self._hand_back(TrackedItem(run_id)))
 
     def _hand_back(self, item: RecordItem) -> None:
         """From the trackers' thread: an item for this thread (put even while closing: close waits for it)."""
@@ -479,8 +431,7 @@ class Recorder(SchedulerListener):
         snap, info = item.snap, item.info
         writes.store_added(self.store, snap, info)
         if self.tracked_run is not None:  # its tracker runs start now, as a clone's do when it is recorded
-            status = self._status.setdefault(snap.run_id, snap.status)
-            self._trackers.start_run(self.tracked_run(snap.run_id, snap.spec, None, False), status.value)
+            self._feed.start_added(self.tracked_run(snap.run_id, snap.spec, None, False), snap.status)
         if "trial" in info:
             self.reporter.say(f"run {snap.run_id}: Optuna trial {info['trial']} joins the rotation")
 
@@ -488,16 +439,13 @@ class Recorder(SchedulerListener):
         child_id, request = item.child_id, item.request
         record_clone(self.store, child_id, item.parent_id, request)
         if self.tracked_run is not None:
-            status = self._status.get(child_id, RunStatus.NEW)
-            self._trackers.start_run(
-                self.tracked_run(child_id, request.spec, item.parent_id, request.warm_start), status.value
-            )
+            tracked = self.tracked_run(child_id, request.spec, item.parent_id, request.warm_start)
+            self._feed.start_clone(tracked)
         added = [k for k, v in request.changes.items() if k not in self._columns and not callable(v)]
         if added:
             self._columns = (*self._columns, *added)
-        self.store.set_meta(
-            "hparam_columns", list(self._columns)
-        )  # the page and a restarted kernel show them
+        # the page and a restarted kernel show them
+        self.store.set_meta("hparam_columns", list(self._columns))
 
     def _write_metrics(self, items: list[MetricsItem]) -> None:
         rows: list[dict[str, Any]] = []
@@ -505,7 +453,7 @@ class Recorder(SchedulerListener):
             numbers = writes.metric_numbers(item.logs)
             rows += writes.metric_rows(item, numbers)
             if numbers:  # TRL's names: each tracker maps them to its own
-                self._trackers.log_metrics(item.run_id, item.step, numbers, item.wall_time)
+                self._feed.log_metrics(item.run_id, item.step, numbers, item.wall_time)
         if not rows:
             return
         self.store.add_metrics(rows)

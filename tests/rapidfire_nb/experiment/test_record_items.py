@@ -1,5 +1,5 @@
-"""The recorder's typed queue items, its dispatch table and the store writes they make (a fake store, no thread:
-a recorder never started writes what is queued when it closes, on the caller's thread)."""
+"""The recorder's typed queue items, its dispatch table, and the store writes and tracker calls they make (fakes,
+no thread: a recorder never started writes what is queued when it closes, on the caller's thread)."""
 
 from __future__ import annotations
 
@@ -229,3 +229,85 @@ def test_logged_points_group_rows_into_the_log_calls_that_made_them() -> None:
         (2, {"eval_loss": 1.7}, 11.5),
     ]
     assert len(writes.logged_points(Rows(), 1, None)) == 4
+
+
+class _SpyTracker(NullTracker):
+    """Records each tracker call (run on the caller's thread: the trackers' thread is never started here)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def open(self) -> None:
+        self.calls.append(("open",))
+
+    def start_run(self, run: Any, status: str) -> None:
+        self.calls.append(("start_run", run.run_id, status))
+
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
+        self.calls.append(("set_status", run_id, status, at))
+
+    def mark_deleted(self, run_id: int) -> None:
+        self.calls.append(("mark_deleted", run_id))
+
+    def continue_from(self, run_id: int, step: int) -> None:
+        self.calls.append(("continue_from", run_id, step))
+
+    def restore_points(self, run_id: int, step: int, points: Any) -> None:
+        self.calls.append(("restore_points", run_id, step, len(points)))
+
+    def flush(self) -> None:
+        self.calls.append(("flush",))
+
+
+def test_the_tracker_feed_tells_each_status_change_once_and_confirms_ended_runs() -> None:
+    from rapidfire_nb.experiment.record_items import TrackedItem
+    from rapidfire_nb.experiment.record_trackers import TrackerFeed
+
+    spy, handed = _SpyTracker(), list[Any]()
+    feed = TrackerFeed(spy, handed.append)
+    feed.status(_snap(1, RunStatus.ONGOING), 5.0)
+    feed.status(_snap(1, RunStatus.ONGOING, 4, 1), 6.0)  # progress only: nothing to tell
+    feed.status(_snap(2, RunStatus.DELETED), 7.0)
+    feed.status(_snap(1, RunStatus.COMPLETED, 8, 4), 8.0)
+    feed.close()  # the calls handed over run (here, on this thread)
+    assert spy.calls == [
+        ("set_status", 1, "ONGOING", 5.0),
+        ("mark_deleted", 2),
+        ("set_status", 1, "COMPLETED", 8.0),
+        ("flush",),  # then, once it ran, the run is handed back as tracked
+    ]
+    assert handed == [TrackedItem(1)]
+
+
+def test_the_tracker_feed_opens_runs_and_hands_back_stored_points() -> None:
+    from rapidfire_nb.experiment.record_trackers import TrackerFeed
+    from rapidfire_nb.tracking import TrackedRun
+
+    class Rows(CallStore):
+        def metrics_since(self, since: int, run_id: int) -> tuple[list[dict[str, Any]], int]:
+            rows = [{"step": s, "name": "loss", "value": 1.0, "wall_time": float(s)} for s in (1, 2, 3)]
+            return rows, 3
+
+    store = Rows()
+    store.meta[writes.TRACKED_RUNS_META_KEY] = [3]  # run 3's points were written by an earlier kernel
+    spy, handed = _SpyTracker(), list[Any]()
+    feed = TrackerFeed(spy, handed.append)
+    runs = [(TrackedRun(r, {}, {}, "SFT"), s) for r, s in ((1, RunStatus.COMPLETED), (2, RunStatus.STOPPED))]
+    feed.open_runs(store, [*runs, (TrackedRun(3, {}, {}, "SFT"), RunStatus.FAILED)], {2: 2})
+    feed.start_added(TrackedRun(4, {}, {}, "SFT"), RunStatus.NEW)
+    feed.status(_snap(4, RunStatus.NEW), 1.0)  # known as NEW already: nothing to tell
+    feed.start_clone(TrackedRun(5, {}, {}, "SFT"))
+    feed.close()
+    assert spy.calls == [
+        ("open",),
+        ("start_run", 1, "COMPLETED"),
+        ("start_run", 2, "STOPPED"),
+        ("start_run", 3, "FAILED"),
+        ("continue_from", 2, 2),
+        ("restore_points", 2, 2, 2),  # its points up to the checkpoint's step
+        ("restore_points", 1, 3, 3),  # ended, not confirmed: all of them again
+        ("flush",),
+        ("start_run", 4, "NEW"),
+        ("start_run", 5, "NEW"),
+    ]
+    assert [item.run_id for item in handed] == [1]
