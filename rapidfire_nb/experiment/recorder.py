@@ -140,6 +140,8 @@ class Recorder(SchedulerListener):
         self._closed = threading.Event()
         self._hurry = threading.Event()  # set by flush()/close(): write what is queued now
         self._last_beat = 0.0  # scheduler thread
+        self._scheduler_thread: threading.Thread | None = None  # set by its first on_heartbeat
+        self._beat_written = 0.0  # recorder thread: monotonic time of the latest heartbeat written
         self._last_inbox = 0.0  # scheduler thread
         self._metric_names = writes.MetricNames()  # recorder thread
         # the latest logged step per run; each key written by its run's training thread
@@ -307,6 +309,10 @@ class Recorder(SchedulerListener):
         return self._inbox()
 
     def on_heartbeat(self) -> None:
+        """Every turn of the scheduler loop: a heartbeat is due every ``HEARTBEAT_EVERY_S`` (the recorder thread
+        also beats on its own while the scheduler thread lives: :meth:`_beat_if_due`)."""
+        if self._scheduler_thread is None:
+            self._scheduler_thread = threading.current_thread()
         self._loop_thread = threading.get_ident()
         now = time.monotonic()
         if now - self._last_beat > HEARTBEAT_EVERY_S:
@@ -334,7 +340,11 @@ class Recorder(SchedulerListener):
         if self._on_thread_start is not None:
             self._on_thread_start()
         while True:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(timeout=HEARTBEAT_EVERY_S)
+            except queue.Empty:
+                self._beat_if_due()
+                continue
             self._hurry.wait(BATCH_DELAY_S)  # let a batch gather (flush/close cut this short)
             self._hurry.clear()
             items = self._drain(first)
@@ -344,6 +354,17 @@ class Recorder(SchedulerListener):
                 self._queue.task_done()
             if stop:
                 return
+            self._beat_if_due()
+
+    def _beat_if_due(self) -> None:
+        """Liveness that does not depend on what the scheduler thread does: while that thread lives (building a
+        clone's trainer may hold it for minutes), the recorder thread writes the heartbeat itself once
+        ``HEARTBEAT_EVERY_S`` passed without one, so the server never calls a live kernel dead."""
+        loop = self._scheduler_thread
+        if loop is None or not loop.is_alive() or self.failed is not None or self._closed.is_set():
+            return
+        if time.monotonic() - self._beat_written >= HEARTBEAT_EVERY_S:
+            self._write_batch([BeatItem()])
 
     def _write_batch(self, items: list[RecordItem]) -> None:
         """Write ``items`` in order, each by its writer in the dispatch table; consecutive metric items become
@@ -422,6 +443,7 @@ class Recorder(SchedulerListener):
     def _write_beat(self, item: BeatItem) -> None:
         writes.check_store_file(self.store)
         self.store.beat()
+        self._beat_written = time.monotonic()
 
     def _hand_back(self, item: RecordItem) -> None:
         """From the trackers' thread: an item for this thread (put even while closing: close waits for it)."""

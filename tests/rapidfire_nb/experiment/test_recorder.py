@@ -367,3 +367,43 @@ def test_a_run_that_ended_in_a_dead_kernel_gets_all_its_points_back_until_the_tr
     assert spy.calls.index(("set_status", 2, "COMPLETED", None)) < max(
         i for i, c in enumerate(spy.calls) if c == ("flush",)
     )
+
+
+def test_the_heartbeat_goes_on_while_the_scheduler_thread_is_held(tmp_path: Path, monkeypatch: Any) -> None:
+    """Issue 34 item 5: building a clone's trainer held the scheduler thread (no turn, no on_heartbeat) for 35 s and
+    the server called the live kernel dead. The recorder thread beats while that thread lives, and stops after."""
+    import time
+
+    from rapidfire_nb.experiment import recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "HEARTBEAT_EVERY_S", 0.05)
+    rec, store, _ = _recorder(tmp_path)
+    rec.start()
+    held, gone = threading.Event(), threading.Event()
+
+    def scheduler() -> None:
+        rec.on_heartbeat()  # its one turn, then a long build
+        held.wait(10)
+
+    loop = threading.Thread(target=scheduler, name="rapidfire-scheduler")
+    loop.start()
+    try:
+        deadline = time.monotonic() + 5
+        while store.heartbeat() is None and time.monotonic() < deadline:  # the turn's own beat
+            time.sleep(0.01)
+        beats = []
+        for _ in range(6):
+            time.sleep(0.12)
+            beat = store.heartbeat()
+            beats.append(beat["beat_at"] if beat else None)
+        assert None not in beats and len(set(beats)) >= 4, beats  # still beating though the loop made no turn
+        assert store.writer_alive(stale_after=1.0)
+    finally:
+        held.set()
+        loop.join(5)
+    time.sleep(0.15)  # a beat due just as the thread ended may still land
+    last = store.heartbeat()
+    time.sleep(0.3)
+    assert store.heartbeat() == last  # the scheduler thread is gone: no more beats
+    gone.set()
+    rec.close()
