@@ -49,46 +49,21 @@ def make_pool(
         ConfigError: ``create_model_fn`` or a dataset cannot be sent to a worker (before anything trains), or the
             Ray cluster cannot hold the devices.
     """
-    said: set[str] = set()
-    notes = callbacks.notes
-
-    def note_once(text: str) -> None:  # every worker says the same CPU adaptations: once is enough
-        if text not in said:
-            said.add(text)
-            notes(text)
-
-    callbacks = dataclasses.replace(callbacks, notes=note_once)
+    callbacks = dataclasses.replace(callbacks, notes=_once(callbacks.notes))  # every worker says the same
     train_path, eval_path = share_datasets(exp_dir, *datasets)
-    members: dict[str, Any] = {}
     placement: Any = None
     on_closed: Callable[[], None] | None = None
     if plan.backend == "ray":
-        from .ray_backend import fit_threads, placement_group_for, remove_placement_group
-
-        plan = dataclasses.replace(plan, threads=fit_threads(len(plan.names), plan.threads))
-        placement = placement_group_for([gpu is not None for gpu in plan.gpus], plan.threads)
-
-        def on_closed() -> None:  # after the actors were killed: their bundles go back to the cluster
-            remove_placement_group(placement)
-
-    try:
-        for index, name in enumerate(plan.names):
-            settings = WorkerSettings(
-                device=name,
-                group=group,
-                train_path=str(train_path),
-                eval_path=str(eval_path) if eval_path is not None else None,
-                exp_dir=str(exp_dir),
-                torch_threads=plan.threads,
-                env=plan.env(index),
-            )
-            members[name] = _member(plan, index, settings, callbacks, placement)
-    except BaseException:
-        for member in members.values():
-            member.close()
-        if on_closed is not None:
-            on_closed()
-        raise
+        plan, placement, on_closed = _ray_placement(plan)
+    shared = WorkerSettings(
+        device="",
+        group=group,
+        train_path=str(train_path),
+        eval_path=str(eval_path) if eval_path is not None else None,
+        exp_dir=str(exp_dir),
+        torch_threads=plan.threads,
+    )
+    members = _members(plan, shared, callbacks, placement, on_closed)
     create = group.create_model_fn
 
     def load(spec: Any, final_dir: Path) -> tuple[Any, Any]:
@@ -100,6 +75,58 @@ def make_pool(
         f"{plan.threads} torch thread(s) each)"
     )
     return DevicePool(members, exp_dir, loader, on_closed)
+
+
+def _once(notes: Callable[[str], None]) -> Callable[[str], None]:
+    """``notes``, saying each distinct text once (every worker says the same CPU adaptations)."""
+    said: set[str] = set()
+
+    def note_once(text: str) -> None:
+        if text not in said:
+            said.add(text)
+            notes(text)
+
+    return note_once
+
+
+def _ray_placement(plan: DevicePlan) -> tuple[DevicePlan, Any, Callable[[], None]]:
+    """``(plan with the threads the Ray cluster allows, its placement group, a function that removes the group)``.
+
+    Raises:
+        ConfigError: the cluster cannot hold the devices.
+    """
+    from .ray_backend import fit_threads, placement_group_for, remove_placement_group
+
+    plan = dataclasses.replace(plan, threads=fit_threads(len(plan.names), plan.threads))
+    placement = placement_group_for([gpu is not None for gpu in plan.gpus], plan.threads)
+
+    def on_closed() -> None:  # after the actors were killed: their bundles go back to the cluster
+        remove_placement_group(placement)
+
+    return plan, placement, on_closed
+
+
+def _members(
+    plan: DevicePlan,
+    shared: WorkerSettings,
+    callbacks: TrainingCallbacks,
+    placement: Any,
+    on_closed: Callable[[], None] | None,
+) -> dict[str, Any]:
+    """One started worker per device (``shared`` with its name and environment); on a failure the ones started
+    are closed (and the placement group removed) before it is raised."""
+    members: dict[str, Any] = {}
+    try:
+        for index, name in enumerate(plan.names):
+            settings = dataclasses.replace(shared, device=name, env=plan.env(index))
+            members[name] = _member(plan, index, settings, callbacks, placement)
+    except BaseException:
+        for member in members.values():
+            member.close()
+        if on_closed is not None:
+            on_closed()
+        raise
+    return members
 
 
 def _member(

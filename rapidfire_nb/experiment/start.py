@@ -142,7 +142,32 @@ def open_session(
         checkpoint_dir=late.checkpoint_dir,
         inbox=late.inbox_ops,
     )
-    callbacks = TrainingCallbacks(
+    try:
+        executor = _make_executor(inputs, exp_dir, _callbacks(store, reporter, recorder, late), reporter)
+    except BaseException:
+        recorder.close()
+        tracker.close()
+        raise
+    late.bind_executor(executor)
+    session = _new_session(executor, recorder, tracker, inputs, store, exp_dir)
+    late.bind_session(session)
+    recorder.on_storage_error = session.storage_failed
+    try:
+        _register_all(session, existing, exp_dir, reporter)
+    except BaseException:
+        executor.close()
+        recorder.close()
+        tracker.close()
+        raise
+    _record_group(session, store, existing)
+    _track(session)
+    return session
+
+
+def _callbacks(store: Any, reporter: Reporter, recorder: Recorder, late: SessionBinding) -> TrainingCallbacks:
+    """The executor's callbacks: metrics, final folders and the record order through the recorder, notes to the
+    reporter, storage failures to the session (bound later), generation metric names into the store's meta."""
+    return TrainingCallbacks(
         metric_sink=recorder.on_metrics,
         notes=reporter.say,
         on_final=recorder.on_final,
@@ -150,13 +175,12 @@ def open_session(
         in_record_order=recorder.in_order,
         on_eval_metrics=lambda names: recorder.in_order(lambda: _note_eval_metrics(store, names)),
     )
-    try:
-        executor = _make_executor(inputs, exp_dir, callbacks, reporter)
-    except BaseException:
-        recorder.close()
-        tracker.close()
-        raise
-    late.bind_executor(executor)
+
+
+def _new_session(
+    executor: Any, recorder: Recorder, tracker: Any, inputs: FitInputs, store: Any, exp_dir: Path
+) -> FitSession:
+    """The session around a new scheduler over ``executor`` (not started), with the stored stop history."""
     scheduler = Scheduler(
         executor,
         listener=recorder,
@@ -166,32 +190,22 @@ def open_session(
     )
     session = FitSession(scheduler, executor, recorder, tracker, inputs, store)
     session.stops = stop_history(store.ops())
-    late.bind_session(session)
-    recorder.on_storage_error = session.storage_failed
+    return session
+
+
+def _register_all(
+    session: FitSession, existing: Mapping[int, Mapping[str, Any]], exp_dir: Path, reporter: Reporter
+) -> None:
+    """Register the group's runs, then the runs a previous kernel added, and say which continue from a
+    checkpoint. Building trainers reseeds and draws from the process-wide RNG: it holds the device."""
     resumed: list[str] = []
-    try:
-        # building trainers reseeds and draws from the process-wide RNG: not while another experiment trains
-        with session.hold_device("build its runs", reporter):
-            for run_id, spec in enumerate(inputs.specs, start=1):
-                _register(
-                    session,
-                    run_id,
-                    spec,
-                    plan_restore(run_id, existing.get(run_id), run_dir(exp_dir, run_id)),
-                    resumed,
-                    reporter,
-                )
-            _register_later_runs(session, store, exp_dir, resumed, reporter)
-    except BaseException:
-        executor.close()
-        recorder.close()
-        tracker.close()
-        raise
+    with session.hold_device("build its runs", reporter):
+        for run_id, spec in enumerate(session.inputs.specs, start=1):
+            plan = plan_restore(run_id, existing.get(run_id), run_dir(exp_dir, run_id))
+            _register(session, run_id, spec, plan, resumed, reporter)
+        _register_later_runs(session, session.store, exp_dir, resumed, reporter)
     if resumed:
         reporter.say("continuing from the last chunk checkpoints: " + ", ".join(resumed))
-    _record_group(session, store, existing)
-    _track(session)
-    return session
 
 
 def _group_settings(inputs: FitInputs) -> GroupSettings:

@@ -74,10 +74,12 @@ class GroupSettings:
 class TrainingCallbacks:
     """How an executor reports to the kernel. Every callback must be cheap and thread-safe (the recorder's queue).
 
-    Threads: in one process (``TorchExecutor``) the callbacks run on the executor's device thread, except
-    ``on_storage_error`` (also the checkpoint writer's thread) and ``on_final`` (the thread that asked for the
-    save: the scheduler's). For a device in a worker process or Ray actor (``rapidfire_nb.devices``) they run on
-    that device's reader thread (``rapidfire-worker-<device>``) or drain thread (``rapidfire-ray-<device>``).
+    Threads: in one process (``TorchExecutor``) every callback runs on the executor's device thread, except
+    ``on_storage_error``, which a failed checkpoint write calls on the checkpoint writer's thread and a failed
+    final save on the thread that reported the run's end (the scheduler's). For a device in a worker process or
+    Ray actor (``rapidfire_nb.devices``) the kernel's callbacks run on that device's reader thread
+    (``rapidfire-worker-<device>``) or drain thread (``rapidfire-ray-<device>``), and ``on_final`` also on the
+    scheduler's thread (a finished run's folder is handed on before ``on_status`` returns).
 
     Attributes:
         metric_sink: ``metric_sink(run_id, step, samples_seen, logs)`` for every TRL log call of a run: ``step`` the

@@ -15,7 +15,7 @@ from rapidfire_nb.errors import ConfigError
 
 from .formats import FROM_VALUE, IDS, RowFormat, row_problem
 
-__all__ = ["ColumnRules", "prepare_dataset", "rows_dropped"]
+__all__ = ["ColumnRules", "note_dropped_rows", "prepare_dataset", "rows_dropped"]
 
 
 class ColumnRules(Protocol):
@@ -229,3 +229,28 @@ def rows_dropped(what: str, given: Any, kept: Any, args: Any) -> str | None:
             "truncation_mode='keep_end'"
         )
     return f"{what}: the trainer dropped {n - left} of {n} rows after tokenizing them: {why}"
+
+
+def note_dropped_rows(
+    trainer: Any, train_ds: Any, eval_ds: Any, args: Any, note: Callable[[str], None]
+) -> None:
+    """Say :func:`rows_dropped`'s note for a built trainer's train rows, then its eval rows (TRL drops the rows
+    whose prompt fills ``max_length``).
+
+    Args:
+        trainer: the run's built TRL trainer (its ``train_dataset``/``eval_dataset`` as it prepared them).
+        train_ds: the training rows it was given (after ``formatting_func``).
+        eval_ds: the eval rows it was given, or None.
+        args: the run's TRL config.
+        note: gets each note (a line for the user).
+
+    Raises:
+        ConfigError: every row of one dataset was dropped.
+    """
+    for what, given, kept in (
+        ("train_dataset", train_ds, trainer.train_dataset),
+        ("eval_dataset", eval_ds, trainer.eval_dataset),
+    ):
+        text = rows_dropped(what, given, kept, args)
+        if text:
+            note(text)

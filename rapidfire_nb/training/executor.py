@@ -9,11 +9,8 @@ trains at any moment.
 
 from __future__ import annotations
 
-import copy
 import itertools
-import json
 import logging
-import shutil
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -22,32 +19,33 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from kernel_scheduler import ChunkPlan, ChunkPlanError, Executor, RunStart, SegmentResult, check_device
-from rapidfire_nb import schema
+from kernel_scheduler import ChunkPlan, Executor, RunStart, SegmentResult, check_device
 from rapidfire_nb.errors import ConfigError, StorageError, storage_error
 from rapidfire_nb.spec import LeafConfig, build_lora_config, build_training_args
 from rapidfire_nb.spec.bundles import GroupSettings, TrainingCallbacks
 
 from .adapters import activate_adapter
-from .checkpoint import (
-    WARM_START_PREFIX,
-    BoundarySnapshot,
-    CheckpointWriter,
-    Snapshotter,
-    restore_counters,
-)
-from .data import prepare_dataset, rows_dropped
+from .checkpoint import WARM_START_PREFIX, BoundarySnapshot, CheckpointWriter, Snapshotter, restore_counters
+from .data import note_dropped_rows, prepare_dataset
 from .device import DeviceThread
 from .garbage import TrainStartCollections
-from .generation_eval import attach_generation_eval
-from .generation_spec import check_generation_eval, generation_enabled
+from .generation_eval import maybe_attach_generation_eval
+from .generation_spec import check_generation_eval
 from .kinds import TrainerKind, get_kind
-from .models import BaseModels, SharedBase, attach_run_model, count_flos_alone, load_trained_weights
+from .models import (
+    BaseModels,
+    SharedBase,
+    attach_run_model,
+    install_lora_extras,
+    load_final_weights,
+    save_final_weights,
+)
 from .offload import Parked, park, unpark
-from .own_params import OwnParameters, skip_redundant_train
+from .own_params import OwnParameters
 from .quiet import quiet_libraries
 from .rng import capture_rng
-from .worker import HandoffClock, RunWorker
+from .warm_start import checkpoint_step, keep_own_hyperparameters, start_at, warm_snapshot
+from .worker import HandoffClock, RunHooks, RunWorker
 
 __all__ = ["TorchExecutor"]
 
@@ -237,23 +235,10 @@ class TorchExecutor(Executor):
         return self.device.run(lambda: self._save_final(run_id))
 
     def _save_final(self, run_id: int) -> Path:
-        from rapidfire_nb._atomic import atomic_dir
-
         run = self._runs[run_id]
         target = run.run_dir / "final"
-        model = run.worker.trainer.model
-        tok = run.worker.trainer.processing_class
-        with atomic_dir(target) as tmp:
-            if run.adapter is not None:
-                model.save_pretrained(str(tmp), selected_adapters=[run.adapter])
-                sub = Path(tmp) / run.adapter
-                if sub.is_dir():  # PEFT saves non-"default" adapters in a subfolder: flatten it
-                    for p in sub.iterdir():
-                        shutil.move(str(p), str(Path(tmp) / p.name))
-                    sub.rmdir()
-            else:
-                model.save_pretrained(str(tmp))
-            tok.save_pretrained(str(tmp))
+        trainer = run.worker.trainer
+        save_final_weights(trainer.model, trainer.processing_class, run.adapter, target)
         run.final_dir = target
         self.callbacks.on_final(run_id, target)
         return target
@@ -279,15 +264,7 @@ class TorchExecutor(Executor):
             spec, final_dir = run.spec, run.final_dir
         elif spec is None or final_dir is None or not Path(final_dir).is_dir():
             raise ConfigError(f"run {run_id} has no saved final weights to load")
-        model, tok = self.models.create(spec.model_config_dict())
-        if spec.lora is not None:  # the run's own adapter on a fresh base
-            from peft import PeftModel
-
-            model = PeftModel.from_pretrained(model, str(final_dir))
-        else:  # full fine-tuning, also of a model carrying the user's own adapter layers
-            model = load_trained_weights(model, Path(final_dir))
-        model.eval()
-        return model, tok
+        return load_final_weights(self.models, spec, Path(final_dir))
 
     # ------------------------------------------------------------------ internals
     def _write_failed(self, exc: BaseException, folder: Path) -> None:
@@ -307,69 +284,46 @@ class TorchExecutor(Executor):
         args, train_ds, eval_ds, lora = self._inputs(spec, run_dir)
         base = self.models.base_for(spec, args, run_id)
         model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
-        trainer = self._build_trainer(spec, model, adapter, base.tokenizer, args, train_ds, eval_ds)
-        own = None
-        if adapter is not None:
-            count_flos_alone(trainer, adapter)  # total_flos as a plain run's: not the other runs' adapters
-            # clip and zero_grad walk its own parameters, not every adapter's; the step's model.train() returns
-            # at once when nothing changes
-            own = OwnParameters(trainer)
-            own.install()
-            skip_redundant_train(trainer.model)
-        for what, given, kept in (
-            ("train_dataset", train_ds, trainer.train_dataset),
-            ("eval_dataset", eval_ds, trainer.eval_dataset),
-        ):
-            note = rows_dropped(what, given, kept, args)  # TRL drops rows whose prompt fills max_length
-            if note:
-                self._note(f"run {run_id}: {note}")
+        trainer = self.kind.build_trainer(
+            spec, model, adapter, base.tokenizer, args, (train_ds, eval_ds), self.models
+        )
+        own = install_lora_extras(trainer, adapter) if adapter is not None else None
+        note_dropped_rows(trainer, train_ds, eval_ds, args, lambda text: self._note(f"run {run_id}: {text}"))
         if eval_ds is not None:
             self._eval_metrics_seen(self.kind.eval_metric_names(trainer))  # e.g. GRPO's eval rewards
-            if generation_enabled(spec.compute_metrics, spec.generation_config):
-                attach_generation_eval(
-                    trainer,
-                    base.tokenizer,
-                    eval_ds,
-                    spec,
-                    samples=self.group.eval_generation_samples,
-                    seed=self.group.seed,
-                    on_metric_names=self._eval_metrics_seen,
-                    note=lambda text: self._note(f"run {run_id}: {text}"),
-                )
+            maybe_attach_generation_eval(
+                trainer,
+                base.tokenizer,
+                eval_ds,
+                spec,
+                self.group,
+                self._eval_metrics_seen,
+                lambda text: self._note(f"run {run_id}: {text}"),
+            )
         initial_rng = capture_rng()
-        plan = self._plan(run_id, trainer)
+        plan = self.kind.plan_run(trainer, self.group.num_chunks, run_id)
         resume, start = self._start_position(run_id, trainer, adapter, plan, run_dir, warm_from, resume_from)
         if resume is not None:
             restore_counters(trainer, resume)  # e.g. TRL's num_tokens goes on counting from the checkpoint
-
-        def activate(run_id: int = run_id) -> None:
-            self._activate(run_id)
-
         worker = RunWorker(
             run_id,
             trainer,
             plan,
             self.device,
-            activate=activate,
-            on_boundary=lambda step, rng, rid=run_id: self._on_boundary(rid, step, rng),
-            on_log=lambda step, logs, rid=run_id: self._on_log(rid, step, logs),
+            RunHooks(
+                activate=lambda: self._activate(run_id),
+                on_boundary=lambda step, rng: self._on_boundary(run_id, step, rng),
+                on_log=lambda step, logs: self._on_log(run_id, step, logs),
+            ),
             initial_rng=initial_rng,
             eval_at_boundaries=eval_ds is not None,
             resume_from_checkpoint=resume,
             clock=self.handoffs,
             collections=self.collections,
         )
+        snapshotter = Snapshotter(run_id, trainer, adapter)
         self._runs[run_id] = _Run(
-            run_id,
-            spec,
-            self.kind,
-            base,
-            adapter,
-            worker,
-            plan,
-            run_dir,
-            Snapshotter(run_id, trainer, adapter),
-            own=own,
+            run_id, spec, self.kind, base, adapter, worker, plan, run_dir, snapshotter, own=own
         )
         return start
 
@@ -391,26 +345,6 @@ class TorchExecutor(Executor):
             self._note(n)
         return args, train_ds, eval_ds, build_lora_config(spec)
 
-    def _plan(self, run_id: int, trainer: Any) -> ChunkPlan:
-        geo = self.kind.step_geometry(trainer)
-        if (
-            geo.total_steps > schema.MAX_STEPS
-        ):  # max_steps is bounded by the schema; epochs x data is known here
-            raise ConfigError(
-                f"num_train_epochs={trainer.args.num_train_epochs:g} x {geo.steps_per_epoch} optimizer steps per "
-                f"epoch = {geo.total_steps:,} steps (run {run_id}), more than the {schema.MAX_STEPS:,} rapidfire_nb "
-                "accepts; lower num_train_epochs or set max_steps"
-            )
-        if geo.total_steps < 1:  # num_train_epochs=0 (or < one step's worth) with max_steps=-1
-            raise ConfigError(
-                f"run {run_id} would train 0 optimizer steps: num_train_epochs={trainer.args.num_train_epochs:g} "
-                f"with max_steps={trainer.args.max_steps}; set num_train_epochs >= 1 or max_steps >= 1"
-            )
-        try:
-            return self.kind.plan_chunks(geo, self.group.num_chunks)  # GRPO: boundaries on generation rounds
-        except ChunkPlanError as exc:
-            raise ConfigError(f"num_chunks: {exc} (run {run_id})") from exc
-
     def _start_position(
         self,
         run_id: int,
@@ -423,17 +357,11 @@ class TorchExecutor(Executor):
     ) -> tuple[str | None, RunStart]:
         """Where the run starts: ``(checkpoint folder to resume from or None, RunStart)``."""
         if resume_from is not None:
-            step = _checkpoint_step(resume_from)
             if Path(resume_from).name.startswith(
                 WARM_START_PREFIX
             ):  # a warm clone restarted before its 1st chunk
-                _keep_own_hyperparameters(trainer)
-            return str(resume_from), RunStart(
-                plan=plan,
-                step=step,
-                segments_done=plan.segments_done_at(step),
-                samples_seen=plan.samples_seen(step),
-            )
+                keep_own_hyperparameters(trainer)
+            return str(resume_from), start_at(plan, checkpoint_step(resume_from))
         if warm_from is not None:
             return self._warm_start(run_id, warm_from, trainer, adapter, plan, run_dir)
         return None, RunStart(plan=plan)
@@ -445,82 +373,16 @@ class TorchExecutor(Executor):
 
         The clone's trainer resumes from it (TRL/transformers' own resume: data position, global step, RNG,
         adapter weights, AdamW moments) and keeps its OWN hyperparameters: learning rate schedule, weight decay,
-        betas (see ``_keep_own_hyperparameters``).
+        betas (see :func:`~rapidfire_nb.training.warm_start.keep_own_hyperparameters`).
         """
         from .checkpoint import write_snapshot
 
-        parent = self._runs.get(parent_id)
-        if parent is None or parent.last is None:
-            raise ConfigError(f"run {parent_id} has no completed chunk to warm-start from")
-        snap = parent.last
-        if (parent.adapter is None) != (adapter is None):
-            raise ConfigError("a warm start needs the same kind of training (LoRA or full) as the parent")
-        if snap.step >= plan.total_steps:
-            raise ConfigError(
-                f"the clone's total steps ({plan.total_steps}) must exceed the parent's position "
-                f"(step {snap.step}); raise max_steps"
-            )
-        if (plan.rows_per_step, plan.steps_per_epoch) != (
-            parent.plan.rows_per_step,
-            parent.plan.steps_per_epoch,
-        ):
-            raise ConfigError("the clone batches data differently from its parent; use a cold clone")
-        if adapter is not None:
-            own = trainer.model.peft_config[adapter]
-            snap = copy.copy(snap)
-            snap.adapter_config = copy.deepcopy(own)  # the clone's own lora_alpha / lora_dropout
+        snap = warm_snapshot(self._runs.get(parent_id), parent_id, trainer, adapter, plan)
         target = run_dir / f"{WARM_START_PREFIX}{parent_id}-step-{snap.step}"
         run_dir.mkdir(parents=True, exist_ok=True)
         write_snapshot(snap, target)
-        _keep_own_hyperparameters(trainer)
-        start = RunStart(
-            plan=plan,
-            step=snap.step,
-            segments_done=plan.segments_done_at(snap.step),
-            samples_seen=plan.samples_seen(snap.step),
-        )
-        return str(target), start
-
-    def _build_trainer(
-        self,
-        spec: LeafConfig,
-        model: Any,
-        adapter: str | None,
-        tokenizer: Any,
-        args: Any,
-        train_ds: Any,
-        eval_ds: Any,
-    ) -> Any:
-        kind = self.kind
-        with kind.building(model, adapter):  # e.g. DPO/GRPO on a shared PeftModel (reference = base)
-            cls = kind.trainer_class()
-            kwargs: dict[str, Any] = {
-                "model": model,
-                "args": args,
-                "train_dataset": train_ds,
-                "eval_dataset": eval_ds,
-                "processing_class": tokenizer,
-            }
-            if (
-                spec.compute_metrics is not None
-                and not generation_enabled(spec.compute_metrics, spec.generation_config)
-            ):  # alone it goes to the TRL trainer (as in rapidfireai); with generation_config it scores generations
-                kwargs["compute_metrics"] = spec.compute_metrics
-            kwargs.update(kind.trainer_kwargs(spec, model, args, self.models))  # reward_funcs, DPO ref_model
-            try:
-                trainer = cls(**kwargs)
-            except ConfigError:
-                raise
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(
-                    f"{cls.__name__} rejected the config or data: {type(exc).__name__}: {exc}"
-                ) from exc
-            from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-            trainer.remove_callback(PrinterCallback)  # rapidfire_nb prints one line per chunk instead
-            trainer.remove_callback(ProgressCallback)
-        kind.after_build(trainer)  # remember the forward this trainer patched in (per-run settings)
-        return trainer
+        keep_own_hyperparameters(trainer)
+        return str(target), start_at(plan, snap.step)
 
     def _eval_metrics_seen(self, names: list[str]) -> None:
         from .generation_spec import GENERATION_SECONDS
@@ -562,34 +424,3 @@ class TorchExecutor(Executor):
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:
         run = self._runs[run_id]
         self.callbacks.metric_sink(run_id, step, run.plan.samples_seen(step), logs)
-
-
-def _checkpoint_step(folder: Path) -> int:
-    """The global step of a ``checkpoint-<step>`` folder (from its trainer_state.json)."""
-    state = json.loads((Path(folder) / "trainer_state.json").read_text())
-    return int(state["global_step"])
-
-
-def _keep_own_hyperparameters(trainer: Any) -> None:
-    """After transformers loads a parent's optimizer/scheduler state, put back the clone's own hyperparameters.
-
-    ``Optimizer.load_state_dict`` also loads the parent's param-group values (lr, weight_decay, betas, eps) and
-    ``LambdaLR.load_state_dict`` the parent's ``base_lrs``; the clone must train with its own config, so the
-    learning rate at step s is the clone's schedule at step s: ``base_lr_clone * lambda_clone(s)``.
-    """
-    original = trainer._load_optimizer_and_scheduler
-
-    def load_then_restore(checkpoint: Any) -> None:
-        opt, sched = trainer.optimizer, trainer.lr_scheduler
-        own_groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
-        own_base = list(getattr(sched, "base_lrs", []))
-        original(checkpoint)
-        for group, own in zip(opt.param_groups, own_groups):
-            group.update(own)
-        if own_base and hasattr(sched, "lr_lambdas"):
-            sched.base_lrs = own_base
-            for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
-                group["lr"] = base * lam(sched.last_epoch)
-            sched._last_lr = [g["lr"] for g in opt.param_groups]
-
-    trainer._load_optimizer_and_scheduler = load_then_restore

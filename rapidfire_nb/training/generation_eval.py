@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from rapidfire_nb.spec.bundles import GroupSettings
+
 from .generation_spec import (
     GENERATION_SECONDS,
     EvalExample,
@@ -33,7 +35,7 @@ from .generation_spec import (
 )
 from .rng import capture_rng, restore_rng
 
-__all__ = ["GenerationEvaluator", "attach_generation_eval", "install"]
+__all__ = ["GenerationEvaluator", "attach_generation_eval", "install", "maybe_attach_generation_eval"]
 
 
 def _tokenizer(processing_class: Any) -> Any:
@@ -219,3 +221,40 @@ def attach_generation_eval(
             "for generation (set generation_config['max_input_length'] to change it)"
         )
     install(trainer, evaluator)
+
+
+def maybe_attach_generation_eval(
+    trainer: Any,
+    tokenizer: Any,
+    eval_ds: Any,
+    spec: Any,
+    group: GroupSettings,
+    on_metric_names: Callable[[list[str]], None],
+    note: Callable[[str], None],
+) -> bool:
+    """:func:`attach_generation_eval` for a run that evaluates by generating (``compute_metrics`` and
+    ``generation_config`` both set); nothing for another.
+
+    Args:
+        trainer, tokenizer, eval_ds, spec, on_metric_names, note: as :func:`attach_generation_eval`'s.
+        group: the config group's settings (``eval_generation_samples``: eval rows generated for, None: all;
+            ``seed``: the sample's seed).
+
+    Returns:
+        True when it was attached.
+    """
+    from .generation_spec import generation_enabled
+
+    if not generation_enabled(spec.compute_metrics, spec.generation_config):
+        return False
+    attach_generation_eval(
+        trainer,
+        tokenizer,
+        eval_ds,
+        spec,
+        samples=group.eval_generation_samples,
+        seed=group.seed,
+        on_metric_names=on_metric_names,
+        note=note,
+    )
+    return True

@@ -19,6 +19,8 @@ from typing import Any
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.spec import LeafConfig
 
+from .own_params import OwnParameters, skip_redundant_train
+
 __all__ = [
     "SHARED_MODEL_FIELDS",
     "BaseModels",
@@ -26,8 +28,11 @@ __all__ = [
     "SharedBase",
     "adapter_layer_names",
     "count_flos_alone",
+    "install_lora_extras",
+    "load_final_weights",
     "load_trained_weights",
     "own_base_reason",
+    "save_final_weights",
 ]
 
 SHARED_MODEL_FIELDS: tuple[str, ...] = (
@@ -398,3 +403,80 @@ def _check_keys(folder: Path, unexpected: list[str], missing: list[str]) -> None
             f"the weights saved in {folder} do not fit the model create_model_fn returns now (left over: "
             f"{unexpected[:3]}, missing: {missing[:3]}); load them yourself with safetensors"
         )
+
+
+def install_lora_extras(trainer: Any, adapter: str) -> OwnParameters:
+    """Fit a LoRA run's trainer to the shared base: it counts and walks its own parameters only.
+
+    ``total_flos`` counts the base and this adapter as a plain run's would (:func:`count_flos_alone`); gradient
+    clipping and ``zero_grad`` walk the run's own parameters instead of every adapter's
+    (:class:`~rapidfire_nb.training.own_params.OwnParameters`, installed here; the executor calls its
+    ``activate`` at every handover); the step's ``model.train()`` returns at once when no module's mode changes
+    (:func:`~rapidfire_nb.training.own_params.skip_redundant_train`). Call it on the device thread, right after
+    the trainer is built.
+
+    Args:
+        trainer: the run's TRL trainer (its ``model`` is the shared ``PeftModel``).
+        adapter: the run's adapter name on that base (``run_<id>``).
+
+    Returns:
+        The run's installed ``OwnParameters``.
+    """
+    count_flos_alone(trainer, adapter)
+    own = OwnParameters(trainer)
+    own.install()
+    skip_redundant_train(trainer.model)
+    return own
+
+
+def save_final_weights(model: Any, tokenizer: Any, adapter: str | None, target: Path) -> None:
+    """Save a run's weights and tokenizer with ``save_pretrained`` into ``target``, atomically (a complete folder
+    or none).
+
+    Args:
+        model: the run's model (the shared ``PeftModel`` for a LoRA run).
+        tokenizer: its tokenizer or processor.
+        adapter: the run's adapter name (only that adapter is saved, flat in ``target`` as a plain PEFT run's),
+            or None for full fine-tuning (every weight saved).
+        target: the folder (``runs/<id>/final``); replaced if it exists.
+
+    Raises:
+        OSError: the write failed (the previous folder, if any, stays).
+    """
+    import shutil
+
+    from rapidfire_nb._atomic import atomic_dir
+
+    with atomic_dir(target) as tmp:
+        if adapter is not None:
+            model.save_pretrained(str(tmp), selected_adapters=[adapter])
+            sub = Path(tmp) / adapter
+            if sub.is_dir():  # PEFT saves non-"default" adapters in a subfolder: flatten it
+                for p in sub.iterdir():
+                    shutil.move(str(p), str(Path(tmp) / p.name))
+                sub.rmdir()
+        else:
+            model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+
+
+def load_final_weights(models: ModelProvider, spec: LeafConfig, final_dir: Path) -> tuple[Any, Any]:
+    """A fresh ``(model, tokenizer)`` from ``create_model_fn`` carrying a run's saved final weights, in eval mode.
+
+    Args:
+        models: where the fresh model comes from (``models.create``).
+        spec: the run's spec (its model config; ``lora`` set: the folder holds its adapter).
+        final_dir: the run's ``final`` folder (:func:`save_final_weights`).
+
+    Raises:
+        ConfigError: ``create_model_fn`` failed, or the saved weights do not fit the model.
+    """
+    model, tok = models.create(spec.model_config_dict())
+    if spec.lora is not None:  # the run's own adapter on a fresh base
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(final_dir))
+    else:  # full fine-tuning, also of a model carrying the user's own adapter layers
+        model = load_trained_weights(model, Path(final_dir))
+    model.eval()
+    return model, tok

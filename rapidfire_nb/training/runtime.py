@@ -32,14 +32,6 @@ def load_final_model(create_model_fn: Callable[[dict], Any], spec: Any, final_di
     the shared disk; the model is built here with ``create_model_fn``, then the run's adapter (LoRA) or its full
     weights are loaded on it.
     """
-    from .models import BaseModels, load_trained_weights
+    from .models import BaseModels, load_final_weights
 
-    model, tok = BaseModels(create_model_fn, lambda text: None).create(spec.model_config_dict())
-    if spec.lora is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(final_dir))
-    else:
-        model = load_trained_weights(model, Path(final_dir))
-    model.eval()
-    return model, tok
+    return load_final_weights(BaseModels(create_model_fn, lambda text: None), spec, Path(final_dir))

@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from .divergence import Diverged, check_logs, watch_training_loss
 from .garbage import TrainStartCollections
 from .rng import capture_rng, restore_rng
 
-__all__ = ["HandoffClock", "RunWorker"]
+__all__ = ["HandoffClock", "RunHooks", "RunWorker"]
 
 
 class _Abort(BaseException):
@@ -83,6 +84,22 @@ class _ChunkCallback(TrainerCallback):
             check_logs(state.global_step, logs)  # ... and a NaN/inf loss, grad_norm or eval_loss ends the run
 
 
+@dataclass(frozen=True)
+class RunHooks:
+    """The executor's hooks into one run's ``train()``, all called on the device thread.
+
+    Attributes:
+        activate: called before the run trains again (after its RNG state is restored), e.g. ``set_adapter``.
+        on_boundary: ``on_boundary(step, rng_state)`` at each chunk boundary (global optimizer step ``step``),
+            before the segment's Future resolves (the executor snapshots the checkpoint there).
+        on_log: ``on_log(step, logs)`` for every TRL log call (``logs``: name -> value).
+    """
+
+    activate: Callable[[], None]
+    on_boundary: Callable[[int, dict[str, Any]], None]
+    on_log: Callable[[int, dict[str, float]], None]
+
+
 class RunWorker:
     """Drives one trainer through its segments.
 
@@ -91,10 +108,7 @@ class RunWorker:
         trainer: a constructed TRL trainer (built while the run's adapter was active).
         plan: the run's chunk plan (its ``total_steps`` is the trainer's ``max_steps``).
         device: the device thread every segment runs on.
-        activate: called (on the device thread) before the run trains again, e.g. ``set_adapter``.
-        on_boundary: ``on_boundary(step, rng_state)`` called at each chunk boundary, before the segment's
-            Future resolves (the executor snapshots the checkpoint there).
-        on_log: ``on_log(step, logs)`` for every TRL log call.
+        hooks: the executor's ``activate``, ``on_boundary`` and ``on_log`` (:class:`RunHooks`).
         initial_rng: the RNG state right after the trainer was built (restored before the first step).
         eval_at_boundaries: also evaluate at each chunk end (needs an eval dataset).
         resume_from_checkpoint: passed to ``train()`` (crash recovery and warm starts).
@@ -109,9 +123,7 @@ class RunWorker:
         trainer: Any,
         plan: ChunkPlan,
         device: DeviceThread,
-        activate: Callable[[], None],
-        on_boundary: Callable[[int, dict[str, Any]], None],
-        on_log: Callable[[int, dict[str, float]], None],
+        hooks: RunHooks,
         initial_rng: dict[str, Any],
         eval_at_boundaries: bool,
         resume_from_checkpoint: str | None = None,
@@ -122,9 +134,9 @@ class RunWorker:
         self.trainer = trainer
         self.plan = plan
         self._device = device
-        self._activate = activate
-        self._on_boundary = on_boundary
-        self.on_log = on_log
+        self._activate = hooks.activate
+        self._on_boundary = hooks.on_boundary
+        self.on_log = hooks.on_log
         self._rng = initial_rng
         self._grad_enabled = True
         self.eval_at_boundaries = eval_at_boundaries

@@ -2,7 +2,8 @@
 
 The executor trains every kind the same way and asks its kind at six points: ``precheck`` (before anything is
 built), ``trainer_kwargs`` and ``building`` (while the trainer is built), ``after_build``, ``on_activate``
-(every handover) and ``step_geometry``/``plan_chunks`` (where its chunks end). Kinds never see the executor:
+(every handover) and ``step_geometry``/``plan_chunks`` (where its chunks end). :meth:`TrainerKind.build_trainer`
+and :meth:`TrainerKind.plan_run` are the executor's calls that use them in that order. Kinds never see the executor:
 they get models through a :class:`~rapidfire_nb.training.models.ModelProvider`.
 
 Importing this module does not import torch, transformers, trl or peft.
@@ -18,8 +19,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kernel_scheduler import ChunkPlan, plan_chunks
+from kernel_scheduler import ChunkPlan, ChunkPlanError, plan_chunks
 from rapidfire_nb import schema
+from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.spec import LeafConfig
 
 from ..formats import TEXT_OR_CHAT, RowFormat
@@ -219,7 +221,99 @@ class TrainerKind(abc.ABC):
         """
         hooks.restore_forward(trainer)
 
+    def build_trainer(
+        self,
+        spec: LeafConfig,
+        model: Any,
+        adapter: str | None,
+        tokenizer: Any,
+        args: Any,
+        datasets: tuple[Any, Any],
+        models: ModelProvider,
+    ) -> Any:
+        """Construct the run's TRL trainer (on the device thread, its adapter active), as a plain run would.
+
+        ``compute_metrics`` goes to the trainer only when the run does not evaluate by generating (with
+        ``generation_config`` it scores generations instead: :mod:`~rapidfire_nb.training.generation_eval`);
+        TRL's printer and progress callbacks are removed (rapidfire_nb prints one line per chunk).
+
+        Args:
+            spec: the run spec.
+            model: the model the run trains (the shared ``PeftModel`` or its own copy).
+            adapter: the run's adapter name, or ``None`` for full fine-tuning.
+            tokenizer: the base's tokenizer or processor (``processing_class``).
+            args: the run's built TRL config.
+            datasets: ``(train rows, eval rows or None)`` after ``formatting_func``.
+            models: where :meth:`trainer_kwargs` loads or shares extra models (a DPO reference).
+
+        Raises:
+            ConfigError: the trainer rejected the config or data (its ``ValueError``/``KeyError``/``TypeError``).
+        """
+        from ..generation_spec import generation_enabled
+
+        with self.building(model, adapter):  # e.g. DPO/GRPO on a shared PeftModel (reference = base)
+            cls = self.trainer_class()
+            kwargs: dict[str, Any] = {
+                "model": model,
+                "args": args,
+                "train_dataset": datasets[0],
+                "eval_dataset": datasets[1],
+                "processing_class": tokenizer,
+            }
+            if (
+                spec.compute_metrics is not None
+                and not generation_enabled(spec.compute_metrics, spec.generation_config)
+            ):  # alone it goes to the TRL trainer (as in rapidfireai); with generation_config it scores generations
+                kwargs["compute_metrics"] = spec.compute_metrics
+            kwargs.update(self.trainer_kwargs(spec, model, args, models))  # reward_funcs, DPO ref_model
+            try:
+                trainer = cls(**kwargs)
+            except ConfigError:
+                raise
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(
+                    f"{cls.__name__} rejected the config or data: {type(exc).__name__}: {exc}"
+                ) from exc
+            from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+            trainer.remove_callback(PrinterCallback)  # rapidfire_nb prints one line per chunk instead
+            trainer.remove_callback(ProgressCallback)
+        self.after_build(trainer)  # remember the forward this trainer patched in (per-run settings)
+        return trainer
+
     # ------------------------------------------------------------------ chunks
+    def plan_run(self, trainer: Any, num_chunks: int, run_id: int) -> ChunkPlan:
+        """A built trainer's chunk plan (:meth:`step_geometry`, then :meth:`plan_chunks`), its step count checked.
+
+        Args:
+            trainer: the run's TRL trainer.
+            num_chunks: chunks per epoch.
+            run_id: the run's id (named in the messages).
+
+        Raises:
+            ConfigError: more optimizer steps than ``schema.MAX_STEPS`` (epochs x steps per epoch), none at all,
+                or ``num_chunks`` larger than the steps per epoch.
+        """
+        geo = self.step_geometry(trainer)
+        args = trainer.args
+        if (
+            geo.total_steps > schema.MAX_STEPS
+        ):  # max_steps is bounded by the schema; epochs x data is known here
+            raise ConfigError(
+                f"num_train_epochs={args.num_train_epochs:g} x {geo.steps_per_epoch} optimizer steps per "
+                f"epoch = {geo.total_steps:,} steps (run {run_id}), more than the {schema.MAX_STEPS:,} rapidfire_nb "
+                "accepts; lower num_train_epochs or set max_steps"
+            )
+        if geo.total_steps < 1:  # num_train_epochs=0 (or < one step's worth) with max_steps=-1
+            raise ConfigError(
+                f"run {run_id} would train 0 optimizer steps: num_train_epochs={args.num_train_epochs:g} "
+                f"with max_steps={args.max_steps}; set num_train_epochs >= 1 or max_steps >= 1"
+            )
+        try:
+            return self.plan_chunks(geo, num_chunks)  # GRPO: boundaries on generation rounds
+        except ChunkPlanError as exc:
+            raise ConfigError(f"num_chunks: {exc} (run {run_id})") from exc
+
     def step_geometry(self, trainer: Any) -> StepGeometry:
         """A built trainer's step geometry, exactly as ``Trainer.set_initial_training_values`` computes it.
 

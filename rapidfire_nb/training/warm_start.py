@@ -1,0 +1,103 @@
+"""Where a run starts: its position in a checkpoint, and what a warm clone takes from its parent.
+
+A run restarted from a ``checkpoint-<step>`` folder continues at that step (:func:`checkpoint_step`,
+:func:`start_at`); a warm clone starts from its parent's latest boundary snapshot (:func:`warm_snapshot` checks
+that it can) with its own hyperparameters (:func:`keep_own_hyperparameters`). The executor writes the snapshot
+as a resumable checkpoint and the clone's trainer resumes from it with TRL/transformers' own resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from kernel_scheduler import ChunkPlan, RunStart
+from rapidfire_nb.errors import ConfigError
+
+from .checkpoint import BoundarySnapshot
+
+__all__ = ["checkpoint_step", "keep_own_hyperparameters", "start_at", "warm_snapshot"]
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The global optimizer step of a ``checkpoint-<step>`` folder (from its ``trainer_state.json``).
+
+    Raises:
+        OSError: the file cannot be read. KeyError, ValueError: it holds no ``global_step``.
+    """
+    state = json.loads((Path(folder) / "trainer_state.json").read_text())
+    return int(state["global_step"])
+
+
+def start_at(plan: ChunkPlan, step: int) -> RunStart:
+    """A run that starts at global optimizer ``step`` of its ``plan`` (chunks done and rows seen up to it)."""
+    return RunStart(
+        plan=plan, step=step, segments_done=plan.segments_done_at(step), samples_seen=plan.samples_seen(step)
+    )
+
+
+def warm_snapshot(
+    parent: Any, parent_id: int, trainer: Any, adapter: str | None, plan: ChunkPlan
+) -> BoundarySnapshot:
+    """The parent's latest boundary snapshot as the warm clone starts from it (its own LoRA settings kept).
+
+    Args:
+        parent: the parent's run record in the executor (``last`` snapshot, ``adapter``, ``plan``), or None when
+            the parent is not on this executor.
+        parent_id: the parent's run id (named in the messages).
+        trainer: the clone's built trainer.
+        adapter: the clone's adapter name, or None for full fine-tuning.
+        plan: the clone's chunk plan.
+
+    Raises:
+        ConfigError: the parent has no completed chunk here, trains the other way (LoRA or full), is already at
+            or past the clone's last step, or batches data differently.
+    """
+    if parent is None or parent.last is None:
+        raise ConfigError(f"run {parent_id} has no completed chunk to warm-start from")
+    snap: BoundarySnapshot = parent.last
+    if (parent.adapter is None) != (adapter is None):
+        raise ConfigError("a warm start needs the same kind of training (LoRA or full) as the parent")
+    if snap.step >= plan.total_steps:
+        raise ConfigError(
+            f"the clone's total steps ({plan.total_steps}) must exceed the parent's position "
+            f"(step {snap.step}); raise max_steps"
+        )
+    if (plan.rows_per_step, plan.steps_per_epoch) != (parent.plan.rows_per_step, parent.plan.steps_per_epoch):
+        raise ConfigError("the clone batches data differently from its parent; use a cold clone")
+    if adapter is not None:
+        own = trainer.model.peft_config[adapter]
+        snap = copy.copy(snap)
+        snap.adapter_config = copy.deepcopy(own)  # the clone's own lora_alpha / lora_dropout
+    return snap
+
+
+def keep_own_hyperparameters(trainer: Any) -> None:
+    """After transformers loads a parent's optimizer/scheduler state, put back the clone's own hyperparameters.
+
+    ``Optimizer.load_state_dict`` also loads the parent's param-group values (lr, weight_decay, betas, eps) and
+    ``LambdaLR.load_state_dict`` the parent's ``base_lrs``; the clone must train with its own config, so the
+    learning rate at step s is the clone's schedule at step s: ``base_lr_clone * lambda_clone(s)``.
+
+    Args:
+        trainer: the clone's trainer, before ``train(resume_from_checkpoint=...)`` (its
+            ``_load_optimizer_and_scheduler`` is wrapped).
+    """
+    original = trainer._load_optimizer_and_scheduler
+
+    def load_then_restore(checkpoint: Any) -> None:
+        opt, sched = trainer.optimizer, trainer.lr_scheduler
+        own_groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        own_base = list(getattr(sched, "base_lrs", []))
+        original(checkpoint)
+        for group, own in zip(opt.param_groups, own_groups):
+            group.update(own)
+        if own_base and hasattr(sched, "lr_lambdas"):
+            sched.base_lrs = own_base
+            for group, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
+                group["lr"] = base * lam(sched.last_epoch)
+            sched._last_lr = [g["lr"] for g in opt.param_groups]
+
+    trainer._load_optimizer_and_scheduler = load_then_restore
