@@ -4,7 +4,8 @@
 passes them, often positionally. ``num_gpus`` is the number of GPUs one run trains on: here every run trains
 on one device (the runs take turns on it), so only 1 is honoured and anything else is refused before training
 (it would silently compute something else). ``monte_carlo_simulations`` tunes rapidfireai's multi-GPU schedule
-search: it has no effect here, and says so once per process. Torch-free.
+search: it has no effect here, and says so once per process. ``num_shards`` is rapidfireai 0.16.2's newer name for
+``num_chunks`` (it calls chunks "shards"): the same knob, accepted under either name. Torch-free.
 """
 
 from __future__ import annotations
@@ -14,9 +15,48 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["check_drop_in_args"]
+__all__ = ["DEFAULT_NUM_CHUNKS", "check_drop_in_args", "chunks_from_shards"]
 
 _NOTED: set[str] = set()  # the notes already said in this process
+
+DEFAULT_NUM_CHUNKS = 4
+"""``run_fit``'s default ``num_chunks``."""
+
+
+def chunks_from_shards(num_chunks: Any, num_shards: Any) -> tuple[Any, str | None]:
+    """``num_chunks`` once ``num_shards`` (rapidfireai 0.16.2's name for it) is taken into account.
+
+    Args:
+        num_chunks: ``run_fit``'s ``num_chunks`` (chunks per epoch; checked later with the other inputs).
+        num_shards: None, or the same number under rapidfireai's newer name.
+
+    Returns:
+        ``(num_chunks, note)``: ``num_shards`` when it is given, and the note to show the first time it is given in
+        this process (else None).
+
+    Raises:
+        ConfigError: ``num_shards`` is not an int, or both are given with different values.
+    """
+    if num_shards is None:
+        return num_chunks, None
+    if isinstance(num_shards, bool) or not isinstance(num_shards, numbers.Integral):
+        raise ConfigError(
+            f"num_shards must be an int (rapidfireai's name for num_chunks: chunks per epoch), got "
+            f"{type(num_shards).__name__} {num_shards!r}"
+        )
+    if num_chunks != DEFAULT_NUM_CHUNKS and num_chunks != num_shards:
+        raise ConfigError(
+            f"num_chunks={num_chunks!r} and num_shards={num_shards}: both name the chunks per epoch (rapidfireai "
+            "0.16.2 renamed num_chunks to num_shards); pass one of them"
+        )
+    note = None
+    if "num_shards" not in _NOTED:
+        _NOTED.add("num_shards")
+        note = (
+            f"num_shards={num_shards} is rapidfireai's newer name for num_chunks: {num_shards} chunks per epoch "
+            "(rapidfire_nb calls them chunks)"
+        )
+    return int(num_shards), note
 
 
 def check_drop_in_args(num_gpus: Any, monte_carlo_simulations: Any) -> str | None:

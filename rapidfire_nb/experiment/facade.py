@@ -187,6 +187,7 @@ class Experiment:
         early_stopping: Any = None,
         devices: Any = None,
         backend: str | None = None,
+        num_shards: int | None = None,
     ) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
@@ -225,6 +226,8 @@ class Experiment:
             backend: ``"local"`` (default: spawned worker processes on this machine) or ``"ray"`` (Ray actors, one
                 per device, placed with a placement group on the cluster ``ray.init`` joined; needs
                 ``pip install rapidfire_nb[ray]``).
+            num_shards: ``rapidfireai`` 0.16.2's name for ``num_chunks`` (it calls chunks "shards"): the same
+                knob (a note says so once); give one of the two.
 
         In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
         goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
@@ -253,6 +256,7 @@ class Experiment:
                 early_stopping=early_stopping,
                 devices=devices,
                 backend=backend,
+                num_shards=num_shards,
             ),
         )
 

@@ -62,6 +62,7 @@ class FitArgs:
         early_stopping: an early-stopping policy (``rapidfire_nb.automl``), or None.
         devices: where the runs train: None (every visible GPU), a count of devices, or a list of device names.
         backend: ``"local"`` (worker processes on this machine), ``"ray"``, or None (``"local"``).
+        num_shards: rapidfireai 0.16.2's name for ``num_chunks`` (chunks per epoch), or None.
     """
 
     param_config: Any
@@ -79,6 +80,7 @@ class FitArgs:
     early_stopping: Any = None
     devices: Any = None
     backend: str | None = None
+    num_shards: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from ..frontend import after_each_cell, in_kernel, thread_parent_hook
 from ..training.openmp import release_thread_team
 from . import panel_source, registry
 from .arguments import check_flag
-from .compat import check_drop_in_args
+from .compat import check_drop_in_args, chunks_from_shards
 from .inputs import FitArgs, check_fit_inputs
 from .ownership import settle_orphan, wipe
 from .start import check_group, open_session, start_message
@@ -59,7 +60,7 @@ def announce_owner(exp: Any) -> None:
 def run_fit(exp: Any, args: FitArgs) -> None:
     """Check, wire and start one ``run_fit`` of ``exp``.
 
-    Order: ``background``, ``num_gpus`` and ``monte_carlo_simulations`` are checked first; then ``exp`` must be
+    Order: ``background``, ``num_gpus``, ``monte_carlo_simulations`` and ``num_shards`` are checked first; then ``exp`` must be
     free to train (not ended, not read-only, not training, its writer lock taken); then the rest of ``args``
     (:func:`~.inputs.check_fit_inputs`) and the stored group (:func:`~.start.check_group`). Only then is anything
     built. A refusal after the lock was taken gives it back.
@@ -80,6 +81,10 @@ def run_fit(exp: Any, args: FitArgs) -> None:
     note = check_drop_in_args(args.num_gpus, args.monte_carlo_simulations)
     if note:
         exp._say(note)
+    num_chunks, note = chunks_from_shards(args.num_chunks, args.num_shards)
+    if note:
+        exp._say(note)
+    args = replace(args, num_chunks=num_chunks, num_shards=None)
     _refuse_if_busy(exp)
     background = in_kernel() if args.background is None else args.background
     held_before = _acquire_writer(exp)

@@ -72,3 +72,27 @@ def test_wrong_types_name_the_argument(exp: Any, kwargs: dict[str, Any], message
     with pytest.raises(ConfigError, match=message):
         _fit(exp, 2, **kwargs)
     assert exp.said == []
+
+
+def test_num_shards_is_rapidfireai_s_newer_name_for_num_chunks(exp: Any) -> None:
+    """Issue 34 item 10: rapidfireai 0.16.2 renamed run_fit(num_chunks=) to num_shards=; it was a bare TypeError."""
+    with pytest.raises(ConfigError, match="num_chunks must be an integer from 1 to"):
+        _fit(exp, num_shards=0)  # taken as num_chunks=0: refused by the chunk check, so it reached it
+    assert exp.said == [
+        "[rapidfire] num_shards=0 is rapidfireai's newer name for num_chunks: 0 chunks per epoch (rapidfire_nb calls "
+        "them chunks)"
+    ]
+    with pytest.raises(ConfigError, match="num_chunks must be an integer from 1 to"):
+        _fit(exp, 0, num_shards=0)  # the same value under both names
+    assert len(exp.said) == 1  # said once
+    with pytest.raises(ConfigError, match=r"num_chunks=6 and num_shards=8: both name the chunks per epoch"):
+        _fit(exp, 6, num_shards=8)
+    with pytest.raises(ConfigError, match="num_shards must be an int"):
+        _fit(exp, num_shards="8")
+
+
+def test_num_shards_sets_the_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compat, "_NOTED", set())
+    assert compat.chunks_from_shards(4, None) == (4, None)
+    assert compat.chunks_from_shards(4, 8)[0] == 8
+    assert compat.chunks_from_shards(8, 8) == (8, None)  # noted once per process
