@@ -32,6 +32,7 @@ __all__ = [
     "check_metric",
     "check_mode",
     "num",
+    "nums",
 ]
 
 EARLY_STOPPING = "early_stopping"
@@ -212,8 +213,17 @@ def check_mode(mode: Any) -> str:
     return str(mode)
 
 
-def num(value: float) -> str:
-    """A metric value for a reason sentence: 4 significant digits, ``NaN`` spelled out."""
+def num(value: float, digits: int = 4) -> str:
+    """A metric value for a reason sentence: ``digits`` significant digits, ``NaN`` spelled out."""
     if math.isnan(value):
         return "NaN"
-    return f"{value:.4g}"
+    return f"{value:.{digits}g}"
+
+
+def nums(value: float, other: float) -> tuple[str, str]:
+    """Two metric values compared in one sentence: 4 significant digits, more when 4 would print different values
+    alike ("6.144 is worse than the median 6.144"), up to the 17 that tell any two floats apart."""
+    digits = 4
+    while digits < 17 and value != other and num(value, digits) == num(other, digits):
+        digits += 1
+    return num(value, digits), num(other, digits)

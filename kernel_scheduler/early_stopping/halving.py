@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .base import num
+from .base import num, nums
 from .rungs import RungPolicy, rank, worse
 
 __all__ = ["SuccessiveHalving"]
@@ -83,9 +83,10 @@ class SuccessiveHalving(RungPolicy):
                 f"{where}: {self.metric} is NaN; the best {keep} of {len(ranked)} at this rung go on "
                 f"(cutoff {num(cutoff)})"
             )
+        shown, cutoff_shown = nums(value, cutoff)
         return (
-            f"{where}: {self.metric} {num(value)} not in the best {keep} of {len(ranked)} at this rung "
-            f"(cutoff {num(cutoff)})"
+            f"{where}: {self.metric} {shown} not in the best {keep} of {len(ranked)} at this rung "
+            f"(cutoff {cutoff_shown})"
         )
 
     def describe(self) -> str:

@@ -6,7 +6,7 @@ import math
 import statistics
 from collections.abc import Mapping
 
-from .base import num
+from .base import nums
 from .halving import _positive_int
 from .rungs import RungPolicy, worse
 
@@ -61,8 +61,9 @@ class MedianStopping(RungPolicy):
         median = statistics.median(others)
         if not worse(value, median, self.mode):
             return None
+        shown, median_shown = nums(value, median)
         return (
-            f"{where}: {self.metric} {num(value)} is worse than the median {num(median)} of the other "
+            f"{where}: {self.metric} {shown} is worse than the median {median_shown} of the other "
             f"{len(others)} runs at this chunk"
         )
 

@@ -337,3 +337,22 @@ def test_next_rung_matches_is_rung(
     for a in range(0, 18):  # the shortcut equals the scan over is_rung
         assert policy.next_rung(a, 18) == next((c for c in range(a + 1, 19) if policy.is_rung(c)), None)
     assert MedianStopping().progress()["name"] == "median stopping"
+
+
+def test_a_reason_never_prints_two_different_values_alike() -> None:
+    """Issue 34 item 9: "6.144 is worse than the median 6.144" (both rounded to 4 digits)."""
+    from kernel_scheduler.early_stopping.base import nums
+
+    assert nums(6.14412, 6.14398) == ("6.1441", "6.144")
+    assert nums(2.71, 2.43) == ("2.71", "2.43")  # 4 digits when they tell the values apart
+    assert nums(1.0, 1.0) == ("1", "1")
+    assert nums(float("nan"), 3.0) == ("NaN", "3")
+    assert nums(1.0, 1.0 + 2**-52) == ("1", "1.0000000000000002")
+    policy = MedianStopping(metric="eval_loss", min_runs=3)
+    states = [RunState(r, RunStatus.ONGOING, 1, 8) for r in (1, 2, 3)]
+    policy.on_chunk(ChunkResult(1, 1, {"eval_loss": 6.14398}), states)
+    policy.on_chunk(ChunkResult(2, 1, {"eval_loss": 6.14398}), states)
+    decisions = policy.on_chunk(ChunkResult(3, 1, {"eval_loss": 6.14412}), states)
+    assert [s.reason for s in decisions.stops] == [
+        "stopped at chunk 1/8: eval_loss 6.1441 is worse than the median 6.144 of the other 2 runs at this chunk"
+    ]
