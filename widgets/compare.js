@@ -8,7 +8,7 @@
  */
 
 import { h } from "./dom.js";
-import { fmtHparam, runColor, shortHparam } from "./format.js";
+import { fmtHparam, plotlyText, runColor, shortHparam } from "./format.js";
 import { latestValues } from "./rank.js";
 
 /** @typedef {import("./state.js").State} State */
@@ -27,14 +27,15 @@ export function parcoordsData(state, metric) {
     if (raw.every((v) => typeof v === "number" && Number.isFinite(v))) {
       const logish = raw.every((v) => v > 0) && Math.max(...raw) / Math.min(...raw) >= 100;
       return logish
-        ? { label: `${shortHparam(c)} (log10)`, values: raw.map((v) => Math.log10(v)), tickformat: ".3~g" }
-        : { label: shortHparam(c), values: raw, tickformat: ".3~g" };
+        ? { label: plotlyText(`${shortHparam(c)} (log10)`), values: raw.map((v) => Math.log10(v)), tickformat: ".3~g" }
+        : { label: plotlyText(shortHparam(c)), values: raw, tickformat: ".3~g" };
     }
     const cats = [...new Set(raw.map((v) => fmtHparam(v)))].sort();
-    return { label: shortHparam(c), values: raw.map((v) => cats.indexOf(fmtHparam(v))),
-      tickvals: cats.map((_, i) => i), ticktext: cats };
+    return { label: plotlyText(shortHparam(c)), values: raw.map((v) => cats.indexOf(fmtHparam(v))),
+      tickvals: cats.map((_, i) => i), ticktext: cats.map(plotlyText) };
   });
-  dims.push({ label: metric, values: runs.map((r) => /** @type {number} */ (values.get(r.run_id))), tickformat: ".4~g" });
+  dims.push({ label: plotlyText(metric), values: runs.map((r) => /** @type {number} */ (values.get(r.run_id))),
+    tickformat: ".4~g" });
   const n = runs.length;
   const colorscale = n > 1 ? runs.flatMap((r, i) => [[i / n, runColor(r.run_id)], [(i + 1) / n, runColor(r.run_id)]])
     : [[0, runColor(runs[0]?.run_id ?? 1)], [1, runColor(runs[0]?.run_id ?? 1)]];

@@ -94,6 +94,15 @@ export function fmtClock(t) {
   return new Date(t * 1000).toLocaleTimeString("en-GB", { hour12: false });
 }
 
+/**
+ * Text for a plotly label, tick or title: plotly reads a pseudo-HTML subset there (`<a href>`, `<b>`, `<br>`), so a
+ * name or value holding `<a href=...>` would become a live link. `&`, `<` and `>` are written as entities, which
+ * plotly shows as the characters themselves. @param {string} text
+ */
+export function plotlyText(text) {
+  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
 /** A short column title for a hyperparameter name (lr, lora r, ...). @param {string} name */
 export function shortHparam(name) {
   if (HPARAM_SHORT[name]) return HPARAM_SHORT[name];
