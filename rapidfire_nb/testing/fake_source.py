@@ -46,8 +46,8 @@ class FakeSource:
         steps_per_tick: optimizer steps the run on the device makes per :meth:`step`.
         tick_s: seconds between two steps of the background thread.
         eval_every: steps between two ``eval_loss`` points.
-        fail_run: a run id that fails (FAILED, with an out-of-memory error) at ``fail_at_step``.
-        fail_at_step: the step at which ``fail_run`` fails (default: half way).
+        fail: ``(run id, step)``: that run fails (FAILED, with an out-of-memory error) at that optimizer step
+            (``None``: half way); ``None``: no run fails.
         experiment: the experiment name shown in the header.
         seed: seeds the simulated noise.
         start: step in a background thread (else call :meth:`step` yourself).
@@ -62,8 +62,7 @@ class FakeSource:
         steps_per_tick: int = 1,
         tick_s: float = 0.05,
         eval_every: int = 20,
-        fail_run: int | None = None,
-        fail_at_step: int | None = None,
+        fail: tuple[int, int | None] | None = None,
         experiment: str = "fake-sft",
         seed: int = 0,
         start: bool = True,
@@ -87,6 +86,7 @@ class FakeSource:
         self._log = Recorder()  # the ops log, and the scheduler loop turns
         # its own device: a source left open (its fake segment never resolved) holds up no other scheduler
         self._sched = Scheduler(self._fake, listener=self._log, idle_poll_s=0.05, arbiter=DeviceArbiter())
+        fail_run, fail_at = fail if fail is not None else (None, None)
         for i in range(num_runs):
             hp = {
                 "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -95,8 +95,8 @@ class FakeSource:
                 "lora.lora_alpha": 32,
                 "per_device_train_batch_size": _BATCHES[i % len(_BATCHES)],
             }
-            fail = (fail_at_step or total_steps // 2) if fail_run == i + 1 else None
-            self._sched.add_run(i + 1, self._spec(hp, fail))
+            at = (fail_at or total_steps // 2) if fail_run == i + 1 else None
+            self._sched.add_run(i + 1, self._spec(hp, at))
         self._sched.start()
         self._settle(0)
         self._stop = threading.Event()
@@ -303,7 +303,10 @@ class FakeSource:
 def _main() -> None:  # pragma: no cover - demo
     from rapidfire_nb.progress import TextProgress
 
-    with FakeSource(3, total_steps=40, steps_per_tick=2, tick_s=0.02, fail_run=3) as src, TextProgress(src):
+    with (
+        FakeSource(3, total_steps=40, steps_per_tick=2, tick_s=0.02, fail=(3, None)) as src,
+        TextProgress(src),
+    ):
         while any(RunStatus(r["status"]).in_rotation() for r in src.runs.values()):
             time.sleep(0.2)
         time.sleep(0.6)

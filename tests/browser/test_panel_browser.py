@@ -26,7 +26,7 @@ CELL = """\
 from rapidfire_nb.testing.fake_source import FakeSource
 from rapidfire_nb.panel import RunPanel
 source = FakeSource(4, total_steps=600, num_chunks=4, steps_per_tick=2, tick_s=0.05, eval_every=20,
-                    fail_run=4, fail_at_step=24, experiment="sft-lora-sweep")
+                    fail=(4, 24), experiment="sft-lora-sweep")
 panel = RunPanel(source)
 panel
 """

@@ -437,7 +437,7 @@ def test_front_end_module_parses_and_formats_numbers() -> None:
 
 
 def test_text_progress_prints_one_line_per_chunk() -> None:
-    src = FakeSource(2, total_steps=8, num_chunks=2, start=False, fail_run=2, fail_at_step=6)
+    src = FakeSource(2, total_steps=8, num_chunks=2, start=False, fail=(2, 6))
     out = io.StringIO()
     progress = TextProgress(src, file=out, start=False)
     progress.poll()

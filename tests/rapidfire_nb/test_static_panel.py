@@ -72,7 +72,7 @@ def _points(run_id: int, steps: range, name: str = "loss", base: float = 2.0) ->
 
 
 def test_renders_a_fake_experiment_without_a_kernel_or_network() -> None:
-    with FakeSource(4, total_steps=24, steps_per_tick=4, tick_s=0.01, fail_run=4, fail_at_step=6) as src:
+    with FakeSource(4, total_steps=24, steps_per_tick=4, tick_s=0.01, fail=(4, 6)) as src:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not all(
             r["status"] in ("COMPLETED", "FAILED") for r in src.runs.values()
