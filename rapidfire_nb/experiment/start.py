@@ -21,7 +21,7 @@ from ..spec.bundles import GroupSettings, TrainingCallbacks
 from ..stops import StopInfo, stop_history
 from .binding import SessionBinding
 from .clones import rebuild_clone_spec
-from .inputs import FitInputs, check_same_inputs, column_names
+from .inputs import FitInputs, check_same_inputs
 from .recorder import ADDED_RUNS_META_KEY, Recorder
 from .reporter import Reporter
 from .restore import FINAL_DIR, RestoreAction, RunRestore, apply_restore, plan_restore
@@ -138,7 +138,7 @@ def open_session(
         reporter,
         tracker,
         inputs.num_chunks,
-        column_names(inputs.specs),
+        inputs.columns,
         checkpoint_dir=late.checkpoint_dir,
         inbox=late.inbox_ops,
     )
