@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import difflib
 import errno
+import shutil
 import sqlite3
 from collections.abc import Iterable
+from pathlib import Path
 
 __all__ = ["ConfigError", "ExperimentError", "OpError", "StorageError", "closest_name", "storage_error"]
 
@@ -63,7 +65,39 @@ def storage_error(exc: BaseException, where: str) -> StorageError | None:
             return StorageError(where, f"{seen.strerror or seen} (errno {seen.errno})")
         if isinstance(seen, sqlite3.Error) and any(w in str(seen).lower() for w in _SQLITE_STORAGE_WORDS):
             return StorageError(where, f"SQLite: {seen}")
-        if isinstance(seen, RuntimeError) and "write" in str(seen).lower() and "file" in str(seen).lower():
-            return StorageError(where, str(seen))  # torch.save: "PytorchStreamWriter failed writing file ..."
+        if isinstance(seen, RuntimeError) and _torch_write_failed(str(seen)):
+            return StorageError(where, _torch_reason(where, str(seen)))
         seen = seen.__cause__ or seen.__context__
+    return None
+
+
+NEARLY_FULL_BYTES = 64 * 2**20
+"""Free bytes under which a failed torch write is put down to a full disk (a checkpoint is megabytes or more)."""
+
+
+def _torch_write_failed(text: str) -> bool:
+    """torch.save's writer failing: "PytorchStreamWriter failed writing file ..." or, after a short write on a full
+    disk, "[enforce fail at inline_container.cc] . unexpected pos 64 vs 0" (the file ends before its header)."""
+    low = text.lower()
+    return ("write" in low and "file" in low) or "unexpected pos" in low
+
+
+def _torch_reason(where: str, text: str) -> str:
+    """torch's words, led by "No space left on device" when the disk holding ``where`` is (nearly) full: torch
+    does not say that a short write was the disk filling up."""
+    free = free_bytes(where)
+    if free is None or free >= NEARLY_FULL_BYTES:
+        return text
+    return f"No space left on device ({free} bytes free on its disk; torch said: {text.strip()})"
+
+
+def free_bytes(where: str) -> int | None:
+    """Free bytes on the file system holding ``where`` (its nearest existing folder), or None when unknown."""
+    path = Path(where)
+    for folder in (path, *path.parents):
+        if folder.exists():
+            try:
+                return int(shutil.disk_usage(folder).free)
+            except OSError:
+                return None
     return None
