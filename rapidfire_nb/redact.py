@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["REDACTED", "first_secret_key", "is_secret_key", "omit_secrets", "redact"]
+__all__ = ["REDACTED", "first_secret_key", "hide_url_passwords", "is_secret_key", "omit_secrets", "redact"]
 
 REDACTED = "<redacted>"
 """What a secret's value is replaced by (it starts with ``<``: the page and the server never offer it as editable)."""
@@ -84,3 +84,13 @@ def first_secret_key(value: Any, path: str) -> str | None:
             if found:
                 return found
     return None
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^@\s/]+@")
+
+
+def hide_url_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it redacted (``http://alice:S3cret@host`` ->
+    ``http://alice:<redacted>@host``): an error message quoting a tracking URI (MLflow's HTTP client does) is
+    printed and stored."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:{REDACTED}@", text)

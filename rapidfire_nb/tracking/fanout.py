@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, MutableSet, Sequence
 from typing import Any
 
+from rapidfire_nb.redact import hide_url_passwords
 from rapidfire_nb.tracking.base import TrackedRun, split_name
 
 __all__ = ["WRITE_EVERY_S", "TrackerSet"]
@@ -175,8 +176,9 @@ class TrackerSet:
         self._off.add(name)
         if name in self.failures:
             return
-        self.failures[name] = f"{type(exc).__name__}: {exc}"
+        said = hide_url_passwords(f"{type(exc).__name__}: {exc}")  # MLflow quotes its URI, password included
+        self.failures[name] = said
         self._report(
-            f"{name} tracking failed ({what}: {type(exc).__name__}: {exc}); it is off for the rest of this "
+            f"{name} tracking failed ({what}: {said}); it is off for the rest of this "
             "experiment. Training, the store and the other trackers go on (get_results() has every metric)"
         )

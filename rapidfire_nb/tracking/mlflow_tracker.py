@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -59,6 +60,33 @@ _BATCH_METRICS = 1000  # MLflow's MAX_METRICS_PER_BATCH
 def default_tracking_uri(exp_dir: Path) -> str:
     """``sqlite:///<experiment>/mlflow.db`` (absolute path)."""
     return "sqlite:///" + str((Path(exp_dir) / "mlflow.db").resolve())
+
+
+PROBE_TIMEOUT_S = 3.0
+"""Seconds the tracking server of an ``http(s)`` URI has to accept a connection when MLflow tracking opens."""
+
+
+def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Check once that the server of an ``http(s)`` tracking URI accepts a TCP connection (other URIs: nothing).
+
+    MLflow's own client retries a refused connection with growing waits for minutes before it raises, holding a
+    blocking ``run_fit`` that long with nothing printed; this fails in at most ``timeout_s`` seconds instead.
+
+    Raises:
+        ConnectionError: nothing accepts connections at the URI's host and port (the URI shown without its password).
+    """
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return
+    except OSError as exc:
+        raise ConnectionError(
+            f"no MLflow tracking server answers at {shown_uri(uri)} ({exc.strerror or exc}, "
+            f"checked for {timeout_s:g} s); start it or fix MLFLOW_TRACKING_URI"
+        ) from None
 
 
 def shown_uri(uri: str) -> str:
@@ -96,6 +124,7 @@ class MlflowTracker(BackendTracker):
 
     Raises:
         ImportError: MLflow is not installed (``pip install 'rapidfire_nb[mlflow]'``).
+        ConnectionError: an ``http(s)`` URI's server refuses connections (:func:`probe_server`, within seconds).
     """
 
     name = "mlflow"
@@ -118,6 +147,7 @@ class MlflowTracker(BackendTracker):
         env_uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
         self.uri = tracking_uri or env_uri or default_tracking_uri(exp_dir)
         self.own_store = not (tracking_uri or env_uri)
+        probe_server(self.uri)  # a server that refuses connections fails now, not after minutes of retries
         self.experiment = experiment
         self._exp_dir = Path(exp_dir)
         self._client = MlflowClient(tracking_uri=self.uri)

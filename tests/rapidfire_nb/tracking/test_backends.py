@@ -18,6 +18,7 @@ from rapidfire_nb.tracking.backends import resolve_tracking
 from rapidfire_nb.tracking.base import HeldSteps
 from rapidfire_nb.tracking.fanout import TrackerSet
 from rapidfire_nb.tracking.mlflow_tracker import shown_uri
+from tests.rapidfire_nb.tracking._tracking_helpers import need
 
 
 # ============================================================================================ choosing
@@ -278,3 +279,58 @@ def test_wandb_offline_for_real_when_installed(tmp_path: Path, monkeypatch: pyte
     tracker.close()
     ids = {p.name.rsplit("-", 1)[1] for p in (tmp_path / "wandb").glob("offline-run-*")}
     assert ids == {state["runs"]["1"], state["runs"]["2"]}  # one offline run per run id
+
+
+def test_a_refusing_mlflow_server_fails_at_once_and_its_password_is_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34 item 6: a server refusing connections held a blocking run_fit ~4 minutes (MLflow's retries), and
+    the failure line printed the password of MLFLOW_TRACKING_URI."""
+    import socket
+    import time
+
+    need("mlflow")
+    from rapidfire_nb.tracking.mlflow_tracker import MlflowTracker
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:S3cretPW@127.0.0.1:{port}")
+    said: list[str] = []
+    fan = TrackerSet(
+        [("mlflow", lambda: MlflowTracker("refused", tmp_path, {}, lambda state: None))], said.append
+    )
+    started = time.monotonic()
+    fan.open()
+    assert time.monotonic() - started < 5
+    assert len(said) == 1 and "S3cretPW" not in said[0]
+    assert said[0].startswith(
+        f"mlflow tracking failed (opening it: ConnectionError: no MLflow tracking server answers at "
+        f"http://alice:<redacted>@127.0.0.1:{port} ("
+    )
+    assert fan.names == []
+    fan.close()
+
+
+def test_passwords_in_urls_are_hidden_in_any_failure_text() -> None:
+    from rapidfire_nb.redact import hide_url_passwords
+
+    text = "API request to http://alice:S3cretPW@127.0.0.1:5000/api/2.0 failed; see https://h.example/x"
+    assert hide_url_passwords(text) == (
+        "API request to http://alice:<redacted>@127.0.0.1:5000/api/2.0 failed; see https://h.example/x"
+    )
+
+    class Quoting(_Fake):
+        def log_scalars(self, *args: Any) -> None:
+            raise ConnectionError(text)  # MLflow's client quotes the URI it called
+
+    said: list[str] = []
+    fan = TrackerSet([("mlflow", lambda: Quoting("mlflow", style="trl"))], said.append)
+    fan.open()
+    fan.log_metrics(1, 1, {"loss": 1.0})
+    fan.close()
+    assert said[1] == (
+        "mlflow tracking failed (log_scalars: ConnectionError: API request to http://alice:<redacted>@127.0.0.1:5000"
+        "/api/2.0 failed; see https://h.example/x); it is off for the rest of this experiment. Training, the store "
+        "and the other trackers go on (get_results() has every metric)"
+    )
