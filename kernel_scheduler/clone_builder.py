@@ -3,8 +3,9 @@
 A clone op gets its child run id when it is submitted (the child exists from then on, NEW and ``pending``); the
 :class:`CloneBuilder` builds the child through ``Executor.add_run`` once the op is applied: a cold clone on the
 device with the least work left, a warm clone on its parent's device from the parent's latest chunk boundary. A
-warm clone of a parent with no finished chunk waits for it (while the parent is in rotation). A new run added by the
-early-stopping policy (a search's trial) is built the same way as a cold clone. A build that fails makes the child
+warm clone of a parent with no boundary to start from waits for the parent's next one while the parent trains on (in
+rotation, or moving to another device because its worker died). A new run added by the early-stopping policy (a
+search's trial) is built the same way as a cold clone. A build that fails makes the child
 FAILED with the reason and rejects the op; it never takes the loop down.
 
 Called on the scheduler thread, while no segment trains on the device built on (boundary actions). Standard
@@ -76,7 +77,7 @@ class CloneBuilder:
             assert op is not None
             with core.lock:
                 parent, child = core.runs[op.run_id], core.runs[int(op.payload["child_id"])]
-                gone = child.status is RunStatus.DELETED or not parent.status.in_rotation()
+                gone = child.status is RunStatus.DELETED or not _trains_on(parent)
             if gone or core.executor.has_boundary(op.run_id):
                 child.waiting_clone = None
                 self.apply(op)
@@ -136,11 +137,12 @@ class CloneBuilder:
         core.emit(child)
 
     def _wait_or_fail(self, op: Op, child: Run) -> None:
-        """A warm clone of a parent with no finished chunk: it waits while the parent trains, else fails."""
+        """A warm clone of a parent with no boundary to start from: it waits while the parent trains on (also
+        when the parent's worker died: it continues on another device and ends a chunk there), else fails."""
         core = self._core
         with core.lock:
             parent = core.runs[op.run_id]
-            waits = parent.status.in_rotation()
+            waits = _trains_on(parent)
             if waits:
                 child.waiting_clone = op  # waits for the parent's first boundary
                 ack = core.book.with_message(
@@ -186,3 +188,10 @@ class CloneBuilder:
             run.device = core.device_of(run.run_id)
             run.pending = False
         core.emit(run)
+
+
+def _trains_on(parent: Run) -> bool:
+    """True while ``parent`` will end another chunk: in rotation, or INTERRUPTED because its device's worker
+    died (it moves to a live device and continues from its checkpoint; a warm clone then starts from the next
+    boundary it ends there)."""
+    return parent.status.in_rotation() or (parent.status is RunStatus.INTERRUPTED and parent.lost)

@@ -22,6 +22,7 @@ from kernel_scheduler import Executor, RunStart, SegmentResult
 
 from ..errors import ConfigError
 from ..run_folder import WARM_START_PREFIX, latest_checkpoint, run_dir
+from .errors import WorkerLost
 
 __all__ = ["DevicePool"]
 
@@ -196,11 +197,17 @@ class DevicePool(Executor):
         return device is not None and self.alive(device)
 
     def checkpoint_dir(self, run_id: int) -> Path | None:
+        """The run's latest written checkpoint: its device's answer, or the disk's once that device's worker is
+        dead (also when it dies during this call: the recorder asks at every run event)."""
         device = self._where.get(run_id)
-        if device is None or not self.alive(device):
-            return latest_checkpoint(run_dir(self._exp_dir, run_id))
-        found = self._members[device].checkpoint_dir(run_id)
-        return Path(found) if found is not None else None
+        if device is not None and self.alive(device):
+            try:
+                found = self._members[device].checkpoint_dir(run_id)
+            except WorkerLost:
+                pass
+            else:
+                return Path(found) if found is not None else None
+        return latest_checkpoint(run_dir(self._exp_dir, run_id))
 
     def save_final(self, run_id: int) -> Path:
         return Path(self._members[self.device_of(run_id)].save_final(run_id))

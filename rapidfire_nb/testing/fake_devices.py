@@ -182,6 +182,9 @@ class FakeDevices(Executor):
             step = plan.boundary(done - 1) if done else 0
         with self.lock:
             self.where[run_id], self.steps[run_id] = device, step
+            self.boundaries[run_id] = (
+                False  # as a real device: no in-memory boundary until it ends a chunk there
+            )
             self.moves.append((run_id, source, device, step))
         return RunStart(plan, step, plan.segments_done_at(step), plan.samples_seen(step))
 

@@ -208,3 +208,35 @@ def test_with_early_stopping_no_run_trains_past_a_rung_that_prunes_it():
             f"run {rid} pruned at chunk {at} but trained {snap.segments_done} chunks"
         )
     assert fake.violations == []
+
+
+def test_a_warm_clone_asked_mid_chunk_waits_when_its_parent_s_worker_dies():
+    """Issue 34 item 3: a warm clone of run 2 asked mid-chunk, then run 2's worker killed: the clone failed with
+    "run 2 has no completed chunk to warm-start from and is INTERRUPTED". It waits for run 2's next boundary on
+    the device run 2 moves to, as it would without the fault, and starts there."""
+    fake = FakeDevices(("d0", "d1"), num_chunks=4, seconds_per_step={"d0": 0.01, "d1": 0.05})
+    sched, rec = _scheduler(fake, 2)  # run 1 on d0, run 2 on d1
+    asked: list[int] = []
+
+    def clone_then_kill(snap):  # listener hook, on the scheduler thread: run 2 starts its chunk 2 on d1
+        if not asked and snap.run_id == 2 and snap.on_device and snap.segments_done == 1:
+            ack = sched.submit(
+                Op(OpKind.CLONE, run_id=2, payload={"spec": FakeSpec(rows=32, batch=4), "warm_start": True})
+            )
+            asked.append(ack.new_run_id)
+            fake.kill("d1")
+
+    rec.on_run = _chain(rec.on_run, clone_then_kill)
+    sched.start()
+    assert sched.wait(timeout=30)
+    sched.close(5)
+    assert asked, "the clone was never asked"
+    child = sched.run_snapshot(asked[0])
+    assert child is not None and child.error is None, child
+    assert [s.status for s in sched.snapshot()] == [S.COMPLETED] * 3
+    assert (child.parent_id, child.warm_start, child.device) == (2, True, "d0")
+    moved = [m for m in fake.moves if m[0] == 2]
+    assert moved and moved[0][1:3] == ("d1", "d0")
+    built = [e for e in fake.events if e[0] == "add_run" and e[1] == asked[0]]
+    assert built == [("add_run", asked[0], "d0", 2, "d0")]  # warm from run 2, on the device it moved to
+    assert fake.steps[asked[0]] == 8 and [v for v in fake.violations if "dead" in v] == []

@@ -81,3 +81,26 @@ def test_a_move_exports_the_boundary_or_starts_where_the_run_started(tmp_path: P
     else:  # it never ended a chunk on cpu:0 (a new run): nothing to export, it starts on cpu:1 (step 0)
         assert log[1] == "cpu:1 add 3 from None"
     assert "cpu:0 drop 3" in log
+
+
+def test_checkpoint_dir_falls_back_to_the_disk_when_the_worker_dies_during_the_call(tmp_path: Path) -> None:
+    """Issue 34 item 3: the recorder asked a worker killed a moment before for a run's checkpoint and printed a raw
+    WorkerLost traceback. The pool answers from the disk instead."""
+    from rapidfire_nb._atomic import COMPLETE_MARKER
+    from rapidfire_nb.devices.errors import WorkerLost
+    from rapidfire_nb.run_folder import run_dir
+
+    class Dying(_Trainer):
+        def checkpoint_dir(self, run_id: int) -> Path:
+            raise WorkerLost("the worker of cpu:0 died (killed by signal 9)")
+
+    log: list[str] = []
+    pool = DevicePool({"cpu:0": Dying(log, "cpu:0", True)}, tmp_path, lambda spec, folder: (None, None))
+    pool.add_run(2, "spec", device="cpu:0")
+    assert pool.checkpoint_dir(2) is None  # nothing on disk yet
+    written = run_dir(tmp_path, 2) / "checkpoint-4"
+    written.mkdir(parents=True)
+    (written / COMPLETE_MARKER).write_text("{}")  # a complete checkpoint folder
+    (run_dir(tmp_path, 2) / "checkpoint-6").mkdir()  # half-written: no marker
+    assert pool.checkpoint_dir(2) == written
+    pool.close()
