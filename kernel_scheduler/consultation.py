@@ -117,8 +117,10 @@ class Consultation:
                 RunState(
                     r.run_id,
                     r.status,
-                    r.chunks(r.segments_done),
-                    r.chunks(r.plan.num_segments) if r.plan is not None else 0,
+                    r.chunks(r.segments_done),  # whole chunks: what it may be compared at
+                    r.plan.chunks_at(r.plan.num_segments)
+                    if r.plan is not None
+                    else 0,  # its chunks, as shown
                     exempt=core.book.exempt(r.run_id, EARLY_STOPPING),
                     exempt_through=r.exempt_through,
                 )

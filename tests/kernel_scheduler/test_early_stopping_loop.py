@@ -258,3 +258,21 @@ def test_a_run_that_ends_before_a_rung_is_no_candidate_there(harnesses: list[Har
         "early stopping: run 3 ended at step 2, inside chunk 1 (its max_steps): it is not compared at the rung after "
         "chunk 1, whose rows it did not all train on"
     ) in h.rec.notes
+
+
+def test_a_run_cut_inside_a_later_chunk_counts_all_its_chunks_in_the_reason(harnesses: list[Harness]) -> None:
+    """A fresh-user pass found "pruned at chunk 1/1" for a run planned for 2 chunks whose max_steps ends inside
+    chunk 2 (its whole chunks had been shown as its total): the reason counts its chunks as the panel does."""
+    specs = [
+        FakeSpec(rows=32, batch=2, curve=(7.0, 6.0, 5.0, 4.0)),
+        FakeSpec(rows=32, batch=2, curve=(8.0,) * 4),
+        FakeSpec(rows=32, batch=2, max_steps=6, curve=(9.0, 9.0)),  # chunk ends at 4, 8: 2 chunks, 1 whole
+    ]
+    h = Harness(specs, num_chunks=4, early_stopping=SuccessiveHalving(), idle_poll_s=0.002)
+    harnesses.append(h)
+    assert h.sched.wait(timeout=TIMEOUT)
+    assert [h.status(r) for r in (1, 2, 3)] == [S.COMPLETED, S.STOPPED, S.STOPPED]
+    assert policy_stops(h) == {
+        2: "run 2 stopped at step 4: pruned at chunk 1/4: eval_loss 8 not in the best 1 of 3 at this rung (cutoff 7)",
+        3: "run 3 stopped at step 4: pruned at chunk 1/2: eval_loss 9 not in the best 1 of 3 at this rung (cutoff 7)",
+    }
