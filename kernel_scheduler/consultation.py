@@ -112,15 +112,14 @@ class Consultation:
     def run_states(self) -> list[RunState]:
         """Every run as the early-stopping policy sees it (chunks counted over all epochs)."""
         core = self._core
+        # chunks done: whole chunks (what a run may be compared at); its total: every chunk it trains in, as shown
         with core.lock:
             return [
                 RunState(
                     r.run_id,
                     r.status,
-                    r.chunks(r.segments_done),  # whole chunks: what it may be compared at
-                    r.plan.chunks_at(r.plan.num_segments)
-                    if r.plan is not None
-                    else 0,  # its chunks, as shown
+                    r.chunks(r.segments_done),
+                    r.plan.chunks_at(r.plan.num_segments) if r.plan is not None else 0,
                     exempt=core.book.exempt(r.run_id, EARLY_STOPPING),
                     exempt_through=r.exempt_through,
                 )
