@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -101,9 +101,6 @@ class Scheduler:
         self._roster = DeviceRoster(core, self.halt)
         self._clones = CloneBuilder(core, self._roster)
         self._ops = OpApplier(core, self._clones)
-        self._started_at: dict[
-            int, tuple[float, int]
-        ] = {}  # run id -> (monotonic start, step) of its segment
         self._consultation: Consultation | None = None
         if early_stopping is not None:
             self._consultation = Consultation(
@@ -220,6 +217,12 @@ class Scheduler:
     def ack(self, op_id: str) -> OpAck | None:
         with self._core.lock:
             return self._core.book.ack(op_id)
+
+    def remember(self, acks: Iterable[OpAck]) -> None:
+        """Answers an earlier process gave (the ops log): the same op id again gets its answer, never applied twice."""
+        with self._core.lock:
+            for ack in acks:
+                self._core.book.remember(ack)
 
     def wait(self, timeout: float | None = None, chunks: int | None = None) -> bool:
         """Block until no run is left to train (or, with ``chunks=k``, every active run has done k chunks).

@@ -37,6 +37,11 @@ class OpBook:
         """The latest acknowledgement of ``op_id``, or None for an op never submitted."""
         return self._acks.get(op_id)
 
+    def remember(self, ack: OpAck) -> None:
+        """An answer given by an earlier process (the ops log after a restart): a later submission of its op id
+        gets it back and is not applied again. An op id already known here keeps its own answer."""
+        self._acks.setdefault(ack.op_id, ack)
+
     def answered(self, op_id: str) -> bool:
         """True once ``op_id`` is applied or rejected (a cancelled op is rejected: the loop skips it)."""
         ack = self._acks.get(op_id)

@@ -10,9 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kernel_scheduler import EARLY_STOPPING, StopInfo  # StopInfo: one run's stops (the scheduler's own)
+from kernel_scheduler import (
+    EARLY_STOPPING,
+    OpAck,
+    StopInfo,
+)  # StopInfo: one run's stops (the scheduler's own)
 
-__all__ = ["StopInfo", "stop_history"]
+__all__ = ["StopInfo", "answered_ops", "stop_history"]
 
 
 def stop_history(ops: Iterable[Mapping[str, Any]]) -> dict[int, StopInfo]:
@@ -39,3 +43,22 @@ def stop_history(ops: Iterable[Mapping[str, Any]]) -> dict[int, StopInfo]:
         else:
             out[run_id] = StopInfo(None, False, prev.exempt_through)
     return out
+
+
+def answered_ops(ops: Iterable[Mapping[str, Any]]) -> list[OpAck]:
+    """The applied and rejected ops of the ops log (``store.ops()``) as the acknowledgements they got, for
+    ``Scheduler.remember``: a restarted kernel answers their op ids again instead of applying them twice. Ops
+    still ``queued`` (their kernel died first) are left out: sent again, they apply."""
+    return [
+        OpAck(
+            str(op["op_id"]),
+            int(op["run_id"]),
+            str(op["kind"]),
+            str(op["state"]),
+            str(op.get("message") or ""),
+        )
+        for op in ops
+        if op.get("state") in ("applied", "rejected")
+        and isinstance(op.get("run_id"), int)
+        and op.get("op_id")
+    ]

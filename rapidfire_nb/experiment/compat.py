@@ -35,7 +35,7 @@ def chunks_from_shards(num_chunks: Any, num_shards: Any) -> tuple[Any, str | Non
         this process (else None).
 
     Raises:
-        ConfigError: ``num_shards`` is not an int, or both are given with different values.
+        ConfigError: ``num_shards`` is not an int or is below 1, or both are given with different values.
     """
     if num_shards is None:
         return num_chunks, None
@@ -43,6 +43,10 @@ def chunks_from_shards(num_chunks: Any, num_shards: Any) -> tuple[Any, str | Non
         raise ConfigError(
             f"num_shards must be an int (rapidfireai's name for num_chunks: chunks per epoch), got "
             f"{type(num_shards).__name__} {num_shards!r}"
+        )
+    if num_shards < 1:
+        raise ConfigError(
+            f"num_shards={num_shards}: it is the number of chunks per epoch (num_chunks); use 1 or more"
         )
     if num_chunks != DEFAULT_NUM_CHUNKS and num_chunks != num_shards:
         raise ConfigError(

@@ -137,14 +137,20 @@ class FitSession:
         """Check an op and hand it to the scheduler; returns its acknowledgement at once.
 
         Raises:
-            OpError: unknown op kind, unknown parent run, a change a warm start cannot take, or an ``op_id``
-                already used by another request (another kind or run; the same request again gets its ack).
+            OpError: unknown op kind, unknown parent run, a change a warm start cannot take, an ``op_id`` that is
+                not a non-empty string, or one already used by another request (another kind or run; the same
+                request again gets its ack, also one answered by an earlier kernel: the ops log).
             ConfigError: a clone whose changes are invalid (the op is not queued).
         """
         try:
             kind_e = OpKind(kind)
         except ValueError:
             raise OpError(f"unknown op {kind!r}; use stop, resume, delete or clone") from None
+        if op_id is not None and (not isinstance(op_id, str) or not op_id.strip()):
+            raise OpError(
+                f"op_id must be a non-empty string naming the request (or left out), got "
+                f"{type(op_id).__name__} {op_id!r}"
+            )
         earlier = self.scheduler.ack(op_id) if op_id else None
         if earlier is not None and (earlier.kind, earlier.run_id) != (kind_e.value, int(run_id)):
             raise OpError(

@@ -18,7 +18,7 @@ from .._atomic import is_complete_dir
 from ..errors import ExperimentError
 from ..run_folder import run_dir
 from ..spec.bundles import GroupSettings, TrainingCallbacks
-from ..stops import StopInfo, stop_history
+from ..stops import StopInfo, answered_ops, stop_history
 from .binding import SessionBinding
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs
@@ -189,7 +189,9 @@ def _new_session(
         early_stopping=inputs.early_stopping,
     )
     session = FitSession(scheduler, executor, recorder, tracker, inputs, store)
-    session.stops = stop_history(store.ops())
+    ops = store.ops()
+    session.stops = stop_history(ops)
+    scheduler.remember(answered_ops(ops))  # an op id answered by an earlier kernel is not applied again
     return session
 
 

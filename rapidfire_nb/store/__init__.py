@@ -414,7 +414,8 @@ class Store(Connections):
             raise ExperimentEndedError(
                 f"the experiment in {self.experiment_dir} has ended; its inbox is closed"
             )
-        check_op_id(conn, params[0], params[2], params[1])
+        if check_op_id(conn, params[0], params[2], params[1]):
+            return False  # answered already (the ops log): the same request again is a duplicate
         sql = "INSERT OR IGNORE INTO inbox (op_id, run_id, kind, payload, posted_at) VALUES (?, ?, ?, ?, ?)"
         return bool(conn.execute(sql, params).rowcount == 1)
 

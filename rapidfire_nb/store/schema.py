@@ -142,17 +142,27 @@ class OpIdReusedError(StoreError):
     """An op was posted with the ``op_id`` of an earlier op of another kind or run (an op id names one request)."""
 
 
-def check_op_id(conn: sqlite3.Connection, op_id: str, kind: str, run_id: int | None) -> None:
-    """Raise :class:`OpIdReusedError` when ``op_id`` names an op of another kind or run, posted to the inbox or
-    in the ops log (the same request again is a duplicate, answered as before). Source: the kernel's rule
-    (``FitSession.submit``), so REST and the kernel refuse the same case with the same words."""
+def check_op_id(conn: sqlite3.Connection, op_id: str, kind: str, run_id: int | None) -> bool:
+    """Whether ``op_id`` was already answered: True when the ops log holds this same op applied or rejected (the
+    same request again is a duplicate; nothing new is queued).
+
+    Raises:
+        OpIdReusedError: ``op_id`` names an op of another kind or run, posted to the inbox or in the ops log.
+            Source: the kernel's rule (``FitSession.submit``), so REST and the kernel refuse it in the same words.
+    """
+    answered = False
     for table in ("inbox", "ops"):
-        row = conn.execute(f"SELECT kind, run_id FROM {table} WHERE op_id = ?", (op_id,)).fetchone()
+        columns = "kind, run_id, state" if table == "ops" else "kind, run_id"
+        row = conn.execute(f"SELECT {columns} FROM {table} WHERE op_id = ?", (op_id,)).fetchone()
         if row is not None and (row["kind"], row["run_id"]) != (kind, run_id):
             raise OpIdReusedError(
                 f"op id {op_id!r} was already used by the {row['kind']} of run {row['run_id']}; an op id names one "
                 "request: leave op_id out or use a new one"
             )
+        answered = answered or (
+            row is not None and table == "ops" and row["state"] in ("applied", "rejected")
+        )
+    return answered
 
 
 class DamagedStoreError(StoreError):

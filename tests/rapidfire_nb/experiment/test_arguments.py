@@ -188,3 +188,58 @@ def test_a_cell_waiting_for_the_device_says_who_holds_it() -> None:
         ]
     finally:
         h.close()
+
+
+def test_an_op_id_answered_by_an_earlier_kernel_is_not_applied_again() -> None:
+    """A fresh-user pass: a stop with op id 'my-stop-1' applied in one kernel was applied again in the next (after a
+    resume) and its stored answer overwritten. The new kernel remembers the ops log's answers."""
+    from kernel_scheduler import OpAck
+    from rapidfire_nb.errors import OpError
+    from rapidfire_nb.experiment.session import FitSession
+    from rapidfire_nb.stops import answered_ops
+    from rapidfire_nb.testing.fakes import FakeSpec, Harness
+
+    log = [
+        {
+            "op_id": "my-stop-1",
+            "run_id": 2,
+            "kind": "stop",
+            "state": "applied",
+            "message": "run 2 stopped at step 3",
+        },
+        {"op_id": "lost", "run_id": 1, "kind": "stop", "state": "queued", "message": "stop requested"},
+    ]
+    h = Harness([FakeSpec(rows=16, batch=4), FakeSpec(rows=16, batch=4)], mode="manual")
+    h.sched.remember(answered_ops(log))
+    fit = FitSession(h.sched, h.fake, None, None, None, None)  # type: ignore[arg-type]
+    try:
+        again = fit.submit("stop", 2, op_id="my-stop-1")
+        assert again == OpAck("my-stop-1", 2, "stop", "applied", "run 2 stopped at step 3")
+        assert h.sched.run_snapshot(2).status.value != "STOPPED"  # type: ignore[union-attr]  # not stopped again
+        with pytest.raises(
+            OpError, match="op id 'my-stop-1' was already used by the stop of run 2 \\(applied\\)"
+        ):
+            fit.submit("resume", 2, op_id="my-stop-1")
+        assert (
+            fit.submit("stop", 1, op_id="lost").state == "queued"
+        )  # never applied by the dead kernel: it applies
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("op_id", [5, b"x", "", "  ", ["x"]])
+def test_an_op_id_that_is_not_a_string_is_refused(op_id: Any) -> None:
+    """A fresh-user pass: submit_op("stop", 2, op_id=5) was queued, then broke a later cancel with a TypeError."""
+    from rapidfire_nb.errors import OpError
+    from rapidfire_nb.experiment.session import FitSession
+    from rapidfire_nb.testing.fakes import FakeSpec, Harness
+
+    h = Harness([FakeSpec(rows=16, batch=4)], mode="manual")
+    fit = FitSession(h.sched, h.fake, None, None, None, None)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(OpError, match="op_id must be a non-empty string naming the request"):
+            fit.submit("stop", 1, op_id=op_id)
+        assert h.sched.run_snapshot(1).status.value != "STOPPED"  # type: ignore[union-attr]
+        assert h.rec.ops_seen == {}  # nothing was queued
+    finally:
+        h.close()

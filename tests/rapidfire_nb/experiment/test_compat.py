@@ -77,14 +77,20 @@ def test_wrong_types_name_the_argument(exp: Any, kwargs: dict[str, Any], message
 def test_num_shards_is_rapidfireai_s_newer_name_for_num_chunks(exp: Any) -> None:
     """Issue 34 item 10: rapidfireai 0.16.2 renamed run_fit(num_chunks=) to num_shards=; it was a bare TypeError."""
     with pytest.raises(ConfigError, match="num_chunks must be an integer from 1 to"):
-        _fit(exp, num_shards=0)  # taken as num_chunks=0: refused by the chunk check, so it reached it
+        _fit(
+            exp, num_chunks=10**9, num_shards=10**9
+        )  # taken as num_chunks: refused by the chunk check, so it reached it
     assert exp.said == [
-        "[rapidfire] num_shards=0 is rapidfireai's newer name for num_chunks: 0 chunks per epoch (rapidfire_nb calls "
-        "them chunks)"
+        "[rapidfire] num_shards=1000000000 is rapidfireai's newer name for num_chunks: 1000000000 chunks per epoch "
+        "(rapidfire_nb calls them chunks)"
     ]
     with pytest.raises(ConfigError, match="num_chunks must be an integer from 1 to"):
-        _fit(exp, 0, num_shards=0)  # the same value under both names
+        _fit(exp, num_shards=10**9)  # the same knob under its new name alone
     assert len(exp.said) == 1  # said once
+    with pytest.raises(
+        ConfigError, match=r"num_shards=0: it is the number of chunks per epoch \(num_chunks\)"
+    ):
+        _fit(exp, num_shards=0)  # named as given, before any note
     with pytest.raises(ConfigError, match=r"num_chunks=6 and num_shards=8: both name the chunks per epoch"):
         _fit(exp, 6, num_shards=8)
     with pytest.raises(ConfigError, match="num_shards must be an int"):

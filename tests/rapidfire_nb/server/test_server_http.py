@@ -138,6 +138,13 @@ async def test_a_reused_op_id_with_another_op_is_refused_as_in_the_kernel(
     other = {"op_id": "http-3", "kind": "stop", "run_id": 1}
     code, body = await _error(jp_fetch, *API, "live", "ops", method="POST", body=json.dumps(other))
     assert code == 409 and "already used by the delete of run 1" in body["message"]
+    same = {
+        "op_id": "http-3",
+        "kind": "delete",
+        "run_id": 1,
+    }  # the kernel answered it: a duplicate, not sent again
+    resp = await jp_fetch(*API, "live", "ops", method="POST", body=json.dumps(same))
+    assert resp.code == 202 and _json(resp)["duplicate"] is True
     assert [o["op_id"] for o in writers["live"].take_inbox_ops()] == ["http-2"]
 
 
