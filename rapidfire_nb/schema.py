@@ -100,8 +100,7 @@ def lora_config_class() -> type:
     """Return ``peft.LoraConfig`` (imports ``peft`` on first use)."""
     from peft import LoraConfig
 
-    config_class: type = LoraConfig
-    return config_class
+    return typing.cast(type, LoraConfig)  # typed or not, depending on peft's version
 
 
 @functools.cache

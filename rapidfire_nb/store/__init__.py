@@ -33,7 +33,7 @@ from .schema import (
     _pid_alive,
     _plain,
     _require_str,
-    check_op_id,
+    post_inbox_row,
 )
 
 __all__ = [
@@ -398,26 +398,15 @@ class Store(Connections):
         )
         if not self.read_only:
             with self._write() as conn:
-                return self._post(conn, params)
+                return post_inbox_row(conn, params, self.experiment_dir)
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         conn = self._connect(writable=True)  # short-lived, the only read-write one of a read-only store
         try:
             with self._write_lock, self._transaction(conn):
-                return self._post(conn, params)
+                return post_inbox_row(conn, params, self.experiment_dir)
         finally:
             conn.close()
-
-    def _post(self, conn: sqlite3.Connection, params: tuple[Any, ...]) -> bool:
-        ended = conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()
-        if ended is not None and json.loads(ended["value"]) is not None:
-            raise ExperimentEndedError(
-                f"the experiment in {self.experiment_dir} has ended; its inbox is closed"
-            )
-        if check_op_id(conn, params[0], params[2], params[1]):
-            return False  # answered already (the ops log): the same request again is a duplicate
-        sql = "INSERT OR IGNORE INTO inbox (op_id, run_id, kind, payload, posted_at) VALUES (?, ?, ?, ?, ?)"
-        return bool(conn.execute(sql, params).rowcount == 1)
 
     def mark_ended(self, at: float | None = None) -> list[dict[str, Any]]:
         """The writer ends the experiment: set meta ``ended_at`` (unix s, default now) and take every untaken inbox

@@ -165,6 +165,25 @@ def check_op_id(conn: sqlite3.Connection, op_id: str, kind: str, run_id: int | N
     return answered
 
 
+def post_inbox_row(conn: sqlite3.Connection, params: tuple[Any, ...], experiment_dir: Any) -> bool:
+    """Insert one inbox op (``params``: op id, run id, kind, payload JSON, posted at) in the caller's transaction.
+
+    Returns:
+        True if posted; False for a duplicate (the same op posted before, or answered already: the ops log).
+
+    Raises:
+        ExperimentEndedError: the experiment's kernel ended it (meta ``ended_at``).
+        OpIdReusedError: the op id names another op (:func:`check_op_id`).
+    """
+    ended = conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()
+    if ended is not None and json.loads(ended["value"]) is not None:
+        raise ExperimentEndedError(f"the experiment in {experiment_dir} has ended; its inbox is closed")
+    if check_op_id(conn, params[0], params[2], params[1]):
+        return False  # answered already (the ops log): the same request again is a duplicate
+    sql = "INSERT OR IGNORE INTO inbox (op_id, run_id, kind, payload, posted_at) VALUES (?, ?, ?, ?, ?)"
+    return bool(conn.execute(sql, params).rowcount == 1)
+
+
 class DamagedStoreError(StoreError):
     """The store file is not a readable SQLite database (damaged, truncated, or another kind of file)."""
 
