@@ -224,10 +224,13 @@ class FitSession:
             return done
         except KeyboardInterrupt:
             active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
-            reporter.say(
-                f"interrupted: stopping runs {active} at the end of their current chunk "
-                "(press interrupt again to " + ("return now)" if in_kernel() else "quit now)")
-            )
+            if (
+                active
+            ):  # after the end (flushing the trackers) nothing is training: say nothing about stopping
+                reporter.say(
+                    f"interrupted: stopping runs {active} at the end of their current chunk "
+                    "(press interrupt again to " + ("return now)" if in_kernel() else "quit now)")
+                )
             for rid in active:
                 sched.submit(Op(OpKind.STOP, rid, source="api"))
             try:

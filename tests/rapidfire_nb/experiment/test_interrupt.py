@@ -126,3 +126,34 @@ def test_ctrl_c_in_a_kernel_still_returns_false_after_the_graceful_stop(
         ]
     finally:
         h.close()
+
+
+def test_ctrl_c_once_every_run_ended_says_nothing_about_stopping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh-user pass: Ctrl-C after the runs had finished printed "stopping runs [] at the end of their current
+    chunk"."""
+    from kernel_scheduler import RunStatus
+    from rapidfire_nb.experiment import session as session_mod
+    from rapidfire_nb.experiment.reporter import Reporter
+    from rapidfire_nb.testing.fakes import TIMEOUT, FakeSpec, Harness
+
+    h = Harness([FakeSpec(rows=16, batch=4)], num_chunks=4, mode="thread")
+    assert h.sched.wait(timeout=TIMEOUT)
+    said: list[str] = []
+    real_wait = h.sched.wait
+    calls = {"n": 0}
+
+    def wait(*args: Any, **kwargs: Any) -> bool:  # interrupted while the trackers are flushed, after the end
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return real_wait(*args, **kwargs)
+
+    monkeypatch.setattr(h.sched, "wait", wait)
+    monkeypatch.setattr(session_mod, "in_kernel", lambda: True)
+    recorder = types.SimpleNamespace(flush=lambda timeout=None: True)
+    fit = session_mod.FitSession(h.sched, h.fake, recorder, None, None, None)  # type: ignore[arg-type]
+    try:
+        assert fit.wait(None, None, Reporter(printer=said.append)) is False
+        assert h.status(1) is RunStatus.COMPLETED and said == []
+    finally:
+        h.close()
