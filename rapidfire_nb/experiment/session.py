@@ -146,17 +146,8 @@ class FitSession:
             kind_e = OpKind(kind)
         except ValueError:
             raise OpError(f"unknown op {kind!r}; use stop, resume, delete or clone") from None
-        if op_id is not None and (not isinstance(op_id, str) or not op_id.strip()):
-            raise OpError(
-                f"op_id must be a non-empty string naming the request (or left out), got "
-                f"{type(op_id).__name__} {op_id!r}"
-            )
-        earlier = self.scheduler.ack(op_id) if op_id else None
-        if earlier is not None and (earlier.kind, earlier.run_id) != (kind_e.value, int(run_id)):
-            raise OpError(
-                f"op id {op_id!r} was already used by the {earlier.kind} of run {earlier.run_id} "
-                f"({earlier.state}); an op id names one request: leave op_id out or use a new one"
-            )
+        if op_id is not None:
+            self._check_op_id(op_id, kind_e, int(run_id), source)
         if kind_e is not OpKind.CLONE:
             return self.scheduler.submit(Op(kind_e, int(run_id), op_id=op_id or new_op_id(), source=source))
         request = prepare_clone(self.spec(int(run_id)), int(run_id), changes, warm_start, source)
@@ -166,6 +157,28 @@ class FitSession:
             self.recorder.record_clone(ack.new_run_id, int(run_id), request)
             self.recorder.record_editable(self.specs())
         return ack
+
+    def _check_op_id(self, op_id: Any, kind: OpKind, run_id: int, source: str) -> None:
+        """Raise OpError when ``op_id`` is not a non-empty string, or names another request: one this kernel (or an
+        earlier one: the ops log) answered, or one posted through the server and not read yet."""
+        if not isinstance(op_id, str) or not op_id.strip():
+            raise OpError(
+                f"op_id must be a non-empty string naming the request (or left out), got "
+                f"{type(op_id).__name__} {op_id!r}"
+            )
+        earlier = self.scheduler.ack(op_id)
+        if earlier is not None:
+            used = (earlier.kind, earlier.run_id, earlier.state)
+        elif source != "inbox" and self.store is not None:  # posted through the server, not taken yet
+            row = self.store.posted_op(op_id)
+            used = (row["kind"], row["run_id"], "posted through the server") if row is not None else None
+        else:
+            used = None
+        if used is not None and used[:2] != (kind.value, run_id):
+            raise OpError(
+                f"op id {op_id!r} was already used by the {used[0]} of run {used[1]} ({used[2]}); an op id names "
+                "one request: leave op_id out or use a new one"
+            )
 
     def inbox_ops(self) -> list[Op]:
         """The ops posted through the server since the last call (clones are submitted here at once)."""

@@ -434,6 +434,11 @@ class Store(Connections):
         value = self.get_meta("ended_at")
         return None if value is None else float(value)
 
+    def posted_op(self, op_id: str) -> dict[str, Any] | None:
+        """The inbox op ``op_id`` (``{"kind", "run_id", "taken_at"}``), or None when none was posted with it."""
+        rows = self._query("SELECT kind, run_id, taken_at FROM inbox WHERE op_id = ?", (op_id,))
+        return dict(rows[0]) if rows else None
+
     def take_inbox_ops(self) -> list[dict[str, Any]]:
         """Atomically mark every untaken inbox op as taken and return them, oldest first."""
         with self._write() as conn:

@@ -243,3 +243,31 @@ def test_an_op_id_that_is_not_a_string_is_refused(op_id: Any) -> None:
         assert h.rec.ops_seen == {}  # nothing was queued
     finally:
         h.close()
+
+
+def test_an_op_id_posted_through_the_server_and_not_read_yet_names_that_request(tmp_path: Path) -> None:
+    """A fresh-user pass: a stop posted over REST as 'x1', then submit_op("resume", 3, op_id="x1") in the kernel
+    before the inbox was read: the resume was answered and the REST stop silently dropped as its repeat."""
+    from rapidfire_nb.errors import OpError
+    from rapidfire_nb.experiment.session import FitSession
+    from rapidfire_nb.store import Store
+    from rapidfire_nb.testing.fakes import FakeSpec, Harness
+
+    store = Store(tmp_path / "exp")
+    assert store.post_inbox_op("x1", "stop", 3)
+    h = Harness([FakeSpec(rows=16, batch=4)] * 3, mode="manual")
+    fit = FitSession(h.sched, h.fake, None, None, None, store)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(
+            OpError, match=r"op id 'x1' was already used by the stop of run 3 \(posted through the server\)"
+        ):
+            fit.submit("resume", 3, op_id="x1")
+        assert fit.submit("stop", 3, op_id="x1").state in (
+            "queued",
+            "applied",
+        )  # the same request: it is that one
+        assert store.posted_op("x1") == {"kind": "stop", "run_id": 3, "taken_at": None}
+        assert store.posted_op("nope") is None
+    finally:
+        h.close()
+        store.close()
