@@ -16,6 +16,7 @@ Semantics (also in the README):
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ __all__ = [
     "decide",
     "expected_status",
     "new_op_id",
+    "OP_ID_PATTERN",
+    "OP_ID_RULE",
 ]
 
 
@@ -54,6 +57,14 @@ class OpState(str, Enum):
 def new_op_id() -> str:
     """A fresh op id (uuid4 hex)."""
     return uuid.uuid4().hex
+
+
+OP_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
+"""What an op id a caller gives must match (the kernel API and REST alike): 1-128 characters, letters, digits,
+``_ . : -``, starting with a letter or digit (a uuid is fine)."""
+
+OP_ID_RULE = "op_id must be 1-128 characters: letters, digits, '_', '.', ':', '-' (a uuid is fine)"
+"""The sentence that refuses an op id not matching :data:`OP_ID_PATTERN`."""
 
 
 @dataclass

@@ -168,12 +168,14 @@ class DeviceRoster:
     def _note_dead(self, dead: set[str], changed: list[Run], alive: bool) -> None:
         names = ", ".join(sorted(dead - self._noted_dead))
         self._noted_dead |= dead
-        self._core.note(
-            f"the worker of {names} died; runs {', '.join(str(r.run_id) for r in changed)} continue from "
-            "their latest checkpoints on the other devices"
-            if alive
-            else f"the worker of {names} died and no device is left: training stops"
-        )
+        runs = ", ".join(str(r.run_id) for r in changed)
+        if not alive:
+            text = f"the worker of {names} died and no device is left: training stops"
+        elif len(changed) == 1:
+            text = f"the worker of {names} died; run {runs} continues from its latest checkpoint on another device"
+        else:
+            text = f"the worker of {names} died; runs {runs} continue from their latest checkpoints on the other devices"
+        self._core.note(text)
 
     def _relocate(self, run: Run, device: str) -> None:
         """A queued move of a run whose device died (on ``device``, now free)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_scheduler import Op, OpAck, OpKind, RunSnapshot, RunStatus, Scheduler
-from kernel_scheduler.ops import new_op_id
+from kernel_scheduler.ops import OP_ID_PATTERN, OP_ID_RULE, new_op_id
 
 from ..errors import ExperimentError, OpError, StorageError, storage_error
 from ..frontend import in_kernel
@@ -161,11 +161,8 @@ class FitSession:
     def _check_op_id(self, op_id: Any, kind: OpKind, run_id: int, source: str) -> None:
         """Raise OpError when ``op_id`` is not a non-empty string, or names another request: one this kernel (or an
         earlier one: the ops log) answered, or one posted through the server and not read yet."""
-        if not isinstance(op_id, str) or not op_id.strip():
-            raise OpError(
-                f"op_id must be a non-empty string naming the request (or left out), got "
-                f"{type(op_id).__name__} {op_id!r}"
-            )
+        if not isinstance(op_id, str) or not OP_ID_PATTERN.fullmatch(op_id):  # REST's rule too
+            raise OpError(f"{OP_ID_RULE}, or left out; got {type(op_id).__name__} {op_id!r}")
         earlier = self.scheduler.ack(op_id)
         if earlier is not None:
             used = (earlier.kind, earlier.run_id, earlier.state)

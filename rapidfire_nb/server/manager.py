@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_scheduler import OpKind, RunStatus
+from kernel_scheduler.ops import OP_ID_PATTERN, OP_ID_RULE
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.paths import (
     STORE_FILENAME,
@@ -50,7 +51,6 @@ __all__ = [
 OP_KINDS = tuple(k.value for k in OpKind)
 """Op kinds accepted over HTTP (the kernel's ``OpKind`` values: stop, resume, delete, clone)."""
 
-_OP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
 _FIELD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,199}")
 _MAX_STR = 10_000
 _MAX_LIST = 1_000
@@ -205,10 +205,8 @@ def _parse_op(body: Any) -> tuple[str, str, int, dict[str, Any], bool]:
     op_id = body.get("op_id")
     if op_id is None:
         op_id = uuid.uuid4().hex
-    if not isinstance(op_id, str) or not _OP_ID_RE.fullmatch(op_id):
-        raise ApiError(
-            400, "op_id must be 1-128 characters: letters, digits, '_', '.', ':', '-' (a uuid is fine)"
-        )
+    if not isinstance(op_id, str) or not OP_ID_PATTERN.fullmatch(op_id):
+        raise ApiError(400, OP_ID_RULE)
     kind = body.get("kind")
     if kind not in OP_KINDS:
         raise ApiError(400, f"kind must be one of {', '.join(OP_KINDS)}, got {_describe(kind)}")

@@ -71,7 +71,7 @@ def test_runs_of_a_dead_device_move_to_a_live_one() -> None:
     assert (lost.status, lost.lost, lost.moving) == (RunStatus.INTERRUPTED, True, True)
     assert core.slots.pending("d1") and not halts
     assert notes.notes == [
-        "the worker of d0 died; runs 1 continue from their latest checkpoints on the other devices"
+        "the worker of d0 died; run 1 continues from its latest checkpoint on another device"
     ]
     roster.find_lost()  # told once
     assert len(notes.notes) == 1

@@ -227,9 +227,10 @@ def test_an_op_id_answered_by_an_earlier_kernel_is_not_applied_again() -> None:
         h.close()
 
 
-@pytest.mark.parametrize("op_id", [5, b"x", "", "  ", ["x"]])
+@pytest.mark.parametrize("op_id", [5, b"x", "", "  ", ["x"], "a b", "x" * 129, "é/ü", "s\n1"])
 def test_an_op_id_that_is_not_a_string_is_refused(op_id: Any) -> None:
-    """A fresh-user pass: submit_op("stop", 2, op_id=5) was queued, then broke a later cancel with a TypeError."""
+    """Fresh-user passes: submit_op("stop", 2, op_id=5) was queued, then broke a later cancel with a TypeError; ids
+    REST refuses ("a b", 129 characters) were accepted by the kernel. One rule for both (kernel_scheduler.ops)."""
     from rapidfire_nb.errors import OpError
     from rapidfire_nb.experiment.session import FitSession
     from rapidfire_nb.testing.fakes import FakeSpec, Harness
@@ -237,7 +238,9 @@ def test_an_op_id_that_is_not_a_string_is_refused(op_id: Any) -> None:
     h = Harness([FakeSpec(rows=16, batch=4)], mode="manual")
     fit = FitSession(h.sched, h.fake, None, None, None, None)  # type: ignore[arg-type]
     try:
-        with pytest.raises(OpError, match="op_id must be a non-empty string naming the request"):
+        with pytest.raises(
+            OpError, match=r"op_id must be 1-128 characters: letters, digits, .* or left out; got"
+        ):
             fit.submit("stop", 1, op_id=op_id)
         assert h.sched.run_snapshot(1).status.value != "STOPPED"  # type: ignore[union-attr]
         assert h.rec.ops_seen == {}  # nothing was queued
