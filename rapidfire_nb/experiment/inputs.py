@@ -157,9 +157,53 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
             ``devices`` / ``backend`` (:func:`check_devices`), a bad ``early_stopping``, ``early_stopping``
             given with a search that prunes its own trials, or a group that expands to no run.
     """
+    _check_numbers(args)
+    _check_datasets(args.train_dataset, args.eval_dataset)
+    param_config, eval_dataset = args.param_config, args.eval_dataset
+    if not callable(args.create_model_fn):
+        raise ConfigError("create_model_fn must be a function model_config -> (model, tokenizer)")
+    if not hasattr(param_config, "expand") or not hasattr(param_config, "trainer_type"):
+        raise ConfigError(
+            f"param_config must be RFGridSearch(configs=..., trainer_type=...) or RFRandomSearch(...), got "
+            f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one"
+        )
+    plan = check_devices(args.devices, args.backend)
+    policy = check_early_stopping(args.early_stopping, eval_dataset)
+    if isinstance(param_config, EarlyStoppingPolicy):  # a search that also prunes (RFOptuna)
+        if policy is not None:
+            raise ConfigError(
+                f"{type(param_config).__name__} prunes its own trials: leave early_stopping out (got "
+                f"{args.early_stopping!r})"
+            )
+        policy = check_early_stopping(param_config, eval_dataset, copy=False)
+        if exp_dir is not None and hasattr(param_config, "bind"):
+            param_config.bind(exp_dir, args.num_chunks)  # its study lives in the experiment folder
+    specs = tuple(param_config.expand(args.seed))
+    if not specs:
+        raise ConfigError("the config group expands to no run")
+    return FitInputs(
+        specs=specs,
+        trainer_type=str(param_config.trainer_type).upper(),
+        fingerprint=json.dumps([spec.fingerprint() for spec in specs]),
+        columns=tuple(column_names(specs)),
+        create_model_fn=args.create_model_fn,
+        train_dataset=args.train_dataset,
+        eval_dataset=eval_dataset,
+        train_data=dataset_fingerprint(args.train_dataset),
+        eval_data=dataset_fingerprint(eval_dataset),
+        num_chunks=args.num_chunks,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        eval_generation_samples=args.eval_generation_samples,
+        early_stopping=policy,
+        devices=plan,
+    )
+
+
+def _check_numbers(args: FitArgs) -> None:
+    """``num_chunks``, ``checkpoint_every``, ``eval_generation_samples`` and ``seed``, in that order (ConfigError)."""
     num_chunks, seed, checkpoint_every = args.num_chunks, args.seed, args.checkpoint_every
-    eval_generation_samples, param_config = args.eval_generation_samples, args.param_config
-    train_dataset, eval_dataset = args.train_dataset, args.eval_dataset
+    eval_generation_samples = args.eval_generation_samples
     if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or not 1 <= num_chunks <= MAX_CHUNKS:
         raise ConfigError(f"num_chunks must be an integer from 1 to {MAX_CHUNKS:,}, got {num_chunks!r}")
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
@@ -179,6 +223,10 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         raise ConfigError(
             f"seed must be an integer from 0 to {schema.MAX_SEED:,} (numpy's range), got {seed!r}"
         )
+
+
+def _check_datasets(train_dataset: Any, eval_dataset: Any) -> None:
+    """``train_dataset`` a dataset with rows, ``eval_dataset`` None or a dataset (ConfigError)."""
     if train_dataset is None:
         raise ConfigError(
             "train_dataset is required, got None: pass a datasets.Dataset with at least one row"
@@ -188,44 +236,6 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         raise ConfigError("train_dataset is empty: pass a datasets.Dataset with at least one row")
     if eval_dataset is not None:
         _check_sized(eval_dataset, "eval_dataset")
-    if not callable(args.create_model_fn):
-        raise ConfigError("create_model_fn must be a function model_config -> (model, tokenizer)")
-    if not hasattr(param_config, "expand") or not hasattr(param_config, "trainer_type"):
-        raise ConfigError(
-            f"param_config must be RFGridSearch(configs=..., trainer_type=...) or RFRandomSearch(...), got "
-            f"{type(param_config).__name__}; wrap your RFModelConfig(s) in one"
-        )
-    plan = check_devices(args.devices, args.backend)
-    policy = check_early_stopping(args.early_stopping, eval_dataset)
-    if isinstance(param_config, EarlyStoppingPolicy):  # a search that also prunes (RFOptuna)
-        if policy is not None:
-            raise ConfigError(
-                f"{type(param_config).__name__} prunes its own trials: leave early_stopping out (got "
-                f"{args.early_stopping!r})"
-            )
-        policy = check_early_stopping(param_config, eval_dataset, copy=False)
-        if exp_dir is not None and hasattr(param_config, "bind"):
-            param_config.bind(exp_dir, num_chunks)  # its study lives in the experiment folder
-    specs = tuple(param_config.expand(seed))
-    if not specs:
-        raise ConfigError("the config group expands to no run")
-    return FitInputs(
-        specs=specs,
-        trainer_type=str(param_config.trainer_type).upper(),
-        fingerprint=json.dumps([spec.fingerprint() for spec in specs]),
-        columns=tuple(column_names(specs)),
-        create_model_fn=args.create_model_fn,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        train_data=dataset_fingerprint(train_dataset),
-        eval_data=dataset_fingerprint(eval_dataset),
-        num_chunks=num_chunks,
-        seed=seed,
-        checkpoint_every=checkpoint_every,
-        eval_generation_samples=eval_generation_samples,
-        early_stopping=policy,
-        devices=plan,
-    )
 
 
 def _check_sized(dataset: Any, name: str) -> None:
