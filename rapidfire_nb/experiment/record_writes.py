@@ -33,6 +33,7 @@ __all__ = [
     "metric_numbers",
     "metric_rows",
     "store_added",
+    "store_new_run",
     "store_op",
     "store_run",
 ]
@@ -112,10 +113,9 @@ def store_op(store: Any, op: Op, ack: OpAck, now: float) -> None:
         store.update_op(op.op_id, ack.state, ack.message, applied_at=now if ack.state != "queued" else None)
 
 
-def store_added(store: Any, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
-    """Write the row of a run the early-stopping policy added (``source`` from ``info``, default ``trial``) and
-    keep ``info`` (redacted) in meta ``added_runs``: what a restarted kernel hands the policy back to rebuild it
-    (``EarlyStoppingPolicy.restore_added``)."""
+def store_new_run(store: Any, snap: RunSnapshot, source: str, **fields: Any) -> None:
+    """Write the first row of a run the store does not know: its status, its spec (config, hparams,
+    fingerprint), ``source`` (``fit``, ``trial``, ...), no progress yet, and ``fields`` (e.g. ``total_steps``)."""
     spec = snap.spec
     store.upsert_run(
         snap.run_id,
@@ -123,13 +123,20 @@ def store_added(store: Any, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
         config=spec.to_json(),
         hparams=spec.hparams(),
         fingerprint=spec.fingerprint(),
-        source=str(info.get("source") or "trial"),
-        total_steps=0,
+        source=source,
         completed_steps=0,
         chunks_done=0,
         epoch=0.0,
         samples_seen=0,
+        **fields,
     )
+
+
+def store_added(store: Any, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
+    """Write the row of a run the early-stopping policy added (``source`` from ``info``, default ``trial``) and
+    keep ``info`` (redacted) in meta ``added_runs``: what a restarted kernel hands the policy back to rebuild it
+    (``EarlyStoppingPolicy.restore_added``)."""
+    store_new_run(store, snap, str(info.get("source") or "trial"), total_steps=0)
     added = dict(store.get_meta(ADDED_RUNS_META_KEY, {}) or {})
     added[str(snap.run_id)] = redact(dict(info))
     store.set_meta(ADDED_RUNS_META_KEY, added)

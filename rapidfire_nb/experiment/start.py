@@ -22,6 +22,7 @@ from ..stops import StopInfo, answered_ops, stop_history
 from .binding import SessionBinding
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs
+from .record_writes import store_new_run
 from .recorder import ADDED_RUNS_META_KEY, Recorder
 from .reporter import Reporter
 from .restore import FINAL_DIR, RestoreAction, RunRestore, apply_restore, plan_restore
@@ -442,18 +443,4 @@ def _record_group(session: FitSession, store: Any, existing: Mapping[int, Mappin
     for snap in session.scheduler.snapshot():
         if snap.run_id in known:
             continue
-        spec = snap.spec
-        store.upsert_run(
-            snap.run_id,
-            status=snap.status.value,
-            config=spec.to_json(),
-            hparams=spec.hparams(),
-            fingerprint=spec.fingerprint(),
-            source="fit",
-            total_steps=snap.total_steps,
-            num_segments=snap.num_segments,
-            completed_steps=0,
-            chunks_done=0,
-            epoch=0.0,
-            samples_seen=0,
-        )
+        store_new_run(store, snap, "fit", total_steps=snap.total_steps, num_segments=snap.num_segments)
