@@ -92,22 +92,14 @@ def test_ctrl_c_in_a_script_parks_the_runs_and_exits_130(tmp_path: Path) -> None
     assert any(Path(run["checkpoint_dir"]).glob("*.safetensors"))  # its final weights were saved
 
 
-def test_ctrl_c_in_a_kernel_still_returns_false_after_the_graceful_stop(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from kernel_scheduler import RunStatus
+def _interrupted_once_in_a_kernel(h: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A FitSession over the harness whose first ``wait`` is interrupted, as by Ctrl-C in a kernel's cell."""
     from rapidfire_nb.experiment import session as session_mod
-    from rapidfire_nb.experiment.reporter import Reporter
-    from rapidfire_nb.testing.fakes import FakeSpec, Harness
-
-    h = Harness([FakeSpec(rows=16, batch=4)], num_chunks=4, mode="thread")
-    h.fake.delay = 0.05
-    said: list[str] = []
 
     real_wait = h.sched.wait
     calls = {"n": 0}
 
-    def wait(*args: Any, **kwargs: Any) -> bool:  # the first wait is interrupted, as by Ctrl-C in a cell
+    def wait(*args: Any, **kwargs: Any) -> bool:
         calls["n"] += 1
         if calls["n"] == 1:
             raise KeyboardInterrupt
@@ -116,7 +108,20 @@ def test_ctrl_c_in_a_kernel_still_returns_false_after_the_graceful_stop(
     monkeypatch.setattr(h.sched, "wait", wait)
     monkeypatch.setattr(session_mod, "in_kernel", lambda: True)
     recorder = types.SimpleNamespace(flush=lambda timeout=None: True)  # nothing to write here
-    fit = session_mod.FitSession(h.sched, h.fake, recorder, None, None, None)  # type: ignore[arg-type]
+    return session_mod.FitSession(h.sched, h.fake, recorder, None, None, None)
+
+
+def test_ctrl_c_in_a_kernel_still_returns_false_after_the_graceful_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kernel_scheduler import RunStatus
+    from rapidfire_nb.experiment.reporter import Reporter
+    from rapidfire_nb.testing.fakes import FakeSpec, Harness
+
+    h = Harness([FakeSpec(rows=16, batch=4)], num_chunks=4, mode="thread")
+    h.fake.delay = 0.05
+    said: list[str] = []
+    fit = _interrupted_once_in_a_kernel(h, monkeypatch)
     try:
         assert fit.wait(None, None, Reporter(printer=said.append)) is False
         assert h.status(1) is RunStatus.STOPPED
@@ -132,26 +137,13 @@ def test_ctrl_c_once_every_run_ended_says_nothing_about_stopping(monkeypatch: py
     """A fresh-user pass: Ctrl-C after the runs had finished printed "stopping runs [] at the end of their current
     chunk"."""
     from kernel_scheduler import RunStatus
-    from rapidfire_nb.experiment import session as session_mod
     from rapidfire_nb.experiment.reporter import Reporter
     from rapidfire_nb.testing.fakes import TIMEOUT, FakeSpec, Harness
 
     h = Harness([FakeSpec(rows=16, batch=4)], num_chunks=4, mode="thread")
     assert h.sched.wait(timeout=TIMEOUT)
     said: list[str] = []
-    real_wait = h.sched.wait
-    calls = {"n": 0}
-
-    def wait(*args: Any, **kwargs: Any) -> bool:  # interrupted while the trackers are flushed, after the end
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise KeyboardInterrupt
-        return real_wait(*args, **kwargs)
-
-    monkeypatch.setattr(h.sched, "wait", wait)
-    monkeypatch.setattr(session_mod, "in_kernel", lambda: True)
-    recorder = types.SimpleNamespace(flush=lambda timeout=None: True)
-    fit = session_mod.FitSession(h.sched, h.fake, recorder, None, None, None)  # type: ignore[arg-type]
+    fit = _interrupted_once_in_a_kernel(h, monkeypatch)  # after the end, as while the trackers are flushed
     try:
         assert fit.wait(None, None, Reporter(printer=said.append)) is False
         assert h.status(1) is RunStatus.COMPLETED and said == []
