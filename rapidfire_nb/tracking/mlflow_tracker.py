@@ -35,8 +35,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from rapidfire_nb.redact import hide_url_passwords
 from rapidfire_nb.tracking.base import BackendTracker, HeldSteps, TrackedRun
 
 __all__ = ["MlflowTracker", "default_tracking_uri", "shown_uri"]
@@ -91,11 +92,7 @@ def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 
 def shown_uri(uri: str) -> str:
     """``uri`` without a password (``https://user:secret@host`` -> ``https://user:<redacted>@host``)."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = parts.netloc.replace(f":{parts.password}@", ":<redacted>@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    return hide_url_passwords(uri)
 
 
 def _ms(unix_s: float | None) -> int | None:
