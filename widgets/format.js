@@ -12,7 +12,7 @@ export const OPS = /** @type {const} */ (["stop", "resume", "delete", "clone"]);
 /** The metrics shown first (and in the two plots at start). */
 export const DEFAULT_METRICS = ["loss", "eval_loss"];
 /** TensorBoard's default run palette, so that a run has one colour in the panel, the page, the static copy
- * (rapidfire_nb.static_panel.PALETTE) and TensorBoard (runs in creation order). Run n gets colour n-1. */
+ * (rapidfire_nb.panel.static.PALETTE) and TensorBoard (runs in creation order). Run n gets colour n-1. */
 export const PALETTE = ["#ff7043", "#0077bb", "#cc3311", "#33bbee", "#ee3377", "#009988", "#bbbbbb"];
 const HPARAM_SHORT = /** @type {Record<string, string>} */ ({
   learning_rate: "lr", per_device_train_batch_size: "batch", gradient_accumulation_steps: "grad acc",

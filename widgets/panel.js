@@ -7,7 +7,7 @@
  * plots.js, view.js) with `import { ... } from "./x.js"`. The server page loads them as they are; for anywidget,
  * whose `_esm` is one module text, `rapidfire_nb.panel.bundle_esm` inlines them into one module.
  *
- * Protocol (see rapidfire_nb/panel.py):
+ * Protocol (see rapidfire_nb/panel/widget.py):
  *   view -> kernel: {type:"hello"} on every render, {type:"need_plotly"} once per page,
  *                   {type:"op", op_id, kind, run_id, changes, warm_start} per click (op_id made once per click).
  *   kernel -> view: {type:"snapshot", reset, snapshot, points, now}, {type:"points", points},

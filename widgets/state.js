@@ -1,6 +1,6 @@
 // @ts-check
 /**
- * The panel's state and the reducer that folds the kernel's messages into it (protocol: rapidfire_nb/panel.py).
+ * The panel's state and the reducer that folds the kernel's messages into it (protocol: rapidfire_nb/panel/widget.py).
  *
  * One state per widget model (anywidget's `initialize`), shared by every view of it (`render`): the series
  * store (metric -> run -> points), the latest snapshot (runs, ops log), the metric names, the op notices and the

@@ -3,7 +3,7 @@
 ``panel_snapshot`` hands the store's rows and the live session's state to :func:`rapidfire_nb.view.kernel_snapshot`
 (the one snapshot builder, shared with the server); ``metrics_since`` pages through the store's metric rows.
 ``show_panel`` / ``freeze_panels`` / ``show_static`` display the live panel, turn it into its static copy at
-``end()``, or show that copy (:mod:`rapidfire_nb.static_panel`).
+``end()``, or show that copy (:mod:`rapidfire_nb.panel.static`).
 """
 
 from __future__ import annotations

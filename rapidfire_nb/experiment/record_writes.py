@@ -15,7 +15,7 @@ from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus
 
 from ..errors import StorageError
 from ..redact import is_secret_key, redact
-from ..wire import json_type_name
+from ..view.wire import json_type_name
 from .record_items import MetricsItem
 
 __all__ = [

@@ -3,7 +3,7 @@
 It writes the store (the source of truth), feeds the trackers (a :class:`~rapidfire_nb.tracking.fanout.TrackerSet`:
 TensorBoard, MLflow, Trackio, W&B: metrics, each run's start and every status change), prints one compact line per
 finished chunk through a :class:`~rapidfire_nb.experiment.reporter.Reporter` (only failures while a live panel
-shows the progress), keeps the training clock (:mod:`rapidfire_nb.clock`, written to meta ``clock`` when training
+shows the progress), keeps the training clock (:mod:`rapidfire_nb.view.clock`, written to meta ``clock`` when training
 starts or stops), and polls the ops inbox for the scheduler.
 
 Nothing is written on the thread that reports an event: ``on_metrics`` (a run's training thread, every TRL log
@@ -50,9 +50,9 @@ from kernel_scheduler import (
 )
 
 from .._priority import lower_thread_priority
-from ..clock import CLOCK_META_KEY, TrainingClock
 from ..errors import StorageError, storage_error
 from ..view import DEVICES_META_KEY, EARLY_STOPPING_META_KEY, chunk_line
+from ..view.clock import CLOCK_META_KEY, TrainingClock
 from . import record_writes as writes
 from .clones import CloneRequest, record_clone
 from .record_items import (

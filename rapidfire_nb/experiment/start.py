@@ -18,7 +18,7 @@ from .._atomic import is_complete_dir
 from ..errors import ExperimentError
 from ..run_folder import run_dir
 from ..spec.bundles import GroupSettings, TrainingCallbacks
-from ..stops import StopInfo, answered_ops, stop_history
+from ..view.stops import StopInfo, answered_ops, stop_history
 from .binding import SessionBinding
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs

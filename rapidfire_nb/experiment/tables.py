@@ -11,7 +11,7 @@ from typing import Any
 
 from kernel_scheduler import DEFAULT_DEVICE, RunSnapshot, RunStatus
 
-from ..stops import stop_history
+from ..view.stops import stop_history
 
 __all__ = ["ops_table", "results_table", "runs_table"]
 

@@ -24,7 +24,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from ..redact import redact
-from ..wire import clean_json
+from ..view.wire import clean_json
 from .manager import MAX_JSON_DEPTH, ApiError, ExperimentsManager, json_text_depth
 
 __all__ = [

@@ -1,7 +1,7 @@
 """What the server extension's handlers hand their work to: reads experiment stores, posts ops to the inbox.
 
 Standard library + :mod:`rapidfire_nb.store` / :mod:`rapidfire_nb.paths` / :mod:`rapidfire_nb.view` /
-:mod:`rapidfire_nb.wire` only (no jupyter_server, no torch), so it is tested without a server. The snapshot is
+:mod:`rapidfire_nb.view.wire` only (no jupyter_server, no torch), so it is tested without a server. The snapshot is
 built by :func:`rapidfire_nb.view.store_snapshot`, the same module that builds the kernel's. Every store is
 opened read-only for one call and closed again; the only write is :meth:`Store.post_inbox_op`. Nothing from a
 request is unpickled, evaluated or put into SQL text: names are validated by
@@ -36,7 +36,7 @@ from rapidfire_nb.paths import (
 from rapidfire_nb.redact import is_secret_key
 from rapidfire_nb.store import ExperimentEndedError, OpIdReusedError, SchemaVersionError, Store, StoreError
 from rapidfire_nb.view import StoreRows, editable_fields, reported_status, store_snapshot
-from rapidfire_nb.wire import encode_points
+from rapidfire_nb.view.wire import encode_points
 
 __all__ = [
     "MAX_JSON_DEPTH",

@@ -20,9 +20,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kernel_scheduler import DeviceArbiter, Op, OpAck, OpKind, RunStatus, Scheduler, new_op_id
-from rapidfire_nb.clock import CLOCK_META_KEY, TrainingClock
 from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec, Recorder
 from rapidfire_nb.view import KernelState, StoreRows, kernel_snapshot
+from rapidfire_nb.view.clock import CLOCK_META_KEY, TrainingClock
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -301,7 +301,7 @@ class FakeSource:
 
 
 def _main() -> None:  # pragma: no cover - demo
-    from rapidfire_nb.progress import TextProgress
+    from rapidfire_nb.panel.progress import TextProgress
 
     with (
         FakeSource(3, total_steps=40, steps_per_tick=2, tick_s=0.02, fail=(3, None)) as src,

@@ -4,7 +4,7 @@
  *
  * Lists the experiments under the server's experiments root and shows one at a time with the notebook
  * panel's own front end: it imports the panel's modules (widgets/*.js, served under rapidfire/static/) as they
- * are, and feeds panel.js through a shim model that speaks the panel's message protocol (rapidfire_nb/panel.py):
+ * are, and feeds panel.js through a shim model that speaks the panel's message protocol (rapidfire_nb/panel/widget.py):
  *   view -> "kernel": {type:"hello"} -> a full {type:"snapshot"} (+ {type:"points"} pages),
  *                     {type:"op", ...} -> POST .../ops -> {type:"ack"}, {type:"need_plotly"} -> {type:"plotly"}.
  *   polling: GET .../snapshot + GET .../metrics?cursor=N&seen=M&format=columnar -> {type:"update"} (~1 s while

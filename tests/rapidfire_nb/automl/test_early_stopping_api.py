@@ -11,7 +11,7 @@ from kernel_scheduler import RunStatus
 from rapidfire_nb.automl import MedianStopping, SuccessiveHalving
 from rapidfire_nb.automl.early_stopping import check_early_stopping
 from rapidfire_nb.errors import ConfigError
-from rapidfire_nb.stops import StopInfo, stop_history
+from rapidfire_nb.view.stops import StopInfo, stop_history
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_stop_history_from_the_ops_log() -> None:
 
 
 def test_the_store_snapshot_and_static_copy_show_the_reason() -> None:
-    from rapidfire_nb.static_panel import render_html
+    from rapidfire_nb.panel.static import render_html
     from rapidfire_nb.view import StoreRows, store_snapshot
 
     runs = [

@@ -130,7 +130,7 @@ def _two_training(snap: dict[str, Any]) -> bool:
 
 
 def test_two_runs_train_at_once_and_every_view_names_their_device(two_devices: dict[str, Any]) -> None:
-    from rapidfire_nb.static_panel import static_bundle
+    from rapidfire_nb.panel.static import static_bundle
 
     views, info = two_devices["views"], two_devices["info"].set_index("run_id")
     both, final, status, page = views["both"], views["final"], views["status"], views["page"]

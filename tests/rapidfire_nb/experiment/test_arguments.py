@@ -196,8 +196,8 @@ def test_an_op_id_answered_by_an_earlier_kernel_is_not_applied_again() -> None:
     from kernel_scheduler import OpAck
     from rapidfire_nb.errors import OpError
     from rapidfire_nb.experiment.session import FitSession
-    from rapidfire_nb.stops import answered_ops
     from rapidfire_nb.testing.fakes import FakeSpec, Harness
+    from rapidfire_nb.view.stops import answered_ops
 
     log = [
         {

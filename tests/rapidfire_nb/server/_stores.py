@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rapidfire_nb.store import Store
-from rapidfire_nb.wire import json_type_name
+from rapidfire_nb.view.wire import json_type_name
 
 __all__ = ["HPARAMS", "make_experiment", "type_name"]
 

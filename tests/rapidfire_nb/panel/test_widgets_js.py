@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rapidfire_nb.esm_bundle import EsmBundleError, bundle_esm
 from rapidfire_nb.panel import RunPanel
+from rapidfire_nb.panel.esm_bundle import EsmBundleError, bundle_esm
 
-REPO = Path(__file__).resolve().parents[1].parent
+REPO = Path(__file__).resolve().parents[3]
 WIDGETS = REPO / "widgets"
 needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="node not installed")
 

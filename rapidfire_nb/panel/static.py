@@ -8,7 +8,7 @@ plotly.js, no style sheet: inline styles only, and no ``<svg>`` element in the H
 sanitizer of an untrusted notebook (JupyterLab's, GitHub's) removes those but keeps ``<img>`` with a ``data:``
 source. Every string that comes from the user (names, hyperparameters, errors, metric names) is escaped.
 
-Standard library + :mod:`rapidfire_nb.view` / :mod:`rapidfire_nb.clock` only.
+Standard library + :mod:`rapidfire_nb.view` / :mod:`rapidfire_nb.view.clock` only.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .clock import fmt_duration, stats_text
-from .view import best_run, fmt_metric, fmt_num
+from ..view import best_run, fmt_metric, fmt_num
+from ..view.clock import fmt_duration, stats_text
 
 __all__ = [
     "PALETTE",

@@ -2,7 +2,7 @@
 
 One number format for the kernel's lines, the text progress of scripts, the static copy of the panel and the
 front end (``fmtNum`` / ``fmtMetric`` in ``widgets/format.js`` follow :func:`fmt_num` / :func:`fmt_metric`).
-Re-exported by :mod:`rapidfire_nb.view`. Standard library, :mod:`kernel_scheduler` and :mod:`rapidfire_nb.clock` only.
+Re-exported by :mod:`rapidfire_nb.view`. Standard library, :mod:`kernel_scheduler` and :mod:`rapidfire_nb.view.clock` only.
 """
 
 from __future__ import annotations

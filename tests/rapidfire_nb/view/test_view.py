@@ -14,7 +14,7 @@ from kernel_scheduler import OpKind, RunSnapshot, RunStatus, decide
 from rapidfire_nb import view
 from rapidfire_nb.view import KernelState, StoreRows
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 META = {
     "created_at": 1000.0,

@@ -23,7 +23,7 @@ Messages (Python -> front end, all ``{"type": ...}``):
 * ``update``: ``{"snapshot": <panel_snapshot()> | None, "points": <encoded> | None, "now": float}``; the
   snapshot is sent only when it changed, and without its ``ops`` key when the ops log did not change.
 * ``ack``: ``{"ack": <OpAck.to_dict()>}``; ``plotly`` (with one buffer); ``error``: ``{"message": str}``.
-* ``frozen``: ``{"html": str}``, the static copy (:mod:`rapidfire_nb.static_panel`), sent by :meth:`RunPanel.freeze`
+* ``frozen``: ``{"html": str}``, the static copy (:mod:`rapidfire_nb.panel.static`), sent by :meth:`RunPanel.freeze`
   just before the widget closes: a view whose output the display update did not reach shows it in place.
 
 Encoded points are columnar: ``{"names": [metric names], "run": [...], "step": [...], "samples": [...],
@@ -55,12 +55,12 @@ import traitlets
 
 from kernel_scheduler import RunStatus
 
+from ..frontend import in_colab, in_kernel, on_kernel_shutdown
+from ..view import format_chunk_line
+from ..view.wire import clean_json, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
 from .esm_bundle import bundle_esm
-from .frontend import in_colab, in_kernel, on_kernel_shutdown
 from .progress import PanelSource, Pump, TextProgress, print_chunk_line
-from .static_panel import static_bundle
-from .view import format_chunk_line
-from .wire import clean_json, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
+from .static import static_bundle
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -90,12 +90,13 @@ _MAX_REMEMBERED_ACKS = 10_000
 
 
 def _widgets_dir() -> Path:
-    """The folder of panel.js, its sibling modules and panel.css: ``_widgets`` in a wheel, else the repo's."""
-    here = Path(__file__).resolve().parent
-    installed = here / "_widgets"
+    """The folder of panel.js, its sibling modules and panel.css: ``rapidfire_nb/_widgets`` in a wheel, else the
+    repo's ``widgets/``."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "_widgets"
     if (installed / "panel.js").is_file():
         return installed
-    return here.parent / "widgets"
+    return package.parent / "widgets"
 
 
 def plotly_js_path() -> Path:
@@ -363,7 +364,7 @@ class RunPanel(anywidget.AnyWidget):
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def static_bundle(self, note: str | None = None) -> dict[str, str]:
-        """The panel's current state as ``{"text/html", "text/plain"}`` (:func:`~.static_panel.static_bundle`)."""
+        """The panel's current state as ``{"text/html", "text/plain"}`` (:func:`~rapidfire_nb.panel.static.static_bundle`)."""
         snapshot = clean_json(self._source.panel_snapshot())
         points, _ = self._source.metrics_since(0)
         return static_bundle(snapshot, points, note=note)

@@ -9,8 +9,8 @@ import pytest
 
 from kernel_scheduler import RunStatus
 from rapidfire_nb import view
-from rapidfire_nb.clock import TrainingClock, fmt_duration, progress_stats, stats_text, training_seconds
 from rapidfire_nb.view import KernelState, StoreRows
+from rapidfire_nb.view.clock import TrainingClock, fmt_duration, progress_stats, stats_text, training_seconds
 
 
 def test_clock_counts_only_while_a_run_is_in_the_rotation() -> None:

@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from kernel_scheduler import RunStatus
 
-from .view import format_chunk_line
+from ..view import format_chunk_line
 
 if TYPE_CHECKING:
     from typing_extensions import Self

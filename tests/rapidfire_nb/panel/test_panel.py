@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rapidfire_nb import panel as panel_mod
+from rapidfire_nb.panel import widget as panel_mod
 from rapidfire_nb.errors import OpError
 from rapidfire_nb.panel import (
     RunPanel,
@@ -28,7 +28,7 @@ from rapidfire_nb.panel import (
 )
 from rapidfire_nb.testing.fake_source import FakeSource
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class ListSource:

@@ -10,10 +10,10 @@ fake panel source (:mod:`rapidfire_nb.testing.fake_source`) build their snapshot
 The snapshot's shape is the "Panel source" contract of ``docs/ARCHITECTURE.md``. Legal ops come from
 :func:`kernel_scheduler.ops.decide` (the rules the scheduler applies), statuses from
 :class:`kernel_scheduler.RunStatus`. Numbers and progress lines are formatted once, in
-:mod:`rapidfire_nb.view_text` (re-exported here); training time and tqdm-like numbers come from
-:mod:`rapidfire_nb.clock`.
+:mod:`rapidfire_nb.view.text` (re-exported here); training time and tqdm-like numbers come from
+:mod:`rapidfire_nb.view.clock`.
 
-Standard library + :mod:`kernel_scheduler` + :mod:`rapidfire_nb.wire` only: no torch, no store import (a store
+Standard library + :mod:`kernel_scheduler` + :mod:`rapidfire_nb.view.wire` only: no torch, no store import (a store
 is read duck-typed by :meth:`StoreRows.read`), so the server extension may import it.
 """
 
@@ -29,7 +29,7 @@ from kernel_scheduler import DEFAULT_DEVICE, OpKind, PendingOp, RunSnapshot, Run
 
 from .clock import CLOCK_META_KEY, is_training, progress_stats, training_seconds
 from .stops import StopInfo, stop_history
-from .view_text import (
+from .text import (
     best_run,
     chunk_line,
     chunk_position,
@@ -134,7 +134,7 @@ class StoreRows:
 
     @cached_property
     def stops(self) -> Mapping[int, StopInfo]:
-        """Run id -> why it stopped (:func:`rapidfire_nb.stops.stop_history` of :attr:`ops`)."""
+        """Run id -> why it stopped (:func:`rapidfire_nb.view.stops.stop_history` of :attr:`ops`)."""
         return stop_history(self.ops)
 
     @classmethod

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from rapidfire_nb import frontend
-from rapidfire_nb import panel as panel_mod
+from rapidfire_nb.panel import widget as panel_mod
 from rapidfire_nb.panel import RunPanel, display_panel
-from rapidfire_nb.static_panel import (
+from rapidfire_nb.panel.static import (
     PALETTE,
     curve_series,
     nice_ticks,
@@ -24,7 +24,7 @@ from rapidfire_nb.static_panel import (
 )
 from rapidfire_nb.testing.fake_source import FakeSource
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EVIL = '<script>alert("x")</script>'
 
 

@@ -1,0 +1,16 @@
+"""What every window shows of an experiment, built once: torch-free, so the server extension may import it.
+
+* :mod:`.snapshot` — the panel/page snapshot from the store's rows (+ the kernel's live state), each run's legal
+  ops and devices (re-exported here: ``from rapidfire_nb.view import store_snapshot``);
+* :mod:`.text` — numbers, chunk lines and summaries as text;
+* :mod:`.clock` — training time and tqdm-like progress numbers;
+* :mod:`.stops` — why each run stopped, read from the ops log;
+* :mod:`.wire` — the panel's wire format and JSON helpers.
+
+Standard library + :mod:`kernel_scheduler` only.
+"""
+
+from __future__ import annotations
+
+from .snapshot import *  # noqa: F403  (the package's face: the snapshot API)
+from .snapshot import __all__ as __all__
