@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from rapidfire_nb.panel import widget as panel_mod
 from rapidfire_nb.errors import OpError
 from rapidfire_nb.panel import (
     RunPanel,
@@ -26,6 +25,7 @@ from rapidfire_nb.panel import (
     format_chunk_line,
     plotly_js_path,
 )
+from rapidfire_nb.panel import widget as panel_mod
 from rapidfire_nb.testing.fake_source import FakeSource
 
 REPO = Path(__file__).resolve().parents[3]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from rapidfire_nb import frontend
-from rapidfire_nb.panel import widget as panel_mod
 from rapidfire_nb.panel import RunPanel, display_panel
+from rapidfire_nb.panel import widget as panel_mod
 from rapidfire_nb.panel.static import (
     PALETTE,
     curve_series,
