@@ -54,18 +54,7 @@ def runs_table(
     cols += [c for c in columns if c not in cols]
     rows = []
     for r in store.runs():
-        snap = live.get(r["run_id"])
-        if snap is not None:  # the scheduler's view is the freshest (e.g. a clone applied a moment ago)
-            r = {
-                **r,
-                "status": snap.status.value,
-                "completed_steps": snap.step,
-                "total_steps": snap.total_steps,
-                "chunks_done": snap.segments_done,
-                "epoch": snap.epoch if snap.steps_per_epoch else r.get("epoch"),
-                "error": snap.error,
-                "stop_reason": snap.stop_reason,
-            }
+        r = _with_live(r, live.get(r["run_id"]))
         if r["status"] == RunStatus.DELETED.value and not include_deleted:
             continue
         hp = r.get("hparams") or {}
@@ -102,6 +91,23 @@ def runs_table(
     ):  # text columns: None stays None, never NaN
         table[name] = table[name].astype(object).where(table[name].notna(), None)
     return table
+
+
+def _with_live(row: dict[str, Any], snap: RunSnapshot | None) -> dict[str, Any]:
+    """The store's ``row`` of a run with the scheduler's view over it (the freshest: e.g. a clone applied a moment
+    ago), or ``row`` itself when this process does not train the run (``snap`` None)."""
+    if snap is None:
+        return row
+    return {
+        **row,
+        "status": snap.status.value,
+        "completed_steps": snap.step,
+        "total_steps": snap.total_steps,
+        "chunks_done": snap.segments_done,
+        "epoch": snap.epoch if snap.steps_per_epoch else row.get("epoch"),
+        "error": snap.error,
+        "stop_reason": snap.stop_reason,
+    }
 
 
 def results_table(store: Any, live: Mapping[int, RunSnapshot], include_deleted: bool) -> Any:
