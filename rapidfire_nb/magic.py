@@ -31,6 +31,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from . import meta_keys
 from .errors import ConfigError, ExperimentError, OpError
 
 __all__ = ["RapidfireMagics", "load_ipython_extension", "parse_changes"]
@@ -231,9 +232,9 @@ def _list_experiments() -> Any:
             {
                 "experiment": name,
                 "runs": len(runs),
-                "trainer_type": meta.get("trainer_type"),
+                "trainer_type": meta.get(meta_keys.TRAINER_TYPE),
                 "statuses": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-                "created_at": _local_time(pd, meta.get("created_at")),
+                "created_at": _local_time(pd, meta.get(meta_keys.CREATED_AT)),
             }
         )
     return pd.DataFrame(rows, columns=["experiment", "runs", "trainer_type", "statuses", "created_at"])

@@ -39,6 +39,7 @@ RANKS: dict[str, int] = {
     "rapidfire_nb._version": 0,
     "rapidfire_nb._atomic": 0,
     "rapidfire_nb.redact": 0,
+    "rapidfire_nb.meta_keys": 0,  # every store meta key (stdlib only)
     "rapidfire_nb.schema": 1,
     "rapidfire_nb.paths": 1,
     "rapidfire_nb._writer_lock": 1,
@@ -68,6 +69,7 @@ SERVER_MAY_IMPORT = frozenset(
         "rapidfire_nb.store",
         "rapidfire_nb.view",
         "rapidfire_nb.redact",
+        "rapidfire_nb.meta_keys",
         "rapidfire_nb.paths",
         "rapidfire_nb.errors",
         "rapidfire_nb._version",

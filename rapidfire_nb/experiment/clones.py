@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import meta_keys
 from ..errors import ConfigError, OpError
 from ..spec import FUNCTION_KEYS
 from ..training.kinds import WARM_FORBIDDEN, warm_start_violations  # torch-free: the kinds' warm-start rules
@@ -99,14 +100,14 @@ def record_clone(store: Any, child_id: int, parent_id: int, request: CloneReques
         epoch=0.0,
         samples_seen=0,
     )
-    clones = store.get_meta("clones", {}) or {}
+    clones = store.get_meta(meta_keys.CLONES, {}) or {}
     clones[str(child_id)] = {
         "parent": int(parent_id),
         "changes": request.encoded,
         "warm": request.warm_start,
         "functions": list(request.functions),
     }
-    store.set_meta("clones", clones)
+    store.set_meta(meta_keys.CLONES, clones)
 
 
 def rebuild_clone_spec(parent: Any, recipe: Mapping[str, Any]) -> Any:

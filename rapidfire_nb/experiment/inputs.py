@@ -17,7 +17,7 @@ from typing import Any
 
 from kernel_scheduler import EarlyStoppingPolicy
 
-from .. import schema
+from .. import meta_keys, schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
 
@@ -126,11 +126,11 @@ class FitInputs:
         """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against:
         ``num_chunks``, ``seed``, ``train_data``, ``eval_data``, ``eval_generation_samples``)."""
         return {
-            "num_chunks": self.num_chunks,
-            "seed": self.seed,
-            "train_data": self.train_data,
-            "eval_data": self.eval_data,
-            "eval_generation_samples": self.eval_generation_samples,
+            meta_keys.NUM_CHUNKS: self.num_chunks,
+            meta_keys.SEED: self.seed,
+            meta_keys.TRAIN_DATA: self.train_data,
+            meta_keys.EVAL_DATA: self.eval_data,
+            meta_keys.EVAL_GENERATION_SAMPLES: self.eval_generation_samples,
         }
 
 
@@ -330,11 +330,11 @@ def check_same_inputs(
             sampled rows).
     """
     checks = [
-        ("num_chunks", "num_chunks"),
-        ("seed", "seed"),
-        ("eval_generation_samples", "eval_generation_samples"),
-        ("train_dataset", "train_data"),
-        ("eval_dataset", "eval_data"),
+        ("num_chunks", meta_keys.NUM_CHUNKS),
+        ("seed", meta_keys.SEED),
+        ("eval_generation_samples", meta_keys.EVAL_GENERATION_SAMPLES),
+        ("train_dataset", meta_keys.TRAIN_DATA),
+        ("eval_dataset", meta_keys.EVAL_DATA),
     ]
     for field, key in checks:
         if key not in stored or stored[key] == given.get(key):

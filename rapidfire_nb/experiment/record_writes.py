@@ -13,6 +13,7 @@ from typing import Any
 
 from kernel_scheduler import Op, OpAck, RunSnapshot, RunStatus
 
+from .. import meta_keys
 from ..errors import StorageError
 from ..redact import is_secret_key, redact
 from ..view.wire import json_type_name
@@ -41,19 +42,11 @@ __all__ = [
 #: hyperparameter columns that the panel, the magic and the server cannot change (functions: API only).
 NOT_EDITABLE = ("formatting_func", "compute_metrics", "reward_funcs", "model_type")
 
-ADDED_RUNS_META_KEY = "added_runs"
-"""Meta key: run id (str) -> the info the early-stopping policy added that run with (e.g. ``{"source": "trial",
-"trial": 9}``, an Optuna trial number); a restarted kernel hands it back to the policy to rebuild the runs."""
-
-TRACKED_RUNS_META_KEY = "tracked_runs"
-"""Meta key: the ids of the ended runs (COMPLETED, FAILED) whose points every tracker wrote and flushed. A restart
-writes the stored points of any other ended run to the trackers again (its kernel died before they wrote them)."""
-
-EDITABLE_META_KEY = "editable_fields"
-"""Meta key: run id (str) -> {hyperparameter -> JSON type name}, the fields a clone of that run may change."""
-
-METRIC_NAMES_META_KEY = "metric_names"
-"""Meta key: every metric name in the store, sorted."""
+# The meta keys this module writes (each described in :mod:`rapidfire_nb.meta_keys`).
+ADDED_RUNS_META_KEY = meta_keys.ADDED_RUNS
+TRACKED_RUNS_META_KEY = meta_keys.TRACKED_RUNS
+EDITABLE_META_KEY = meta_keys.EDITABLE_FIELDS
+METRIC_NAMES_META_KEY = meta_keys.METRIC_NAMES
 
 
 def editable_fields(specs: Mapping[int, Any]) -> dict[str, dict[str, str]]:
@@ -137,16 +130,16 @@ def store_added(store: Any, snap: RunSnapshot, info: Mapping[str, Any]) -> None:
     keep ``info`` (redacted) in meta ``added_runs``: what a restarted kernel hands the policy back to rebuild it
     (``EarlyStoppingPolicy.restore_added``)."""
     store_new_run(store, snap, str(info.get("source") or "trial"), total_steps=0)
-    added = dict(store.get_meta(ADDED_RUNS_META_KEY, {}) or {})
+    added = dict(store.get_meta(meta_keys.ADDED_RUNS, {}) or {})
     added[str(snap.run_id)] = redact(dict(info))
-    store.set_meta(ADDED_RUNS_META_KEY, added)
+    store.set_meta(meta_keys.ADDED_RUNS, added)
 
 
 def confirm_tracked(store: Any, run_id: int) -> None:
     """Add ended run ``run_id`` to meta ``tracked_runs`` (sorted ids), if it is not there."""
-    confirmed = list(store.get_meta(TRACKED_RUNS_META_KEY, []) or [])
+    confirmed = list(store.get_meta(meta_keys.TRACKED_RUNS, []) or [])
     if run_id not in confirmed:
-        store.set_meta(TRACKED_RUNS_META_KEY, sorted([*confirmed, run_id]))
+        store.set_meta(meta_keys.TRACKED_RUNS, sorted([*confirmed, run_id]))
 
 
 def metric_numbers(logs: Mapping[str, Any]) -> dict[str, float]:
@@ -224,8 +217,8 @@ class MetricNames:
     def note(self, store: Any, names: set[str]) -> None:
         """Add ``names`` to meta ``metric_names`` (sorted) unless all are there."""
         if self._known is None:
-            self._known = set(store.get_meta(METRIC_NAMES_META_KEY, None) or [])
+            self._known = set(store.get_meta(meta_keys.METRIC_NAMES, None) or [])
         if names <= self._known:
             return
         self._known |= names
-        store.set_meta(METRIC_NAMES_META_KEY, sorted(self._known))
+        store.set_meta(meta_keys.METRIC_NAMES, sorted(self._known))

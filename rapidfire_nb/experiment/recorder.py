@@ -49,10 +49,11 @@ from kernel_scheduler import (
     SchedulerListener,
 )
 
+from .. import meta_keys
 from .._priority import lower_thread_priority
 from ..errors import StorageError, storage_error
-from ..view import DEVICES_META_KEY, EARLY_STOPPING_META_KEY, chunk_line
-from ..view.clock import CLOCK_META_KEY, TrainingClock
+from ..view import DEVICES_META_KEY, chunk_line
+from ..view.clock import TrainingClock
 from . import record_writes as writes
 from .clones import CloneRequest, record_clone
 from .record_items import (
@@ -75,7 +76,7 @@ from .record_items import (
     TrackRunsItem,
 )
 from .record_trackers import TrackerFeed
-from .record_writes import ADDED_RUNS_META_KEY, EDITABLE_META_KEY, NOT_EDITABLE, TRACKED_RUNS_META_KEY
+from .record_writes import ADDED_RUNS_META_KEY, NOT_EDITABLE, TRACKED_RUNS_META_KEY
 from .reporter import Reporter
 
 __all__ = ["ADDED_RUNS_META_KEY", "DEVICES_META_KEY", "NOT_EDITABLE", "TRACKED_RUNS_META_KEY", "Recorder"]
@@ -147,7 +148,7 @@ class Recorder(SchedulerListener):
         # the latest logged step per run; each key written by its run's training thread
         self._live_step: dict[int, int] = {}
         self._reports = writes.ChunkReports()  # recorder thread: the chunks reported per run
-        self._devices: dict[str, str] = dict(store.get_meta(DEVICES_META_KEY, {}) or {})  # recorder thread
+        self._devices: dict[str, str] = dict(store.get_meta(meta_keys.DEVICES, {}) or {})  # recorder thread
         # (run id, spec, parent id, warm start) -> TrackedRun, for a clone's tracker run
         self.tracked_run: Callable[[int, Any, int | None, bool], Any] | None = None
         self.write_seconds = 0.0  # recorder thread: time spent writing (benchmark)
@@ -156,7 +157,7 @@ class Recorder(SchedulerListener):
         self.on_storage_error: Callable[[StorageError], None] | None = None
         self._errors_seen: set[str] = set()
         beat = store.heartbeat()
-        self._clock = TrainingClock(store.get_meta(CLOCK_META_KEY), beat["beat_at"] if beat else None)
+        self._clock = TrainingClock(store.get_meta(meta_keys.CLOCK), beat["beat_at"] if beat else None)
         self._loop_thread: int | None = None  # the scheduler thread (its on_heartbeat tells)
         self._writers: dict[type, Callable[[Any], None]] = self._dispatch_table()
 
@@ -171,8 +172,8 @@ class Recorder(SchedulerListener):
             BeatItem: self._write_beat,
             FinalItem: lambda item: self.store.upsert_run(item.run_id, checkpoint_dir=item.folder),
             NoteItem: lambda item: self.reporter.say(item.text),
-            EarlyStoppingItem: lambda item: self.store.set_meta(EARLY_STOPPING_META_KEY, item.progress),
-            EditableItem: lambda item: self.store.set_meta(EDITABLE_META_KEY, item.fields),
+            EarlyStoppingItem: lambda item: self.store.set_meta(meta_keys.EARLY_STOPPING, item.progress),
+            EditableItem: lambda item: self.store.set_meta(meta_keys.EDITABLE_FIELDS, item.fields),
             InOrderItem: lambda item: item.fn(),
             TrackedItem: lambda item: writes.confirm_tracked(self.store, item.run_id),
             TrackRunsItem: lambda item: self._feed.open_runs(self.store, item.runs, item.continued),
@@ -418,10 +419,10 @@ class Recorder(SchedulerListener):
         writes.store_run(self.store, snap, self._checkpoint_dir(snap.run_id))
         if snap.device not in ("", DEFAULT_DEVICE) and self._devices.get(str(snap.run_id)) != snap.device:
             self._devices[str(snap.run_id)] = snap.device  # the server page and restarts read it
-            self.store.set_meta(DEVICES_META_KEY, dict(self._devices))
+            self.store.set_meta(meta_keys.DEVICES, dict(self._devices))
         self._feed.status(snap, at)  # told once per change
         if self._clock.observe(snap.run_id, snap.status, at):  # training starts or stops (unix s)
-            self.store.set_meta(CLOCK_META_KEY, self._clock.to_meta())
+            self.store.set_meta(meta_keys.CLOCK, self._clock.to_meta())
         if self._reports.due(snap) and (snap.status is RunStatus.FAILED or self.reporter.wants_progress()):
             self.reporter.say(self.chunk_line(snap))  # under a live panel: failures only (it shows the rest)
 
@@ -467,7 +468,7 @@ class Recorder(SchedulerListener):
         if added:
             self._columns = (*self._columns, *added)
         # the page and a restarted kernel show them
-        self.store.set_meta("hparam_columns", list(self._columns))
+        self.store.set_meta(meta_keys.HPARAM_COLUMNS, list(self._columns))
 
     def _write_metrics(self, items: list[MetricsItem]) -> None:
         rows: list[dict[str, Any]] = []

@@ -14,6 +14,7 @@ from typing import Any
 
 from kernel_scheduler import RunStatus, Scheduler, device_arbiter
 
+from .. import meta_keys
 from .._atomic import is_complete_dir
 from ..errors import ExperimentError
 from ..run_folder import run_dir
@@ -23,7 +24,7 @@ from .binding import SessionBinding
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs
 from .record_writes import store_new_run
-from .recorder import ADDED_RUNS_META_KEY, Recorder
+from .recorder import Recorder
 from .reporter import Reporter
 from .restore import FINAL_DIR, RestoreAction, RunRestore, apply_restore, plan_restore
 from .session import FitSession
@@ -71,7 +72,7 @@ def check_group(
     existing = {r["run_id"]: r for r in store.runs() if r.get("source") in (None, "fit")}
     if not existing:
         return existing
-    if store.get_meta("fingerprint") != inputs.fingerprint:
+    if store.get_meta(meta_keys.FINGERPRINT) != inputs.fingerprint:
         raise ExperimentError(
             f"experiment {name!r} already holds a different config group ({len(existing)} runs"
             f"{_group_difference(existing, inputs.specs)}). Use a new experiment name, or "
@@ -265,8 +266,8 @@ def _register_later_runs(
     a trial's run finds its parent registered): clones from their recipes (meta ``clones``), the runs the
     early-stopping policy added (a search's trials, meta ``added_runs``) by that policy
     (``EarlyStoppingPolicy.restore_added``: an Optuna trial from its parameters in the study)."""
-    recipes = store.get_meta("clones", {}) or {}
-    added = {int(k): v for k, v in (store.get_meta(ADDED_RUNS_META_KEY, {}) or {}).items()}
+    recipes = store.get_meta(meta_keys.CLONES, {}) or {}
+    added = {int(k): v for k, v in (store.get_meta(meta_keys.ADDED_RUNS, {}) or {}).items()}
     policy = session.inputs.early_stopping
     rebuilt = policy.restore_added(added) if policy is not None else {}
     for row in store.runs():
@@ -421,19 +422,19 @@ def _continue_from(
 
 def _note_eval_metrics(store: Any, names: list[str]) -> None:
     """Add generation metric names to meta ``eval_metric_names`` (the result tables' columns); recorder thread."""
-    known = list(store.get_meta("eval_metric_names", []) or [])
+    known = list(store.get_meta(meta_keys.EVAL_METRIC_NAMES, []) or [])
     added = [n for n in names if n not in known]
     if added:
-        store.set_meta("eval_metric_names", known + added)
+        store.set_meta(meta_keys.EVAL_METRIC_NAMES, known + added)
 
 
 def _record_group(session: FitSession, store: Any, existing: Mapping[int, Mapping[str, Any]]) -> None:
     """Write the group's meta, editable fields and the rows of runs the store does not know yet."""
     inputs = session.inputs
     meta: dict[str, Any] = {
-        "fingerprint": inputs.fingerprint,
-        "trainer_type": inputs.trainer_type,
-        "hparam_columns": session.columns,
+        meta_keys.FINGERPRINT: inputs.fingerprint,
+        meta_keys.TRAINER_TYPE: inputs.trainer_type,
+        meta_keys.HPARAM_COLUMNS: session.columns,
     }
     if not existing or any(not RunStatus(r["status"]).is_finished() for r in existing.values()):
         meta.update(inputs.meta())  # a finished experiment keeps the inputs it was trained with

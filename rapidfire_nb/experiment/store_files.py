@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from .. import meta_keys
 from ..errors import ExperimentError
 from ..paths import STORE_FILENAME
 from ..store import Store
@@ -54,8 +55,8 @@ def open_experiment_store(path: Path, name: str) -> tuple[Store, str | None]:
     reason = read_only_reason(path, name)
     if reason is None:
         store = Store(path)
-        if store.get_meta("name") is None:
-            store.update_meta({"name": name, "created_at": time.time()})
+        if store.get_meta(meta_keys.NAME) is None:
+            store.update_meta({meta_keys.NAME: name, meta_keys.CREATED_AT: time.time()})
         return store, None
     if not db.is_file():
         raise ExperimentError(f"{reason}; and it holds no experiment yet, so there is nothing to open")

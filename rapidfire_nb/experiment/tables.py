@@ -11,6 +11,7 @@ from typing import Any
 
 from kernel_scheduler import DEFAULT_DEVICE, RunSnapshot, RunStatus
 
+from .. import meta_keys
 from ..view.stops import stop_history
 
 __all__ = ["ops_table", "results_table", "runs_table"]
@@ -45,12 +46,14 @@ def runs_table(
     """
     import pandas as pd
 
-    generated = [str(n) for n in store.get_meta("eval_metric_names", []) or [] if n not in _PROGRESS_COLUMNS]
+    generated = [
+        str(n) for n in store.get_meta(meta_keys.EVAL_METRIC_NAMES, []) or [] if n not in _PROGRESS_COLUMNS
+    ]
     latest = store.latest_metrics(["loss", "eval_loss", *generated])
     stops = stop_history(store.ops())
-    devices = dict(store.get_meta("devices", {}) or {})
+    devices = dict(store.get_meta(meta_keys.DEVICES, {}) or {})
     devices.update({str(rid): s.device for rid, s in live.items() if s.device and s.device != DEFAULT_DEVICE})
-    cols = list(store.get_meta("hparam_columns", []) or [])
+    cols = list(store.get_meta(meta_keys.HPARAM_COLUMNS, []) or [])
     cols += [c for c in columns if c not in cols]
     rows = []
     for r in store.runs():

@@ -13,6 +13,7 @@ from collections.abc import Mapping, MutableSet, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import meta_keys
 from ..redact import redact
 from ..tracking import TrackedRun
 from ..tracking.backends import openers
@@ -21,8 +22,8 @@ from .reporter import Reporter
 
 __all__ = ["TRACKERS_META", "make_trackers", "tracked_run"]
 
-TRACKERS_META = "trackers"
-"""Store meta key: ``{backend name: its state}`` (e.g. ``{"mlflow": {"uri", "experiment_id", "runs": {...}}}``)."""
+TRACKERS_META = meta_keys.TRACKERS
+"""Store meta key: ``{backend name: its state}`` (:data:`rapidfire_nb.meta_keys.TRACKERS`)."""
 
 
 def make_trackers(

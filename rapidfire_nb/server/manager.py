@@ -25,6 +25,7 @@ from typing import Any
 
 from kernel_scheduler import OpKind, RunStatus
 from kernel_scheduler.ops import OP_ID_PATTERN, OP_ID_RULE
+from rapidfire_nb import meta_keys
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.paths import (
     STORE_FILENAME,
@@ -322,14 +323,14 @@ class ExperimentsManager:
             counts[st] = counts.get(st, 0) + 1
         return {
             "name": name,
-            "trainer_type": meta.get("trainer_type"),
-            "created_at": meta.get("created_at"),
-            "ended_at": meta.get("ended_at"),
-            "updated_at": max((r["updated_at"] for r in runs), default=meta.get("created_at")),
+            "trainer_type": meta.get(meta_keys.TRAINER_TYPE),
+            "created_at": meta.get(meta_keys.CREATED_AT),
+            "ended_at": meta.get(meta_keys.ENDED_AT),
+            "updated_at": max((r["updated_at"] for r in runs), default=meta.get(meta_keys.CREATED_AT)),
             "num_runs": sum(n for st, n in counts.items() if st != RunStatus.DELETED.value),
             "status_counts": counts,
             "writer_alive": alive,
-            "ended": meta.get("ended_at") is not None,
+            "ended": meta.get(meta_keys.ENDED_AT) is not None,
             "last_beat": hb["beat_at"] if hb else None,
         }
 
@@ -494,7 +495,7 @@ class ExperimentsManager:
     def _check_changes(store: Store, run: dict[str, Any], changes: dict[str, Any]) -> None:
         """Every changed field must be editable for this run and its value of the stored JSON type."""
         run_id = run["run_id"]
-        fields = editable_fields(store.get_meta("editable_fields"), run_id, run.get("hparams"))
+        fields = editable_fields(store.get_meta(meta_keys.EDITABLE_FIELDS), run_id, run.get("hparams"))
         if fields is None:
             raise ApiError(400, f"run {run_id} has no editable fields recorded; clone it from its notebook")
         for key, value in changes.items():

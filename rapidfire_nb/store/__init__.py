@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .. import meta_keys
 from ..redact import redact
 from .connection import Connections
 from .schema import (
@@ -419,19 +420,18 @@ class Store(Connections):
         ended_at = _now() if at is None else float(at)
         with self._write() as conn:
             conn.execute(
-                "INSERT INTO meta (key, value) VALUES ('ended_at', ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (_dumps(ended_at),),
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (meta_keys.ENDED_AT, _dumps(ended_at)),
             )
             return self._take_inbox(conn)
 
     def reopen(self) -> None:
         """A kernel trains the experiment again: clear meta ``ended_at`` (the inbox accepts ops again)."""
-        self.set_meta("ended_at", None)
+        self.set_meta(meta_keys.ENDED_AT, None)
 
     def ended_at(self) -> float | None:
         """Unix seconds at which the experiment's kernel ended it, or None (never ended, or trained again since)."""
-        value = self.get_meta("ended_at")
+        value = self.get_meta(meta_keys.ENDED_AT)
         return None if value is None else float(value)
 
     def posted_op(self, op_id: str) -> dict[str, Any] | None:

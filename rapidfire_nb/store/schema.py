@@ -10,6 +10,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from rapidfire_nb import meta_keys
 from rapidfire_nb.errors import ExperimentError
 from rapidfire_nb.paths import STORE_FILENAME
 
@@ -175,7 +176,7 @@ def post_inbox_row(conn: sqlite3.Connection, params: tuple[Any, ...], experiment
         ExperimentEndedError: the experiment's kernel ended it (meta ``ended_at``).
         OpIdReusedError: the op id names another op (:func:`check_op_id`).
     """
-    ended = conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()
+    ended = conn.execute("SELECT value FROM meta WHERE key = ?", (meta_keys.ENDED_AT,)).fetchone()
     if ended is not None and json.loads(ended["value"]) is not None:
         raise ExperimentEndedError(f"the experiment in {experiment_dir} has ended; its inbox is closed")
     if check_op_id(conn, params[0], params[2], params[1]):

@@ -20,9 +20,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kernel_scheduler import DeviceArbiter, Op, OpAck, OpKind, RunStatus, Scheduler, new_op_id
+from rapidfire_nb import meta_keys
 from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec, Recorder
 from rapidfire_nb.view import KernelState, StoreRows, kernel_snapshot
-from rapidfire_nb.view.clock import CLOCK_META_KEY, TrainingClock
+from rapidfire_nb.view.clock import TrainingClock
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -167,7 +168,7 @@ class FakeSource:
         )
         with self._points_lock:
             clock = self._clock.to_meta()
-        meta = {"created_at": self.started_at, "metric_names": names, CLOCK_META_KEY: clock}
+        meta = {meta_keys.CREATED_AT: self.started_at, meta_keys.METRIC_NAMES: names, meta_keys.CLOCK: clock}
         rows_ = StoreRows(meta=meta, runs=rows, latest=latest, ops=ops)
         return kernel_snapshot(self.experiment, rows_, kernel)
 

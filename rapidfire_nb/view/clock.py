@@ -20,6 +20,8 @@ from typing import Any
 
 from kernel_scheduler import RunStatus
 
+from .. import meta_keys
+
 __all__ = [
     "CLOCK_META_KEY",
     "TrainingClock",
@@ -29,8 +31,8 @@ __all__ = [
     "training_seconds",
 ]
 
-#: The store meta key holding :meth:`TrainingClock.to_meta`.
-CLOCK_META_KEY = "clock"
+#: The store meta key holding :meth:`TrainingClock.to_meta` (:data:`rapidfire_nb.meta_keys.CLOCK`).
+CLOCK_META_KEY = meta_keys.CLOCK
 
 
 def training_seconds(

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from kernel_scheduler import DEFAULT_DEVICE, OpKind, PendingOp, RunSnapshot, RunStatus, decide
 
-from .clock import CLOCK_META_KEY, is_training, progress_stats, training_seconds
+from .. import meta_keys
+from .clock import is_training, progress_stats, training_seconds
 from .stops import StopInfo, stop_history
 from .text import (
     best_run,
@@ -75,13 +76,9 @@ __all__ = [
     "store_snapshot",
 ]
 
-#: Meta key of the early-stopping policy's progress (``EarlyStoppingPolicy.progress()``), written by the
-#: kernel's recorder whenever it changes; the server page and a kernel without the scheduler read it.
-EARLY_STOPPING_META_KEY = "early_stopping"
-
-#: Meta key of run id -> the device it trains on (``{"3": "cpu:1"}``), written by the kernel's recorder when the
-#: experiment trains on several devices (``run_fit(devices=...)``); the server page and restarts read it.
-DEVICES_META_KEY = "devices"
+#: Meta keys of the early-stopping policy's progress and of run id -> device (:mod:`rapidfire_nb.meta_keys`).
+EARLY_STOPPING_META_KEY = meta_keys.EARLY_STOPPING
+DEVICES_META_KEY = meta_keys.DEVICES
 
 #: A device's state in a snapshot's ``devices``: a run trains there, nothing does, its worker died, or (the server
 #: page: the store does not record it) unknown.
@@ -342,7 +339,7 @@ def _natural(name: str) -> tuple[str, int, str]:
 
 def _stored_devices(meta: Mapping[str, Any]) -> dict[int, str]:
     """Run id -> device, from meta ``devices`` (empty when the experiment trained on one device)."""
-    stored = meta.get(DEVICES_META_KEY)
+    stored = meta.get(meta_keys.DEVICES)
     if not isinstance(stored, Mapping):
         return {}
     out = {}
@@ -467,7 +464,7 @@ def _run_entry(
         "on_device": bool(snap is not None and snap.on_device),
         "device": device,
         "hparams": {c: hp.get(c) for c in columns} or dict(hp),
-        "editable": _editable_values(rows.meta.get("editable_fields"), run_id, hp),
+        "editable": _editable_values(rows.meta.get(meta_keys.EDITABLE_FIELDS), run_id, hp),
         **_progress_fields(row, snap, live_step),
         "loss": latest.get("loss"),
         "eval_loss": latest.get("eval_loss"),
@@ -499,7 +496,7 @@ def _common(
         "num_chunks": num_chunks,
         "hparam_columns": list(columns),
         "ops": [{k: o.get(k) for k in OP_FIELDS} for o in rows.ops],
-        "metric_names": list(rows.meta.get("metric_names") or []),
+        "metric_names": list(rows.meta.get(meta_keys.METRIC_NAMES) or []),
     }
 
 
@@ -507,7 +504,7 @@ def _timing(
     rows: StoreRows, out: Mapping[str, Any], alive: bool, last_beat: float | None = None
 ) -> dict[str, Any]:
     """Training time (``elapsed_s``, frozen while nothing trains), ``training`` and the tqdm-like ``stats``."""
-    clock = rows.meta.get(CLOCK_META_KEY)
+    clock = rows.meta.get(meta_keys.CLOCK)
     elapsed = training_seconds(clock, float(out["now"]), writer_alive=alive, last_beat=last_beat)
     training = is_training(clock, alive)
     return {
@@ -551,9 +548,9 @@ def kernel_snapshot(
         progress = progress_text(
             ((s.status, s.position if s.num_segments else None) for s in kernel.runs), kernel.num_chunks, HERE
         )
-    started = kernel.started_at or rows.meta.get("created_at")
+    started = kernel.started_at or rows.meta.get(meta_keys.CREATED_AT)
     out = _common(name, rows, started, kernel.num_chunks, kernel.hparam_columns, now)
-    stopper = kernel.early_stopping if kernel.runs is not None else rows.meta.get(EARLY_STOPPING_META_KEY)
+    stopper = kernel.early_stopping if kernel.runs is not None else rows.meta.get(meta_keys.EARLY_STOPPING)
     out = {
         **out,
         "progress": progress,
@@ -585,9 +582,9 @@ def store_snapshot(
         last_beat: unix seconds of its last heartbeat, if any.
         now: unix seconds stamped as ``now`` (default: the clock).
     """
-    columns = [c for c in (rows.meta.get("hparam_columns") or []) if isinstance(c, str)]
-    num_chunks = rows.meta.get("num_chunks") or 0
-    ended = rows.meta.get("ended_at") is not None
+    columns = [c for c in (rows.meta.get(meta_keys.HPARAM_COLUMNS) or []) if isinstance(c, str)]
+    num_chunks = rows.meta.get(meta_keys.NUM_CHUNKS) or 0
+    ended = rows.meta.get(meta_keys.ENDED_AT) is not None
     accepting = writer_alive and not ended
     stored = _stored_devices(rows.meta)
     runs = [
@@ -607,11 +604,11 @@ def store_snapshot(
     ]
     trainer = ENDED if ended else ALIVE if writer_alive else GONE
     progress = progress_text(zip(statuses, positions, strict=True), num_chunks, trainer)
-    out = _common(name, rows, rows.meta.get("created_at"), num_chunks, columns, now)
+    out = _common(name, rows, rows.meta.get(meta_keys.CREATED_AT), num_chunks, columns, now)
     out = {
         **out,
         "runs": runs,
-        "early_stopping": early_stopping_text(rows.meta.get(EARLY_STOPPING_META_KEY), runs),
+        "early_stopping": early_stopping_text(rows.meta.get(meta_keys.EARLY_STOPPING), runs),
     }
     return {
         **out,
