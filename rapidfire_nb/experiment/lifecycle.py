@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ExperimentError, storage_error
 from ..frontend import after_each_cell, in_kernel, thread_parent_hook
 from ..training.openmp import release_thread_team
-from . import panel_source, registry
+from . import panel_source, registry, script_exit
 from .arguments import check_flag
 from .compat import check_drop_in_args, chunks_from_shards
 from .inputs import FitArgs, check_fit_inputs
@@ -162,6 +162,8 @@ def _start(exp: Any, session: FitSession, continued: bool, background: bool) -> 
     after_each_cell(_release_after_cell)  # a kernel: the same after every cell that ran torch code meanwhile
     if background and in_kernel():
         exp._show_panel()
+    elif background:
+        script_exit.watch(session)  # a script that ends while it trains: park the runs before Python exits
 
 
 def _release_after_cell() -> None:

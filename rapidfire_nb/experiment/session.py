@@ -68,6 +68,7 @@ class FitSession:
     started_at: float = field(default_factory=time.time)
     continued: dict[int, int] = field(default_factory=dict)
     stops: dict[int, Any] = field(default_factory=dict)
+    closed: bool = False  # close() was called: nothing trains or writes any more
     _halt_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -351,6 +352,8 @@ class FitSession:
         is not trained at the same time). The recorder is flushed first: it hands the last checkpoints to the
         executor's writer.
         """
+
+        self.closed = True
 
         def close_executor() -> None:
             with self.scheduler.arbiter.acquire(f"{self.scheduler.owner} (end)"):
