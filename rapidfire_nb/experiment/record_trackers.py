@@ -18,6 +18,7 @@ from typing import Any
 
 from kernel_scheduler import RunSnapshot, RunStatus
 
+from ..tracking.base import Trackers
 from .record_items import RecordItem, TrackedItem
 from .record_writes import TRACKED_RUNS_META_KEY, logged_points
 from .tracker_thread import TrackerThread
@@ -32,12 +33,12 @@ class TrackerFeed:
     """What the recorder tells the trackers (recorder thread only); the calls run on the trackers' thread.
 
     Args:
-        tracker: the trackers (a :class:`~rapidfire_nb.tracking.fanout.TrackerSet`, or a null tracker); the
-            optional methods (``open``, ``flush``, ``end_batch``, ``restore_points``) are called where it has them.
+        tracker: the trackers (a :class:`~rapidfire_nb.tracking.fanout.TrackerSet`, or a null tracker): every call
+            of :class:`~rapidfire_nb.tracking.base.Trackers` is made on it (the null tracker's do nothing).
         hand_back: puts an item on the recorder's queue; called on the trackers' thread (even while closing).
     """
 
-    def __init__(self, tracker: Any, hand_back: Callable[[RecordItem], None]) -> None:
+    def __init__(self, tracker: Trackers, hand_back: Callable[[RecordItem], None]) -> None:
         self.tracker = tracker
         self.thread = TrackerThread(tracker)  # every tracker call runs there, after the store write
         self._hand_back = hand_back
@@ -84,13 +85,11 @@ class TrackerFeed:
 
     def end_batch(self) -> None:
         """The end of one recorder batch: the trackers write their buffered points once per window."""
-        if hasattr(self.tracker, "end_batch"):
-            self.thread.end_batch()
+        self.thread.end_batch()
 
     def release(self, done: threading.Event) -> None:
         """Make every tracker write what it holds, then set ``done`` (on the trackers' thread)."""
-        if hasattr(self.tracker, "flush"):
-            self.thread.flush()
+        self.thread.flush()
         self.thread.after(done.set)
 
     def open_runs(
@@ -99,18 +98,13 @@ class TrackerFeed:
         """Open the trackers and start ``runs`` (``(TrackedRun, status)``); a run continued from a step
         (``continued``: run id -> step) gets its stored points up to it back, and an ended run that no earlier
         kernel confirmed (meta ``tracked_runs``: its kernel died before the trackers wrote them) all of them."""
-        if hasattr(self.tracker, "open"):
-            self.thread.open()  # imports and opens the backends (MLflow's first SQLite store: seconds) there
+        self.thread.open()  # imports and opens the backends (MLflow's first SQLite store: seconds) there
         for run, status in runs:
             self._status[run.run_id] = status
             self.thread.start_run(run, status.value)
-        restores = hasattr(self.tracker, "restore_points")
         for run_id, step in continued.items():
             self.thread.continue_from(run_id, step)
-            if restores:
-                self.thread.restore_points(run_id, step, logged_points(store, run_id, step))
-        if not restores:
-            return
+            self.thread.restore_points(run_id, step, logged_points(store, run_id, step))
         confirmed = set(store.get_meta(TRACKED_RUNS_META_KEY, []) or [])
         for run, status in runs:
             if status in ENDED and run.run_id not in continued and run.run_id not in confirmed:
@@ -122,9 +116,6 @@ class TrackerFeed:
 
     def confirm(self, run_id: int) -> None:
         """Once every tracker wrote and flushed what it was handed so far, hand back that ended run ``run_id`` is
-        fully tracked (a :class:`TrackedItem` on the recorder's queue); nothing without ``restore_points``."""
-        if not hasattr(self.tracker, "restore_points"):
-            return
-        if hasattr(self.tracker, "flush"):
-            self.thread.flush()
+        fully tracked (a :class:`TrackedItem` on the recorder's queue)."""
+        self.thread.flush()
         self.thread.after(lambda: self._hand_back(TrackedItem(run_id)))

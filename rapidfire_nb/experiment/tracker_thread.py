@@ -9,7 +9,8 @@ recorder thread: the recorder hands it over (a queue put) and goes on; one threa
 the calls in the order they were handed over.
 
 Thread ownership: the tracker object is used by this thread only while it runs (and by the caller of
-:meth:`TrackerThread.close` after it stopped); the queue is the only thing shared. Standard library only.
+:meth:`TrackerThread.close` after it stopped); the queue is the only thing shared. Standard library only (the tracker
+interface is imported for its type).
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._priority import lower_thread_priority
+
+if TYPE_CHECKING:
+    from ..tracking.base import Trackers
 
 __all__ = ["TRACKER_QUEUE_ITEMS", "TrackerThread"]
 
@@ -37,13 +41,13 @@ class TrackerThread:
 
     Args:
         tracker: the trackers (a :class:`~rapidfire_nb.tracking.fanout.TrackerSet`, or any object with the
-            :class:`~rapidfire_nb.tracking.base.Tracker` methods); its methods' return values are not passed back.
+            :class:`~rapidfire_nb.tracking.base.Trackers` methods); its methods' return values are not passed back.
 
     A call that raises is logged and the next one runs (a :class:`~rapidfire_nb.tracking.fanout.TrackerSet`
     reports and isolates its backends' failures itself).
     """
 
-    def __init__(self, tracker: Any) -> None:
+    def __init__(self, tracker: Trackers) -> None:
         self.tracker = tracker
         self._queue: queue.Queue[tuple[str, tuple[Any, ...]] | None] = queue.Queue(
             maxsize=TRACKER_QUEUE_ITEMS

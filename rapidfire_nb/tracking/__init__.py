@@ -1,7 +1,8 @@
 """Experiment trackers: TensorBoard by default; MLflow, Trackio and W&B optional, alone or together.
 
-Every tracker has the methods of :class:`Tracker`; :class:`NullTracker` is the null object used when tracking is
-off. The backends are chosen with ``Experiment(name, tracking=[...])`` (or the ``RF_*_ENABLED`` environment
+Every backend has the methods of :class:`Tracker` (:class:`BackendTracker` gives each a default that does
+nothing); the recorder calls those of :class:`Trackers`; :class:`NullTracker` is the null object used when tracking
+is off. The backends are chosen with ``Experiment(name, tracking=[...])`` (or the ``RF_*_ENABLED`` environment
 variables, :mod:`.backends`) and put behind one :class:`~.fanout.TrackerSet`, the one object the recorder talks
 to: it isolates the backends from each other and from training. A backend's own package (tensorboard, mlflow,
 trackio, wandb) is imported only when its tracker is made.
@@ -13,7 +14,15 @@ Metric names: the recorder hands over TRL's names (``loss``, ``eval_loss``, ``le
 
 from __future__ import annotations
 
-from rapidfire_nb.tracking.base import BackendTracker, TrackedRun, Tracker, split_name
+from rapidfire_nb.tracking.base import BackendTracker, TrackedRun, Tracker, Trackers, split_name
 from rapidfire_nb.tracking.tensorboard import NullTracker, TensorBoardTracker
 
-__all__ = ["BackendTracker", "NullTracker", "TensorBoardTracker", "TrackedRun", "Tracker", "split_name"]
+__all__ = [
+    "BackendTracker",
+    "NullTracker",
+    "TensorBoardTracker",
+    "TrackedRun",
+    "Tracker",
+    "Trackers",
+    "split_name",
+]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rapidfire_nb.errors import ConfigError, closest_name
+from rapidfire_nb.tracking.base import Tracker
 from rapidfire_nb.tracking.fanout import Opener
 
 __all__ = ["BACKENDS", "DEFAULT_TRACKING", "ENV_VARS", "openers", "resolve_tracking"]
@@ -161,13 +162,13 @@ def openers(
         save: ``save(backend name, state)`` keeps a backend's state in the experiment's store.
     """
 
-    def factory(name: str) -> Callable[[], Any]:
+    def factory(name: str) -> Callable[[], Tracker]:
         own = dict(state.get(name) or {})
 
         def keep(value: dict[str, Any]) -> None:
             save(name, value)
 
-        def make() -> Any:
+        def make() -> Tracker:
             if name == "tensorboard":
                 from rapidfire_nb.tracking.tensorboard import TensorBoardTracker
 

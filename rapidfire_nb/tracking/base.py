@@ -1,14 +1,19 @@
-"""The tracker interface: :class:`Tracker` (what every backend implements), :class:`TrackedRun` (what it is told
-about a run), the metric naming of the split style, and a :class:`BackendTracker` base with the defaults."""
+"""The tracker interfaces: :class:`Tracker` (what every backend implements: each call the fan-out makes),
+:class:`Trackers` (what the recorder calls on its one tracker object: the fan-out, or the null tracker),
+:class:`TrackedRun` (what a tracker is told about a run), the metric naming of the split style, and a
+:class:`BackendTracker` base whose every method does nothing (a backend overrides what it writes)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["BackendTracker", "TrackedRun", "Tracker", "split_name"]
+__all__ = ["BackendTracker", "Point", "TrackedRun", "Tracker", "Trackers", "split_name"]
+
+Point = tuple[int, Mapping[str, Any], float | None]
+"""One stored log call of a run: ``(step, {metric name: value}, wall_time)`` (unix seconds, None: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -43,11 +48,24 @@ def split_name(name: str) -> str:
 
 @runtime_checkable
 class Tracker(Protocol):
-    """What the recorder (through a :class:`~.fanout.TrackerSet`) calls on a tracker, on the trackers' thread only.
+    """A backend (TensorBoard, MLflow, Trackio, W&B): every call the :class:`~.fanout.TrackerSet` makes on it, on the
+    trackers' thread only. :class:`BackendTracker` gives every method a default (nothing to do), so a backend
+    overrides only what it writes; the set calls them all, on every backend.
 
     ``status`` values are :class:`kernel_scheduler.RunStatus` values (``NEW ONGOING STOPPED COMPLETED FAILED DELETED
     INTERRUPTED``); each tracker maps them to its backend's lifecycle.
+
+    Attributes:
+        name: the backend's name in ``tracking=[...]`` (in the set's failure lines).
+        metric_style: ``"trl"`` (metric names as TRL logs them: ``eval_loss``) or ``"split"`` (``eval/loss``,
+            ``train/loss``: :func:`split_name`).
     """
+
+    name: str
+    metric_style: str
+
+    def describe(self) -> str | None:
+        """One line printed when training starts: where the data goes and how to look at it (None: nothing)."""
 
     def log_scalars(
         self, run_id: int, step: int, scalars: Mapping[str, Any], wall_time: float | None = None
@@ -67,6 +85,14 @@ class Tracker(Protocol):
         """Run ``run_id`` restarts from its checkpoint at ``step``: what was logged above ``step`` before is not
         shown twice."""
 
+    def restore_points(self, run_id: int, step: int, points: Sequence[Point]) -> None:
+        """A restarted run's points up to its checkpoint at ``step``, from the store (``(step, {name: value},
+        wall_time)`` per log call, in order, names in this tracker's ``metric_style``): write those the backend
+        lacks (a killed process may not have written its last ones)."""
+
+    def end_batch(self) -> None:
+        """A write window is over (:data:`~.fanout.WRITE_EVERY_S`): write what was buffered."""
+
     def flush(self) -> None:
         """Write buffered data out."""
 
@@ -77,9 +103,49 @@ class Tracker(Protocol):
         """Stop logging run ``run_id`` and mark its data as deleted."""
 
 
+@runtime_checkable
+class Trackers(Protocol):
+    """The recorder's one tracker object: every call its :class:`~rapidfire_nb.experiment.record_trackers.TrackerFeed`
+    makes, on the trackers' thread only. Implemented by the :class:`~.fanout.TrackerSet` (every backend behind one
+    object) and by :class:`~.tensorboard.NullTracker` (nothing to do). Metric names are TRL's (``loss``,
+    ``eval_loss``); the set maps them per backend."""
+
+    def open(self) -> None:
+        """Make the backends (imports, MLflow's store migrations: seconds); idempotent."""
+
+    def start_run(self, run: TrackedRun, status: str) -> None:
+        """Track ``run`` (now in ``status``)."""
+
+    def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
+        """Run ``run_id`` changed to ``status`` since ``at`` (unix seconds; None: now)."""
+
+    def log_metrics(
+        self, run_id: int, step: int, metrics: Mapping[str, float], wall_time: float | None = None
+    ) -> None:
+        """One TRL log call (``{name: value}``) of run ``run_id`` at ``step``."""
+
+    def continue_from(self, run_id: int, step: int) -> None:
+        """Run ``run_id`` continues from its checkpoint at ``step``."""
+
+    def restore_points(self, run_id: int, step: int, points: Sequence[Point]) -> None:
+        """A restarted (or unconfirmed ended) run's stored points up to ``step``, TRL's names."""
+
+    def mark_deleted(self, run_id: int) -> object:
+        """Run ``run_id`` was deleted (its return value is not used)."""
+
+    def end_batch(self) -> None:
+        """The recorder wrote one batch (the set writes the backends' buffers once per window)."""
+
+    def flush(self) -> None:
+        """Write everything held before returning."""
+
+    def close(self) -> None:
+        """Flush and close everything; idempotent."""
+
+
 class BackendTracker:
-    """Defaults for an optional backend (MLflow, Trackio, W&B): every method of :class:`Tracker` plus the few the
-    :class:`~.fanout.TrackerSet` uses. Subclasses override what their backend does.
+    """Defaults for a backend (MLflow, Trackio, W&B; the :class:`~.tensorboard.NullTracker`): every method of
+    :class:`Tracker`, each doing nothing. Subclasses override what their backend does.
 
     Attributes:
         name: the backend's name in ``tracking=[...]``.
@@ -108,6 +174,10 @@ class BackendTracker:
         return None
 
     def continue_from(self, run_id: int, step: int) -> None:
+        return None
+
+    def restore_points(self, run_id: int, step: int, points: Sequence[Point]) -> None:
+        """Nothing to write again (W&B: its points are not restored)."""
         return None
 
     def end_batch(self) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, MutableSet, Sequence
 from typing import Any
 
 from rapidfire_nb.redact import hide_url_passwords
-from rapidfire_nb.tracking.base import TrackedRun, split_name
+from rapidfire_nb.tracking.base import Point, TrackedRun, Tracker, split_name
 
 __all__ = ["WRITE_EVERY_S", "TrackerSet"]
 
@@ -32,7 +32,7 @@ WRITE_EVERY_S = 5.0
 """Seconds between two writes of the buffered points (``end_batch`` on every backend); a status change of a run,
 :meth:`TrackerSet.flush` and :meth:`TrackerSet.close` write at once."""
 
-Opener = tuple[str, Callable[[], Any]]
+Opener = tuple[str, Callable[[], Tracker]]
 """``(backend name, factory)``: the factory makes the opened tracker (it may raise: the backend is then off)."""
 
 
@@ -62,7 +62,7 @@ class TrackerSet:
         self._last_write: float | None = None
         self._report = report
         self._off: MutableSet[str] = turned_off if turned_off is not None else set()
-        self._live: list[Any] = []
+        self._live: list[Tracker] = []
         self._opened = False
         self.failures: dict[str, str] = {}
 
@@ -114,19 +114,19 @@ class TrackerSet:
     def continue_from(self, run_id: int, step: int) -> None:
         self._each("continue_from", run_id, step)
 
-    def restore_points(
-        self, run_id: int, step: int, points: Sequence[tuple[int, Mapping[str, float], float | None]]
-    ) -> None:
+    def restore_points(self, run_id: int, step: int, points: Sequence[Point]) -> None:
         """A restarted run's points up to its checkpoint at ``step``, from the store (``(step, {TRL name: value},
-        wall_time)`` per log call, in order), to the backends that write them again (TensorBoard: a killed process
-        may not have flushed its last ones); the others skip it."""
+        wall_time)`` per log call, in order), to every backend: those that write them again do (TensorBoard: a
+        killed process may not have flushed its last ones; MLflow and Trackio: the steps they lack), the others'
+        ``restore_points`` does nothing (:class:`~.base.BackendTracker`'s default)."""
+        split: list[Point] | None = None
         for tracker in list(self._live):
-            if not hasattr(tracker, "restore_points"):
-                continue
             if tracker.metric_style == "trl":
-                mapped = list(points)
+                mapped: list[Point] = list(points)
             else:
-                mapped = [(at, {split_name(k): v for k, v in m.items()}, wt) for at, m, wt in points]
+                if split is None:
+                    split = [(at, {split_name(k): v for k, v in m.items()}, wt) for at, m, wt in points]
+                mapped = split
             self._call(tracker, "restore_points", run_id, step, mapped)
 
     def mark_deleted(self, run_id: int) -> None:
@@ -157,7 +157,7 @@ class TrackerSet:
         for tracker in list(self._live):
             self._call(tracker, method, *args)
 
-    def _call(self, tracker: Any, method: str, *args: Any) -> Any:
+    def _call(self, tracker: Tracker, method: str, *args: Any) -> Any:
         try:
             return getattr(tracker, method)(*args)
         except Exception as exc:

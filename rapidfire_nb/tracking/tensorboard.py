@@ -260,10 +260,13 @@ class TensorBoardTracker:
 
 
 class NullTracker(BackendTracker):
-    """Stands in for a tracker when tracking is off: every method does nothing (:class:`~.base.BackendTracker`'s
-    defaults)."""
+    """Stands in for a tracker when tracking is off: every method of :class:`~.base.Tracker` and of
+    :class:`~.base.Trackers` (what the recorder calls) does nothing (:class:`~.base.BackendTracker`'s defaults)."""
 
     name = "none"
+
+    def open(self) -> None:
+        return None  # nothing to make (a TrackerSet makes its backends here)
 
     def log_metrics(
         self, run_id: int, step: int, metrics: Mapping[str, float], wall_time: float | None = None
