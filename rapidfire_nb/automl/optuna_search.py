@@ -42,6 +42,7 @@ __all__ = ["RFOptuna"]
 
 _SAMPLERS = ("tpe", "cmaes", "random")
 _PRUNERS = ("median", "hyperband", None)
+_MAX_REPEATS = 20  # trials asked in a row that repeat a tried config before the search stops asking
 
 
 def _optuna() -> Any:
@@ -119,8 +120,14 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
         pruner: ``"hyperband"`` (Optuna's HyperbandPruner over the chunks of an epoch: running trials are
             compared at each rung), ``"median"`` (Optuna's MedianPruner: it compares with completed trials only,
             so it prunes from the second wave of trials on) or None (no pruning).
-        seed: the sampler's seed.
+        seed: the sampler's seed (a restarted kernel's sampler is seeded ``seed + trials already in the study``,
+            so it does not ask for the same configs again).
         granularity: ``"chunk"`` (report at every chunk end, step = chunks done) or ``"epoch"`` (at epoch ends).
+
+    A trial that asks for exactly the config of an earlier trial (Optuna's samplers may: optuna/optuna#2021) is
+    not trained twice: it is told the earlier trial's result (or PRUNED, or FAIL while that one still trains), a
+    note says so, and the next trial is asked; it counts against the budget. After 20 such trials in a row the
+    search stops asking (the space looks exhausted; a note says so).
 
     Raises:
         ConfigError: a bad argument, or Optuna is not installed.
@@ -157,6 +164,7 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
         self._last: dict[int, float] = {}
         # trial number -> its state's name (RUNNING, PRUNED, ...), for progress()
         self._states: dict[int, str] = {}
+        self._run_of: dict[int, int] = {}  # trial number -> its run id (for the notes)
 
     # ------------------------------------------------------------------ config group
     def bind(self, folder: Path, num_chunks: int) -> None:
@@ -179,6 +187,8 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
                 directions=[d for d, _ in self.objectives],
             )
         stored = sorted(self.study.trials, key=lambda t: t.number)
+        if stored:  # a restarted kernel: a sampler seeded as before would replay the configs it asked then
+            self.study.sampler = self._make_sampler(seed_offset=len(stored))
         self._states.update({t.number: t.state.name for t in stored})
         leaves = []
         for i in range(self.n_initial):
@@ -191,6 +201,8 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
             self._states[trial.number] = "RUNNING"
             self._trials[i + 1] = trial
             leaves.append(self._leaf(trial))
+        self._run_of.update({t.number: i + 1 for i, t in enumerate(stored[: self.n_initial])})
+        self._run_of.update({trial.number: run_id for run_id, trial in self._trials.items()})
         return leaves
 
     def restore_added(self, added: Mapping[int, Mapping[str, Any]]) -> dict[int, LeafConfig]:
@@ -216,6 +228,7 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
             if frozen is None:
                 continue
             out[run_id] = self._leaf(optuna.trial.FixedTrial(frozen.params))
+            self._run_of[number] = run_id
             if frozen.state == optuna.trial.TrialState.RUNNING:
                 self._trials.setdefault(run_id, optuna.trial.Trial(self.study, frozen._trial_id))
         held = {trial.number for trial in self._trials.values()} | {t.number for t in self._waiting}
@@ -235,19 +248,21 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
         resolved = {name: _suggest(getattr(config, name), trial, name) for name in MODEL_FIELDS}
         return make_leaf(self.trainer_type, resolved, f"configs[{index}]")
 
-    def _make_sampler(self) -> Any:
+    def _make_sampler(self, seed_offset: int = 0) -> Any:
+        """The sampler, seeded with ``seed + seed_offset`` (the trials a restarted study holds already)."""
         samplers = self._optuna.samplers
+        seed = self.seed + seed_offset
         if self.sampler == "tpe":
-            return samplers.TPESampler(seed=self.seed, constant_liar=True, n_startup_trials=self.n_initial)
+            return samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=self.n_initial)
         if self.sampler == "random":
-            return samplers.RandomSampler(seed=self.seed)
+            return samplers.RandomSampler(seed=seed)
         try:
             import cmaes  # noqa: F401
         except ImportError:
             raise ConfigError(
                 "RFOptuna: sampler='cmaes' needs the cmaes package: pip install cmaes"
             ) from None
-        return samplers.CmaEsSampler(seed=self.seed)
+        return samplers.CmaEsSampler(seed=seed)
 
     def _make_pruner(self) -> Any:
         pruners = self._optuna.pruners
@@ -307,6 +322,7 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
     def on_added(self, run_id: int, new_run: NewRun) -> None:
         if self._waiting:
             self._trials[run_id] = self._waiting.pop(0)
+            self._run_of[self._trials[run_id].number] = run_id
 
     def _tell(self, run_id: int, values: list[float] | None = None, state: str | None = None) -> None:
         trial = self._trials.pop(run_id)
@@ -318,13 +334,61 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
         self._states[trial.number] = "COMPLETE" if values is not None else str(state)
 
     def _replace(self) -> Decisions:
-        if len(self.study.trials) >= self.budget:
-            return Decisions()
-        trial = self.study.ask()
-        self._states[trial.number] = "RUNNING"
-        self._waiting.append(trial)
-        info = {"source": "trial", "trial": trial.number}
-        return Decisions(new_runs=(NewRun(self._leaf(trial), info),))
+        """Ask the study for the next trial while the budget lasts; a trial that repeats the config of an earlier
+        one is not trained again (:meth:`_settle_repeat`), and another is asked, up to ``_MAX_REPEATS`` times."""
+        notes: list[str] = []
+        for _ in range(_MAX_REPEATS):
+            if len(self.study.trials) >= self.budget:
+                return Decisions(notes=tuple(notes))
+            trial = self.study.ask()
+            leaf = self._leaf(trial)
+            earlier = self._same_config(trial)
+            if earlier is None:
+                self._states[trial.number] = "RUNNING"
+                self._waiting.append(trial)
+                info = {"source": "trial", "trial": trial.number}
+                return Decisions(new_runs=(NewRun(leaf, info),), notes=tuple(notes))
+            notes.append(self._settle_repeat(trial, earlier))
+        notes.append(
+            f"RFOptuna: {_MAX_REPEATS} trials in a row asked for configs tried already; no new trial is asked "
+            "(the search space looks exhausted: widen a Range or add List values to search further)"
+        )
+        return Decisions(notes=tuple(notes))
+
+    def _same_config(self, trial: Any) -> Any:
+        """The earliest other trial (not FAIL) with exactly ``trial``'s parameters, or None."""
+        fail = self._optuna.trial.TrialState.FAIL
+        for other in sorted(self.study.trials, key=lambda t: t.number):
+            if other.number != trial.number and other.state != fail and other.params == trial.params:
+                return other
+        return None
+
+    def _settle_repeat(self, trial: Any, earlier: Any) -> str:
+        """Tell ``trial`` (a repeat of ``earlier``'s config) without training it, and say so.
+
+        A COMPLETE earlier trial gives its values (Optuna's samplers then see the result twice, as they would
+        had it been trained again: training is deterministic here); a PRUNED one makes it PRUNED; one still
+        training makes it FAIL (its result is not known yet; samplers skip FAIL trials). Either way the trial
+        counts against the budget: it is a trial the study asked.
+        """
+        state = self._optuna.trial.TrialState
+        run = self._run_of.get(earlier.number)
+        where = f"trial {earlier.number}" + (f" (run {run})" if run is not None else "")
+        head = f"RFOptuna: trial {trial.number} asked for the config of {where} again; not trained twice"
+        if earlier.state == state.COMPLETE:
+            self.study.tell(trial, earlier.values if len(earlier.values) > 1 else earlier.values[0])
+            self._states[trial.number] = "COMPLETE"
+            shown = ", ".join(
+                f"{m} {v:.4g}" for (_, m), v in zip(self.objectives, earlier.values, strict=False)
+            )
+            return f"{head}: given its result ({shown})"
+        if earlier.state == state.PRUNED:
+            self.study.tell(trial, state=state.PRUNED)
+            self._states[trial.number] = "PRUNED"
+            return f"{head}: pruned as it was"
+        self.study.tell(trial, state=state.FAIL)
+        self._states[trial.number] = "FAIL"
+        return f"{head}: that one is still training (this trial is told FAIL)"
 
     def progress(self) -> dict[str, Any]:
         """``{"label", "kind": "search", "name": "Optuna", "trials", "budget", "pruned", "running"}``: trials

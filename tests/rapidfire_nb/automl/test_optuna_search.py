@@ -137,3 +137,41 @@ def test_a_restart_gets_the_same_runs_back(tmp_path: Path) -> None:
 def test_bad_arguments(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _search(**kw)
+
+
+def test_a_trial_that_repeats_a_tried_config_is_not_trained_again_and_says_so(tmp_path: Path) -> None:
+    """Optuna's samplers may ask for parameters tried already (optuna/optuna#2021): a 2-config space, 2 initial
+    trials, budget 6. Each repeat is told the earlier trial's result without a run, a note names both trials, and
+    once every config was tried the search stops asking (a note says why) instead of training a config twice."""
+    config = RFModelConfig(
+        model_name="tiny", training_args=RFSFTConfig(learning_rate=List([1e-4, 1e-3]), max_steps=8)
+    )
+    search = RFOptuna(config, "SFT", n_initial=2, budget=6, sampler="random", pruner=None, seed=0)
+    search.bind(tmp_path, num_chunks=4)
+    leaves = search.expand(42)
+    runs = [RunState(r, ON, 3, 4) for r in (1, 2)]
+    trained = {leaf.hparams()["learning_rate"] for leaf in leaves}
+    notes: list[str] = []
+    new_ids = iter(range(3, 10))
+    for run_id, value in ((1, 1.5), (2, 2.5)):
+        d = search.on_chunk(ChunkResult(run_id, 4, {"eval_loss": value}, final=True), runs)
+        notes += d.notes
+        for new in d.new_runs:
+            lr = new.leaf.hparams()["learning_rate"]
+            assert lr not in trained, f"config lr={lr} trained twice"
+            trained.add(lr)
+            search.on_added(next(new_ids), new)
+    by_number = {t.number: t for t in search.study.trials}
+    repeats = [n for n in by_number if n >= 2]
+    assert repeats, "no trial repeated a config: the test proves nothing"
+    for n in repeats:
+        t = by_number[n]
+        first = next(o for o in by_number.values() if o.number < 2 and o.params == t.params)
+        assert t.state.name in ("COMPLETE", "FAIL")  # FAIL: its config's first trial was still training then
+        if t.state.name == "COMPLETE":
+            assert first.state.name == "COMPLETE" and t.value == first.value
+    assert len(search.study.trials) <= 6
+    assert any(
+        f"RFOptuna: trial {repeats[0]} asked for the config of trial " in note and "not trained twice" in note
+        for note in notes
+    ), notes
