@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy kernel_scheduler rapidfire_nb/spec rapidfire_nb/schema.py rapidfire_nb/view rapidfire_nb/devices
+.venv/bin/mypy kernel_scheduler rapidfire_nb/spec rapidfire_nb/schema rapidfire_nb/view rapidfire_nb/devices

@@ -21,6 +21,7 @@ from typing import Any
 from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError, closest_name
 from rapidfire_nb.redact import REDACTED, first_secret_key, omit_secrets, redact
+from rapidfire_nb.schema.trainer_kinds import TRAINER_KINDS, trainer_kind
 
 from .build import build_lora_config, build_training_args
 from .values import check_model_field, deep_copy, find_knob, jsonable
@@ -30,11 +31,12 @@ __all__ = ["FUNCTION_KEYS", "REF_MODEL_TRAINERS", "REWARD_FUNCS_TRAINERS", "Leaf
 FUNCTION_KEYS: tuple[str, ...] = ("formatting_func", "compute_metrics", "reward_funcs")
 """``with_changes`` keys whose values are functions (accepted only with ``allow_functions=True``)."""
 
-REWARD_FUNCS_TRAINERS: tuple[str, ...] = ("GRPO",)
-"""Trainer types that take ``reward_funcs`` (and need at least one)."""
+REWARD_FUNCS_TRAINERS: tuple[str, ...] = tuple(k.name for k in TRAINER_KINDS.values() if k.takes_reward_funcs)
+"""Trainer types that take ``reward_funcs`` (and need at least one): ``("GRPO",)``, read from the kind table."""
 
-REF_MODEL_TRAINERS: tuple[str, ...] = ("DPO", "GRPO")
-"""Trainer types for which ``ref_model_name``/``ref_model_kwargs`` may be set (GRPO then fails in its precheck)."""
+REF_MODEL_TRAINERS: tuple[str, ...] = tuple(k.name for k in TRAINER_KINDS.values() if k.has_reference_model)
+"""Trainer types for which ``ref_model_name``/``ref_model_kwargs`` may be set: ``("DPO", "GRPO")``, read from the
+kind table (GRPO then fails in its precheck)."""
 
 _MODEL_LEVEL_KEYS: tuple[str, ...] = (
     "model_name",
@@ -114,19 +116,21 @@ class LeafConfig:
         self._check_trainer_fields()
 
     def _check_trainer_fields(self) -> None:
-        """Model-level fields only some trainer types use (``REWARD_FUNCS_TRAINERS``, ``REF_MODEL_TRAINERS``)."""
+        """Model-level fields only some trainer types use (the kind table's ``takes_reward_funcs``,
+        ``has_reference_model``)."""
         kind = self.trainer_type
-        if kind in REWARD_FUNCS_TRAINERS and not self.reward_funcs:
+        facts = trainer_kind(kind)
+        if facts.takes_reward_funcs and not self.reward_funcs:
             raise ConfigError(
                 f"{kind} needs reward functions: set RFModelConfig(reward_funcs=[my_reward, ...]) "
                 "(each reward_func(prompts, completions, **kwargs) -> list[float])"
             )
-        if kind not in REWARD_FUNCS_TRAINERS and self.reward_funcs:
+        if not facts.takes_reward_funcs and self.reward_funcs:
             raise ConfigError(
                 f"reward_funcs is used only by {' and '.join(REWARD_FUNCS_TRAINERS)}, but trainer_type is "
                 f"{kind!r}; remove it"
             )
-        if kind not in REF_MODEL_TRAINERS and (self.ref_model_name is not None or self.ref_model_kwargs):
+        if not facts.has_reference_model and (self.ref_model_name is not None or self.ref_model_kwargs):
             raise ConfigError(
                 f"ref_model_name/ref_model_kwargs are used only by {' and '.join(REF_MODEL_TRAINERS)}; "
                 f"remove them for {kind}"

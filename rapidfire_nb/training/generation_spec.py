@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapidfire_nb.errors import ConfigError, closest_name
+from rapidfire_nb.schema.trainer_kinds import trainer_kind
 
 __all__ = [
     "CONTROL_KEYS",
@@ -363,7 +364,8 @@ def check_generation_eval(spec: Any, eval_rows: Any) -> list[str]:
         Notes for the user (e.g. ``generation_config`` without ``compute_metrics`` generates nothing).
 
     Raises:
-        ConfigError: GRPO with ``compute_metrics`` alone (GRPOTrainer takes none); both set but no eval set;
+        ConfigError: ``compute_metrics`` alone for a kind whose TRL trainer takes none (GRPO: the kind table's
+            ``takes_compute_metrics``); both set but no eval set;
             a bad ``generation_config`` (see :func:`check_generation_config`); no eval row with a prompt and a
             reference (the column patterns are named).
     """
@@ -371,11 +373,13 @@ def check_generation_eval(spec: Any, eval_rows: Any) -> list[str]:
     if config is not None:
         check_generation_config(config)
     if metrics is not None and config is None:
-        if spec.trainer_type == "GRPO":
+        kind = trainer_kind(spec.trainer_type)
+        if not kind.takes_compute_metrics:
             raise ConfigError(
                 "compute_metrics without generation_config goes to the TRL trainer (as in rapidfireai), and "
-                "GRPOTrainer takes none. Add generation_config={...} (e.g. {'max_new_tokens': 64, 'do_sample': "
-                "False}) to score generated completions, or remove compute_metrics (GRPO logs eval_reward itself)"
+                f"{kind.trainer_class_name} takes none. Add generation_config={{...}} (e.g. {{'max_new_tokens': 64, "
+                "'do_sample': False}) to score generated completions, or remove compute_metrics "
+                f"({kind.name} logs its own evaluation metrics)"
             )
         return []
     if config is not None and metrics is None:

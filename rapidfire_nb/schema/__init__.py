@@ -8,7 +8,8 @@ answer is cached per class.
 
 The one table of renamed/deprecated argument names lives here (``RENAMES``). A rename applies only when the
 installed library really lacks the old name and has the new one, so the table stays correct across the
-versions ``pyproject.toml`` allows.
+versions ``pyproject.toml`` allows. What each trainer kind is (its TRL config and trainer classes, which
+model-level fields it takes) is one table in :mod:`rapidfire_nb.schema.trainer_kinds`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Any
 
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.redact import REDACTED, is_secret_key
+
+from .trainer_kinds import TRAINER_TYPES, trainer_kind
 
 __all__ = [
     "MAX_EPOCHS",
@@ -54,12 +57,6 @@ __all__ = [
     "warn_user",
 ]
 
-_TRAINER_CLASS_NAMES: dict[str, str] = {"SFT": "SFTConfig", "DPO": "DPOConfig", "GRPO": "GRPOConfig"}
-"""Trainer type -> its TRL config class's name in ``trl`` (one line per supported trainer type)."""
-
-TRAINER_TYPES: tuple[str, ...] = tuple(_TRAINER_CLASS_NAMES)
-"""The supported trainer types: ``("SFT", "DPO", "GRPO")``."""
-
 
 def normalize_trainer_type(trainer_type: object) -> str:
     """Return ``trainer_type`` upper-cased after checking it names a supported trainer.
@@ -71,12 +68,9 @@ def normalize_trainer_type(trainer_type: object) -> str:
         ``"SFT"``, ``"DPO"`` or ``"GRPO"``.
 
     Raises:
-        ConfigError: Anything else.
+        ConfigError: Anything else (:func:`~rapidfire_nb.schema.trainer_kinds.trainer_kind`).
     """
-    if isinstance(trainer_type, str) and trainer_type.strip().upper() in TRAINER_TYPES:
-        return trainer_type.strip().upper()
-    names = ", ".join(repr(t) for t in TRAINER_TYPES)
-    raise ConfigError(f"trainer_type must be one of {names}, got {trainer_type!r}")
+    return trainer_kind(trainer_type).name
 
 
 def trainer_config_class(trainer_type: str) -> type:
@@ -93,7 +87,7 @@ def trainer_config_class(trainer_type: str) -> type:
     """
     import trl
 
-    return getattr(trl, _TRAINER_CLASS_NAMES[normalize_trainer_type(trainer_type)])  # type: ignore[no-any-return]
+    return getattr(trl, trainer_kind(trainer_type).config_class_name)  # type: ignore[no-any-return]
 
 
 def lora_config_class() -> type:
