@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +180,25 @@ class EarlyStoppingPolicy(ABC):
             values count again); a run left out cannot be continued. The default rebuilds none.
         """
         return {}
+
+    def keep_book(
+        self, journal: Callable[[Mapping[str, Any]], None], events: Sequence[Mapping[str, Any]] = ()
+    ) -> int:
+        """Keep what the policy decided across restarts: rebuild its state from ``events`` (what it told an
+        earlier kernel's ``journal``, in order) and tell ``journal`` each change from now on (small JSON-able
+        dicts, to be stored in order). Called once by ``run_fit`` before the scheduler starts.
+
+        Returns:
+            The events taken. The default keeps nothing and takes none (a rung policy keeps its rung book:
+            :meth:`~kernel_scheduler.early_stopping.rungs.RungPolicy.keep_book`).
+        """
+        return 0
+
+    def restore_chunk(self, result: ChunkResult) -> bool:
+        """A chunk a run completed in an earlier kernel, read back from the store after :meth:`keep_book`: record
+        what :meth:`on_chunk` would have recorded if the kill lost it (the run continues past that chunk and
+        never reports it again); decide nothing yet. Returns True when it recorded something (default: never)."""
+        return False
 
     @abstractmethod
     def describe(self) -> str:

@@ -7,6 +7,10 @@ between two chunks. Once decided, a rung stays closed: a run that reaches it lat
 one on a slower device) is judged on arrival against every value recorded at that rung (ASHA's rule), so nobody
 waits for a straggler. Runs that start past a rung (a warm clone at its parent's chunk, a run continued from a
 checkpoint) are not judged there.
+
+The book survives a restart: every value, decision and judgement is told to a journal the store keeps, and
+:meth:`RungPolicy.keep_book` rebuilds it on every open (:mod:`~kernel_scheduler.early_stopping.book`), so a kill
+at any point of a decision gives the decisions an uninterrupted process would have made.
 """
 
 from __future__ import annotations
@@ -17,55 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import ChunkResult, Decisions, EarlyStop, EarlyStoppingPolicy, RunState, check_metric, check_mode
+from .book import Journal, RungBook
 
-__all__ = ["RungBook", "RungPolicy", "rank"]
-
-
-class RungBook:
-    """The values recorded at each rung, the ``(run, rung)`` pairs judged, the rungs decided.
-
-    Pure bookkeeping (no clock, no threads): :meth:`record` is idempotent (the first value of a ``(run, rung)``
-    stays), and :meth:`due` hands out each pair once.
-    """
-
-    def __init__(self) -> None:
-        self._values: dict[int, dict[int, float]] = {}  # rung -> run -> value, in arrival order
-        self._judged: set[tuple[int, int]] = set()
-        self._closed: set[int] = set()
-
-    def record(self, rung: int, run_id: int, value: float) -> bool:
-        """Record ``run_id``'s ``value`` at ``rung``; False when it was recorded already (nothing changes)."""
-        at = self._values.setdefault(rung, {})
-        if run_id in at:
-            return False
-        at[run_id] = value
-        return True
-
-    def values(self, rung: int) -> Mapping[int, float]:
-        """Run id -> value recorded at ``rung`` (arrival order)."""
-        return dict(self._values.get(rung, {}))
-
-    def closed(self, rung: int) -> bool:
-        """True once ``rung`` was decided."""
-        return rung in self._closed
-
-    def due(self, runs: Sequence[RunState]) -> list[tuple[int, int]]:
-        """The ``(rung, run_id)`` pairs to judge now, each once: those at rungs every run has reached.
-
-        Args:
-            runs: every run now; an active run with ``chunks_done < rung <= total_chunks`` holds the rung open.
-        """
-        out = []
-        for rung in sorted(self._values):
-            if rung not in self._closed:
-                if any(s.active and s.chunks_done < rung <= s.total_chunks for s in runs):
-                    continue
-                self._closed.add(rung)
-            for run_id in self._values[rung]:
-                if (run_id, rung) not in self._judged:
-                    self._judged.add((run_id, rung))
-                    out.append((rung, run_id))
-        return out
+__all__ = ["RungBook", "RungPolicy", "rank", "worse"]
 
 
 def rank(values: Mapping[int, float], mode: str) -> list[tuple[int, float]]:
@@ -101,7 +59,7 @@ class RungPolicy(EarlyStoppingPolicy):
     def __init__(self, metric: str, mode: str) -> None:
         self.metric = check_metric(metric)
         self.mode = check_mode(mode)
-        self._book = RungBook()
+        self._book = RungBook(self.metric)
         self._missing_said = False
         self._next_rung: int | None = None  # the next rung the active runs reach (for progress())
 
@@ -148,6 +106,22 @@ class RungPolicy(EarlyStoppingPolicy):
     def on_change(self, runs: Sequence[RunState], changed: Sequence[RunState]) -> Decisions:
         return self._sweep(runs)
 
+    def keep_book(self, journal: Journal, events: Sequence[Mapping[str, Any]] = ()) -> int:
+        """Rebuild the rung book from ``events`` (the journal an earlier kernel kept, in order) and tell
+        ``journal`` every change from now on. Returns the events taken (values of another metric are left out).
+
+        Call it once, before the scheduler starts: the first decision point then decides what the dead kernel
+        left undecided, and stops again a run it stopped whose stop never applied (one that still trains)."""
+        book = RungBook(self.metric)
+        taken = book.restore(events)
+        book.journal = journal
+        self._book = book
+        return taken
+
+    def restore_chunk(self, result: ChunkResult) -> bool:
+        value = result.value(self.metric) if self.is_rung(result.chunk) else None
+        return value is not None and self._book.record(result.chunk, result.run_id, value)
+
     def _sweep(self, runs: Sequence[RunState]) -> Decisions:
         states = {s.run_id: s for s in runs}
         active = [s for s in runs if s.active and s.total_chunks]
@@ -157,14 +131,33 @@ class RungPolicy(EarlyStoppingPolicy):
             else None
         )
         stops = []
+        for rung, run_id in self._book.take_owed():  # stopped by an earlier kernel: again if it still trains
+            state = states.get(run_id)
+            reason = self._judge(state, rung)
+            if state is not None and reason is not None:
+                stops.append(EarlyStop(run_id, rung, reason))
         for rung, run_id in self._book.due(runs):
             state = states.get(run_id)
-            if state is None or not state.active or state.exempt or rung <= state.exempt_through:
-                continue  # finished, stopped or deleted meanwhile, or the user decides: its value still counts
-            reason = self.judge(run_id, rung, state.total_chunks, self._book.values(rung))
-            if reason is not None:
-                stops.append(EarlyStop(run_id, rung, reason))
+            reason = self._judge(state, rung)
+            if (
+                state is None or reason is None
+            ):  # finished, stopped, deleted or the user decides: it still counts
+                self._book.settle(rung, run_id, "kept" if self._judgeable(state, rung) else "skipped")
+                continue
+            self._book.settle(rung, run_id, "stopped")
+            stops.append(EarlyStop(run_id, rung, reason))
         return Decisions(stops=tuple(stops))
+
+    @staticmethod
+    def _judgeable(state: RunState | None, rung: int) -> bool:
+        return state is not None and state.active and not state.exempt and rung > state.exempt_through
+
+    def _judge(self, state: RunState | None, rung: int) -> str | None:
+        """The reason to stop the run in ``state`` at ``rung`` against the values it is judged by, or None."""
+        if state is None or not self._judgeable(state, rung):
+            return None
+        seen = self._book.seen_by(rung, state.run_id)
+        return self.judge(state.run_id, rung, state.total_chunks, seen)
 
     def _missing(self, result: ChunkResult) -> tuple[str, ...]:
         if self._missing_said:
