@@ -270,7 +270,8 @@ class Experiment:
                 all epochs, not from this call (``wait(chunks=2)`` after chunk 3 returns at once).
 
         Returns:
-            True when the condition holds, False on timeout.
+            True when the condition holds; False on timeout, or once training stopped for good (every device's
+            worker died, a write to disk failed: the reason was said).
 
         On Ctrl-C (kernel interrupt) every active run is stopped at the end of its current chunk (STOPPED,
         resumable) and ``wait`` returns once they are parked; a second Ctrl-C returns at once. In a script (not a

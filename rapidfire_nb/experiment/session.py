@@ -219,6 +219,9 @@ class FitSession:
     def wait(self, timeout: float | None, chunks: int | None, reporter: Reporter) -> bool:
         """``Experiment.wait``: block until the condition holds (True) or ``timeout`` seconds pass (False).
 
+        False also once training stopped for good (:attr:`halted`: every device's worker died, or a write to disk
+        failed): the runs left then did not train, whatever the condition says.
+
         On Ctrl-C every active run is stopped at the end of its current chunk. In a kernel this returns False once
         they are parked (a second Ctrl-C returns at once). In a script it then re-raises ``KeyboardInterrupt``
         (exit status 130) after saying how to continue; a second Ctrl-C raises at once.
@@ -232,7 +235,7 @@ class FitSession:
             # the store shows what was reported; the trackers too once nothing is left to train (wait(chunks=k)
             # returns to a user about to steer runs: their tracker writes can come in their window)
             self.recorder.flush(timeout, trackers=chunks is None)
-            return done
+            return done and sched.halted is None  # halted: runs were left untrained (the reason was said)
         except KeyboardInterrupt:
             active = [s.run_id for s in sched.snapshot() if s.status.in_rotation()]
             if (

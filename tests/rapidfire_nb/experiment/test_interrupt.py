@@ -149,3 +149,23 @@ def test_ctrl_c_once_every_run_ended_says_nothing_about_stopping(monkeypatch: py
         assert h.status(1) is RunStatus.COMPLETED and said == []
     finally:
         h.close()
+
+
+def test_wait_is_false_once_training_stopped_for_good() -> None:
+    """A fresh-user pass: ``wait()`` returned True after every device's worker had died, as if the runs had
+    trained. A halted scheduler leaves runs untrained: ``wait`` says False (the halt's reason is said by then)."""
+    from rapidfire_nb.experiment import session as session_mod
+    from rapidfire_nb.experiment.reporter import Reporter
+    from rapidfire_nb.testing.fakes import TIMEOUT, FakeSpec, Harness
+
+    h = Harness([FakeSpec(rows=64, batch=4)], num_chunks=4, mode="thread")
+    h.fake.delay = 0.05
+    recorder = types.SimpleNamespace(flush=lambda timeout=None, trackers=True: True)
+    fit = session_mod.FitSession(h.sched, h.fake, recorder, None, None, None)
+    try:
+        assert fit.wait(TIMEOUT, 1, Reporter(printer=lambda _: None)) is True  # one chunk trained
+        h.sched.halt("every device's worker died (test)")
+        assert fit.wait(TIMEOUT, None, Reporter(printer=lambda _: None)) is False
+        assert fit.halted == "every device's worker died (test)"
+    finally:
+        h.close()
