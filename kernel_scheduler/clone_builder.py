@@ -2,7 +2,9 @@
 
 A clone op gets its child run id when it is submitted (the child exists from then on, NEW and ``pending``); the
 :class:`CloneBuilder` builds the child through ``Executor.add_run`` once the op is applied: a cold clone on the
-device with the least work left, a warm clone on its parent's device from the parent's latest chunk boundary. A
+device with the least work left, a warm clone on its parent's device from the parent's latest chunk boundary (a
+finished parent's final state: a COMPLETED run is continued from its last step, a STOPPED one from where it
+stopped; the executor keeps that state, and the clone's ``max_steps`` sets the new total). A
 warm clone of a parent with no boundary to start from waits for the parent's next one while the parent trains on (in
 rotation, or moving to another device because its worker died). A new run added by the early-stopping policy (a
 search's trial) is built the same way as a cold clone. A build that fails makes the child
@@ -128,11 +130,7 @@ class CloneBuilder:
             child.device = core.device_of(child_id)
             child.waiting_clone = None
             child.pending = False
-        how = "from scratch"
-        if warm:  # a warm start begins at the parent's latest chunk boundary, which may lie behind its step
-            parent_step = core.runs[op.run_id].step
-            how = f"warm from run {op.run_id}'s latest chunk boundary, step {start.step}"
-            how += f"; run {op.run_id} is at step {parent_step}" if parent_step > start.step else ""
+        how = _how_started(core.runs[op.run_id], start.step) if warm else "from scratch"
         core.resolved(op, f"run {child_id} created ({how})")
         core.emit(child)
 
@@ -151,12 +149,13 @@ class CloneBuilder:
                 core.tell(op, ack)
         if waits:
             return
-        self._fail_child(
-            child,
-            op,
-            f"run {op.run_id} has no completed chunk to warm-start from and is "
-            f"{parent.status.value}; use a cold clone (warm_start=False)",
-        )
+        reason = f"run {op.run_id} has no completed chunk to warm-start from and is {parent.status.value}"
+        if parent.status in (RunStatus.COMPLETED, RunStatus.STOPPED) and parent.step > 0:
+            reason = (
+                f"run {op.run_id} is {parent.status.value} at step {parent.step}, but its final state is not in "
+                "this kernel (it ended before a restart, or its worker died), so it cannot be continued"
+            )
+        self._fail_child(child, op, f"{reason}; use a cold clone (warm_start=False)")
 
     def _fail_child(self, child: Run, op: Op, reason: str) -> None:
         core = self._core
@@ -188,6 +187,15 @@ class CloneBuilder:
             run.device = core.device_of(run.run_id)
             run.pending = False
         core.emit(run)
+
+
+def _how_started(parent: Run, step: int) -> str:
+    """How a warm clone started: from a finished parent's final state (a continuation: COMPLETED, or STOPPED at
+    a boundary), else from the parent's latest chunk boundary, which may lie behind the parent's step."""
+    if parent.status in (RunStatus.COMPLETED, RunStatus.STOPPED) and parent.step == step:
+        return f"warm from run {parent.run_id}'s final state, step {step}: it continues run {parent.run_id}"
+    how = f"warm from run {parent.run_id}'s latest chunk boundary, step {step}"
+    return how + (f"; run {parent.run_id} is at step {parent.step}" if parent.step > step else "")
 
 
 def _trains_on(parent: Run) -> bool:

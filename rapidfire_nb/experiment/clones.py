@@ -25,6 +25,8 @@ from ..training.kinds import WARM_FORBIDDEN, warm_start_violations  # torch-free
 __all__ = [
     "CloneRequest",
     "WARM_FORBIDDEN",
+    "check_continuation",
+    "continued_total",
     "decode_changes",
     "encode_changes",
     "function_keys",
@@ -54,18 +56,27 @@ class CloneRequest:
 
 
 def prepare_clone(
-    parent: Any, run_id: int, changes: Mapping[str, Any] | None, warm_start: bool, source: str
+    parent: Any,
+    run_id: int,
+    changes: Mapping[str, Any] | None,
+    warm_start: bool,
+    source: str,
+    parent_run: Any = None,
 ) -> CloneRequest:
     """Check a clone of run ``run_id`` (spec ``parent``) and build the child's spec.
 
     Args:
         parent: the parent's run spec, or None when the run does not exist.
         changes: ``{hparam name: value}`` (the ``hparams()`` naming scheme).
-        warm_start: start from the parent's latest chunk boundary.
+        warm_start: start from the parent's latest chunk boundary (a finished parent's final state).
         source: who asks; only ``"api"`` may change function-valued fields.
+        parent_run: the parent's :class:`~kernel_scheduler.RunSnapshot` (status, step, steps per epoch), or None;
+            a warm clone of a COMPLETED or STOPPED parent continues it and must train past its step
+            (:func:`check_continuation`).
 
     Raises:
-        OpError: unknown run, or a change a warm start cannot take (suggests a cold clone).
+        OpError: unknown run, a change a warm start cannot take (suggests a cold clone), or a continuation whose
+            budget does not reach past the parent's step (names ``max_steps`` and the smallest value that does).
         ConfigError: unknown field (with the closest valid name) or invalid value.
     """
     if parent is None:
@@ -79,7 +90,50 @@ def prepare_clone(
                 "sampled, or the adapter's shape); use a cold clone (warm_start=False)"
             )
     child = parent.with_changes(changes, allow_functions=(source == "api"))
+    if warm_start and parent_run is not None:
+        check_continuation(child, run_id, changes, parent_run)
     return CloneRequest(child, changes, encode_changes(changes), bool(warm_start), function_keys(changes))
+
+
+def continued_total(child: Any, changes: Mapping[str, Any], parent_run: Any) -> int | None:
+    """The optimizer steps a warm clone of ``parent_run`` trains in all (the parent's included): its
+    ``max_steps`` when > 0, else the parent's total when the budget is not changed (``num_train_epochs`` cannot
+    change in a warm start, and a warm clone batches like its parent). None when it cannot be told before the
+    trainer is built (``max_steps`` changed to -1: epochs x steps per epoch; the build checks it then)."""
+    max_steps = (getattr(child, "training", None) or {}).get("max_steps", -1)
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0:
+        return max_steps
+    if "max_steps" not in changes:
+        return int(parent_run.total_steps) or None
+    return None
+
+
+def check_continuation(child: Any, run_id: int, changes: Mapping[str, Any], parent_run: Any) -> None:
+    """Refuse a warm clone of a finished (COMPLETED or STOPPED) run that would not train past the parent's step.
+
+    Such a clone continues the parent from its final state until its ``completed_steps`` (the parent's steps
+    included) reach its total, so the total must exceed the parent's step.
+
+    Raises:
+        OpError: naming ``max_steps`` and the fix (more epochs: ``max_steps`` = epochs x steps per epoch).
+    """
+    status = getattr(parent_run.status, "value", parent_run.status)
+    step = int(parent_run.step)
+    if status not in ("COMPLETED", "STOPPED") or step < 1:
+        return
+    total = continued_total(child, changes, parent_run)
+    if total is None or total > step:
+        return
+    max_steps = (getattr(child, "training", None) or {}).get("max_steps", -1)
+    if isinstance(max_steps, int) and max_steps > 0:
+        given = f"max_steps={max_steps}" + ("" if "max_steps" in changes else f" (run {run_id}'s, kept)")
+    else:
+        given = f"its budget of {total} steps (num_train_epochs x steps per epoch; no max_steps given)"
+    raise OpError(
+        f"{given} does not continue run {run_id}: it is {status} at step {step}, and a warm clone trains until "
+        f"its completed_steps (run {run_id}'s {step} included) reach max_steps; set max_steps above {step}, "
+        f"e.g. max_steps={2 * step}"
+    )
 
 
 def record_clone(store: Any, child_id: int, parent_id: int, request: CloneRequest) -> None:

@@ -151,7 +151,10 @@ class FitSession:
             self._check_op_id(op_id, kind_e, int(run_id), source)
         if kind_e is not OpKind.CLONE:
             return self.scheduler.submit(Op(kind_e, int(run_id), op_id=op_id or new_op_id(), source=source))
-        request = prepare_clone(self.spec(int(run_id)), int(run_id), changes, warm_start, source)
+        # a finished parent's step: the floor of a continuation's max_steps
+        parent_run = self.scheduler.run_snapshot(int(run_id))
+        spec = parent_run.spec if parent_run is not None else None
+        request = prepare_clone(spec, int(run_id), changes, warm_start, source, parent_run)
         op = Op(kind_e, int(run_id), op_id=op_id or new_op_id(), payload=request.payload(), source=source)
         ack = self.scheduler.submit(op)
         if ack.new_run_id is not None and ack.state != "rejected":

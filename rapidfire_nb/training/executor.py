@@ -314,6 +314,7 @@ class TorchExecutor(Executor):
                 activate=lambda: self._activate(run_id),
                 on_boundary=lambda step, rng: self._on_boundary(run_id, step, rng),
                 on_log=lambda step, logs: self._on_log(run_id, step, logs),
+                on_final=lambda step, rng: self._on_final(run_id, rng),
             ),
             initial_rng=initial_rng,
             eval_at_boundaries=eval_ds is not None,
@@ -420,6 +421,14 @@ class TorchExecutor(Executor):
             # another run trains next on this device: a full fine-tuning run's weights and AdamW state leave it
             run.parked = park(run.worker.trainer.model, run.worker.trainer.optimizer)
         self.switch_seconds += time.perf_counter() - t0
+
+    def _on_final(self, run_id: int, rng: dict[str, Any]) -> None:
+        """The run's last step: its final state becomes its ``last`` snapshot (in memory only, like a boundary's
+        until written), so a warm clone of the finished (COMPLETED) run continues from its end."""
+        run = self._runs[run_id]
+        assert run.snapshotter is not None
+        run.last = None  # full fine-tuning: never two copies of the model at once
+        run.last = run.snapshotter.take(rng)
 
     def _on_log(self, run_id: int, step: int, logs: dict[str, float]) -> None:
         run = self._runs[run_id]

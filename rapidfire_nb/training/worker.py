@@ -93,11 +93,14 @@ class RunHooks:
         on_boundary: ``on_boundary(step, rng_state)`` at each chunk boundary (global optimizer step ``step``),
             before the segment's Future resolves (the executor snapshots the checkpoint there).
         on_log: ``on_log(step, logs)`` for every TRL log call (``logs``: name -> value).
+        on_final: ``on_final(step, rng_state)`` once, at the run's last step, at the same point of the loop as
+            ``on_boundary`` (the executor keeps the final state there: a warm clone continues from it).
     """
 
     activate: Callable[[], None]
     on_boundary: Callable[[int, dict[str, Any]], None]
     on_log: Callable[[int, dict[str, float]], None]
+    on_final: Callable[[int, dict[str, Any]], None] | None = None
 
 
 class RunWorker:
@@ -136,6 +139,7 @@ class RunWorker:
         self._device = device
         self._activate = hooks.activate
         self._on_boundary = hooks.on_boundary
+        self._on_final = hooks.on_final
         self.on_log = hooks.on_log
         self._rng = initial_rng
         self._grad_enabled = True
@@ -245,8 +249,11 @@ class RunWorker:
             rng = capture_rng()
             self.trainer.evaluate()
             restore_rng(rng)
-        if step >= self.plan.total_steps:
-            return  # the last step: let train() finish, the segment ends after it
+        if step >= self.plan.total_steps:  # the last step: let train() finish, the segment ends after it
+            self._parked_step = step  # once (transformers calls this again at the epoch's end)
+            if self._on_final is not None:
+                self._on_final(step, capture_rng())
+            return
         self._parked_step = step
         self._rng = capture_rng()
         self._grad_enabled = torch.is_grad_enabled()
