@@ -183,3 +183,50 @@ def test_a_continuation_without_more_steps_is_refused_before_it_gets_an_id(cont:
     assert str(cont["err_none"]).startswith(
         f"max_steps={PARENT_STEPS} (run 1's, kept) does not continue run 1"
     )
+
+
+# ================================================================== the budget check alone (no training)
+def _parent(status: str, step: int, total: int) -> Any:
+    from types import SimpleNamespace
+
+    from kernel_scheduler import RunStatus
+
+    return SimpleNamespace(status=RunStatus(status), step=step, total_steps=total, steps_per_epoch=8)
+
+
+def _child(max_steps: int) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(training={"max_steps": max_steps})
+
+
+@pytest.mark.parametrize(
+    ("status", "step", "total", "max_steps", "changes", "refused"),
+    [
+        ("COMPLETED", 3, 3, 4, {"max_steps": 4}, False),  # one more step
+        ("COMPLETED", 3, 3, 2, {"max_steps": 2}, True),
+        ("STOPPED", 4, 8, 8, {}, False),  # stopped half way, same budget: the plain continuation
+        ("STOPPED", 4, 8, 4, {"max_steps": 4}, True),
+        (
+            "ONGOING",
+            6,
+            8,
+            4,
+            {"max_steps": 4},
+            False,
+        ),  # a training parent: its boundary is checked at the build
+        ("COMPLETED", 3, 3, -1, {"max_steps": -1}, False),  # epochs x steps per epoch: checked at the build
+    ],
+)
+def test_budget_check(
+    status: str, step: int, total: int, max_steps: int, changes: Any, refused: bool
+) -> None:
+    from rapidfire_nb.errors import OpError
+    from rapidfire_nb.experiment.clones import check_continuation
+
+    err = _catch(lambda: check_continuation(_child(max_steps), 1, changes, _parent(status, step, total)))
+    assert (err is not None) == refused, err
+    if refused:
+        assert isinstance(err, OpError) and f"set max_steps above {step}, e.g. max_steps={2 * step}" in str(
+            err
+        )
