@@ -10,6 +10,7 @@ Load with ``%load_ext rapidfire_nb``. Usage::
     %rapidfire delete 4                delete run 4
     %rapidfire clone 1 --warm learning_rate=5e-5     warm-start clone of run 1 with a new learning rate
     %rapidfire clone 1 lora.r=16       cold clone (fresh adapter) with another LoRA rank
+    %rapidfire continue 1 max_steps=80 a new run continuing finished run 1 to 80 steps (= clone 1 --warm max_steps=80)
     %rapidfire tensorboard             start (or reuse) TensorBoard on this experiment's logs, inline
     %rapidfire -e NAME ...             address another experiment
 
@@ -38,7 +39,7 @@ __all__ = ["RapidfireMagics", "load_ipython_extension", "parse_changes"]
 
 USAGE = (
     "%rapidfire [-e NAME] [status | panel | list | stop IDS | resume IDS | delete IDS | "
-    "clone ID [--warm] key=value ... | tensorboard]"
+    "clone ID [--warm] key=value ... | continue ID max_steps=N ... | tensorboard]"
 )
 
 
@@ -83,7 +84,7 @@ class RapidfireMagics(Magics):
         "command",
         nargs="?",
         default="status",
-        help="status | panel | list | stop | resume | delete | clone | tensorboard",
+        help="status | panel | list | stop | resume | delete | clone | continue | tensorboard",
     )
     @argument("args", nargs="*", help="run ids, or for clone: ID key=value ...")
     @line_magic
@@ -104,6 +105,8 @@ class RapidfireMagics(Magics):
                 for ack in acks:
                     print(f"[rapidfire] {ack.kind} run {ack.run_id}: {ack.state} — {ack.message}")
                 return None
+            if cmd == "continue":  # a warm clone: a finished run's final state, trained to the new max_steps
+                cmd, a.warm = "clone", True
             if cmd == "clone":
                 if not a.args:
                     raise UsageError(f"clone needs a run id\nusage: {USAGE}")
@@ -111,7 +114,7 @@ class RapidfireMagics(Magics):
                 new_id = exp.clone_modify(
                     parent, parse_changes(a.args[1:]), warm_start=a.warm, source="magic"
                 )
-                how = "warm start from its latest chunk boundary" if a.warm else "from scratch"
+                how = "warm start from its latest chunk boundary or final state" if a.warm else "from scratch"
                 print(
                     f"[rapidfire] run {new_id} created from run {parent} ({how}); it joins the rotation at the next chunk boundary"
                 )
@@ -152,7 +155,7 @@ def _parse(line: str) -> _Args:
         else:
             rest.append(tok)
     command = rest[0] if rest else "status"
-    if warm and command != "clone":
+    if warm and command not in ("clone", "continue"):
         raise UsageError(f"--warm only applies to clone\nusage: {USAGE}")
     return _Args(command, rest[1:], experiment, warm)
 

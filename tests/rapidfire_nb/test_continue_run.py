@@ -4,14 +4,14 @@ One experiment on the tiny model, 16 rows, batch 2 (8 steps an epoch), 2 chunks 
 with ``max_steps=3`` ends inside chunk 1 and never reaches a chunk boundary (before the fix its warm clone failed
 with "no completed chunk"):
 
-=====  ===================================  ===================================================================
-run    config                               what happens to it
-=====  ===================================  ===================================================================
-1      constant LR, ``max_steps=3``         COMPLETED at step 3; never touched again
-2      linear decay, ``max_steps=3``        COMPLETED at step 3; never touched again
-3      warm clone of 1, ``max_steps=8``     continues run 1 at step 4: equals a plain TRL run of 8 steps
-4      warm clone of 2, ``max_steps=8``     continues run 2 with the 8-step schedule: differs from plain TRL
-=====  ===================================  ===================================================================
+=====  =======================================  ===============================================================
+run    config                                   what happens to it
+=====  =======================================  ===============================================================
+1      constant LR, ``max_steps=3``             COMPLETED at step 3; never touched again
+2      linear decay, ``max_steps=3``            COMPLETED at step 3; never touched again
+3      warm clone of 1, ``max_steps=8``         continues run 1 at step 4: equals a plain TRL run of 8 steps
+4      ``%rapidfire continue 2 max_steps=8``    continues run 2 with the 8-step schedule: differs from plain TRL
+=====  =======================================  ===============================================================
 
 A warm clone asking for no more steps than its parent made is refused before it gets a run id.
 ``lora_dropout > 0``: the continuation must carry the RNG on too.
@@ -74,6 +74,8 @@ def _catch(fn: Any) -> BaseException | None:
 
 @pytest.fixture(scope="module")
 def cont(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from IPython.core.interactiveshell import InteractiveShell
+
     from rapidfire_nb import Experiment
     from rapidfire_nb.testing import tiny_create_model
 
@@ -90,9 +92,13 @@ def cont(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
     out["err_same"] = _catch(lambda: exp.clone_modify(1, {"max_steps": PARENT_STEPS}, warm_start=True))
     out["err_none"] = _catch(lambda: exp.clone_modify(1, {}, warm_start=True))
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "rapidfire_nb")
+    out["err_magic"] = _catch(lambda: shell.run_line_magic("rapidfire", "continue 2"))
     out["ids_after_refusals"] = sorted(s.run_id for s in exp.run_snapshots())
     out["c_const"] = exp.clone_modify(1, {"max_steps": MORE}, warm_start=True)
-    out["c_linear"] = exp.clone_modify(2, {"max_steps": MORE}, warm_start=True)
+    shell.run_line_magic("rapidfire", f"continue 2 max_steps={MORE}")  # the magic's continue: run 4
+    out["c_linear"] = max(s.run_id for s in exp.run_snapshots())
     out["wait"] = exp.wait(timeout=WAIT_S)
     out["loop_error"] = exp.session.scheduler.loop_error
     out["info"] = exp.get_runs_info()
@@ -172,6 +178,10 @@ def test_a_continuation_without_more_steps_is_refused_before_it_gets_an_id(cont:
     from rapidfire_nb.errors import OpError
 
     assert cont["ids_after_refusals"] == [1, 2]
+    err = cont["err_magic"]  # %rapidfire continue 2 with no max_steps
+    assert type(err).__name__ == "UsageError" and str(err).startswith(
+        f"max_steps={PARENT_STEPS} (run 2's, kept)"
+    ), err
     for key in ("err_same", "err_none"):
         err = cont[key]
         assert isinstance(err, OpError), (key, err)
