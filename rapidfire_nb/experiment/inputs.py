@@ -20,6 +20,7 @@ from kernel_scheduler import EarlyStoppingPolicy
 from .. import meta_keys, schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
+from ..training.quantization import refuse_quantized_full_finetunes
 
 __all__ = [
     "MAX_CHUNKS",
@@ -155,7 +156,8 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
             None, ``seed`` outside numpy's range, ``train_dataset`` None, empty or not a dataset, ``eval_dataset``
             not a dataset, ``create_model_fn`` not callable, ``param_config`` not a config group, bad
             ``devices`` / ``backend`` (:func:`check_devices`), a bad ``early_stopping``, ``early_stopping``
-            given with a search that prunes its own trials, or a group that expands to no run.
+            given with a search that prunes its own trials, a group that expands to no run, or full fine-tuning
+            of a base quantized through ``model_kwargs.quantization_config``.
     """
     _check_numbers(args)
     _check_datasets(args.train_dataset, args.eval_dataset)
@@ -181,6 +183,7 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
     specs = tuple(param_config.expand(args.seed))
     if not specs:
         raise ConfigError("the config group expands to no run")
+    refuse_quantized_full_finetunes(specs)  # full fine-tuning of a quantized base: before anything loads
     return FitInputs(
         specs=specs,
         trainer_type=str(param_config.trainer_type).upper(),
