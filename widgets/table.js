@@ -7,7 +7,8 @@
  *
  * Test hooks: tr[data-run-id][data-status][data-on-device][data-best][data-pruned], tr[data-error-for] (a failure
  * or, with class rf-pruned-row, why early stopping pruned the run), tr[data-config-for],
- * th[data-sort-key][aria-sort], button[data-op], button[data-config], form[data-clone-form],
+ * th[data-sort-key][aria-sort], button[data-op] (button[data-op="continue"]: a COMPLETED or STOPPED run's
+ * "Continue…", the clone form with warm start on and its max_steps ready), button[data-config], form[data-clone-form],
  * [data-clone-warning], td[data-rf-device-cell] (the Device column: only when some run has a device, i.e. the
  * experiment trains on several: `run_fit(devices=...)`).
  */
@@ -159,6 +160,12 @@ export class RunTable {
         } }, icon, h("span", { class: "rf-op-label", text: OP_LABEL[op] })));
       cells.actions.append(buttons[op]);
     }
+    buttons.continue = /** @type {HTMLButtonElement} */ (h("button", { type: "button", class: "rf-btn rf-continue",
+      "data-op": "continue", "data-run-id": run.run_id, "aria-label": `Continue run ${run.run_id}`, text: "Continue…",
+      style: { marginLeft: "6px" },
+      onclick: () => this.toggleCloneForm((this.state.snapshot?.runs || []).find((r) => r.run_id === run.run_id) || run,
+        true) }));
+    cells.actions.append(buttons.continue);
     const errorTr = h("tr", { class: "rf-error-row", "data-error-for": run.run_id }, h("td", { colspan: this.colCount() }));
     const stepText = h("span");
     const stepFill = h("span", { class: "rf-bar-fill" });
@@ -227,6 +234,12 @@ export class RunTable {
       b.classList.toggle("rf-pending", pending);
       b.classList.toggle("rf-open", op === "clone" && !!row.formTr);
     }
+    const c = row.buttons.continue;
+    c.style.display = canContinue(run) ? "" : "none"; // only where a run has ended and may be cloned
+    c.disabled = isPending(this.state, "clone", run.run_id);
+    const title = `Continue run ${run.run_id}: a new run from its final state (step ${run.completed_steps}), ` +
+      "trained on to a larger max_steps with the schedule recomputed for it; run " + `${run.run_id} stays as it is`;
+    if (c.title !== title) c.title = title;
   }
 
   /** The run and status cells (rebuilt only when they change). @param {Row} row @param {Run} run
@@ -280,8 +293,9 @@ export class RunTable {
       ...(items.length ? items : [h("span", { text: "no hyperparameters recorded" })])));
   }
 
-  /** @param {Run} run */
-  toggleCloneForm(run) {
+  /** The clone form of `run` (`cont`: as "Continue…", warm start on, max_steps ready). @param {Run} run
+   * @param {boolean} [cont] */
+  toggleCloneForm(run, cont = false) {
     const row = this.rows.get(run.run_id);
     if (!row) return;
     if (row.formTr) { row.formTr.remove(); row.formTr = null; this.render(); return; }
@@ -292,10 +306,11 @@ export class RunTable {
         this.render();
       },
       cancel: () => this.toggleCloneForm(run),
-    });
+    }, cont);
     row.formTr = h("tr", { class: "rf-form-row" }, h("td", { colspan: this.colCount() }, form));
     this.render();
-    /** @type {HTMLInputElement|null} */ (form.querySelector("input[type=text]"))?.focus();
+    const first = cont ? 'input[name="max_steps"]' : "input[type=text]";
+    /** @type {HTMLInputElement|null} */ (form.querySelector(first))?.focus();
   }
 
   reset() {
@@ -305,12 +320,14 @@ export class RunTable {
 
 /**
  * The clone form of a run: its hyperparameters (only changed fields are sent), other fields as field=value,
- * warm start; a clone that would repeat an existing run's config asks for a second click.
+ * warm start; a clone that would repeat an existing run's config asks for a second click. As "Continue…"
+ * (`cont`): warm start on and the budget, `max_steps`, filled in with {@link continueBudget} and first.
  * @param {Run} run @param {State} state
  * @param {{submit: (changes: Record<string, any>, warm: boolean) => void, cancel: () => void}} on
+ * @param {boolean} [cont]
  * @returns {HTMLElement}
  */
-function cloneForm(run, state, on) {
+function cloneForm(run, state, on, cont = false) {
   const inputs = /** @type {Record<string, HTMLInputElement>} */ ({});
   const fields = h("div", { class: "rf-form-grid" });
   for (const [k, v] of Object.entries(run.editable || run.hparams || {})) {
@@ -320,7 +337,17 @@ function cloneForm(run, state, on) {
   }
   const extra = /** @type {HTMLInputElement} */ (h("input", { type: "text", name: "__extra", spellcheck: "false",
     placeholder: "field=value, e.g. lora.lora_dropout=0.1; max_steps=50" }));
-  const warm = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox", name: "warm_start" }));
+  const warm = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox", name: "warm_start", checked: cont }));
+  const budget = cont ? continueBudget(run) : null;
+  if (budget) {
+    const hint = budget.perEpoch ? ` (${budget.perEpoch} steps an epoch)` : "";
+    inputs.max_steps?.closest("label")?.remove(); // the run's own max_steps field: shown first, as the budget
+    inputs.max_steps = /** @type {HTMLInputElement} */ (h("input", { type: "text", name: "max_steps",
+      value: String(budget.value), spellcheck: "false" }));
+    fields.prepend(h("label", { class: "rf-field", title: `total optimizer steps, run ${run.run_id}'s ` +
+      `${budget.done} included; more than ${budget.done}${hint}` }, h("span", { text: `max_steps (> ${budget.done})` }),
+    inputs.max_steps));
+  }
   const error = h("span", { class: "rf-form-error", "data-clone-warning": "" });
   const submitBtn = h("button", { type: "submit", class: "rf-btn rf-btn-primary", "data-op": "clone-submit", text: "Submit" });
   let confirmed = "";
@@ -359,7 +386,9 @@ function cloneForm(run, state, on) {
     onsubmit: (/** @type {Event} */ e) => { e.preventDefault(); submit(); } },
   h("div", { class: "rf-form-title" },
     h("span", { class: "rf-swatch", style: { background: runColor(run.run_id) } }),
-    h("span", { text: `Clone run ${run.run_id} — edit hyperparameters (only changed fields are sent)` })),
+    h("span", { text: cont ? `Continue run ${run.run_id} — a new run from its final state, trained on to max_steps ` +
+      "(the LR schedule is recomputed for the new total)" :
+      `Clone run ${run.run_id} — edit hyperparameters (only changed fields are sent)` })),
   fields,
   h("label", { class: "rf-field rf-field-wide" }, h("span", { text: "other fields" }), extra),
   h("div", { class: "rf-form-actions" },
@@ -369,4 +398,24 @@ function cloneForm(run, state, on) {
     h("span", { class: "rf-spacer" }),
     h("button", { type: "button", class: "rf-btn", text: "Cancel", onclick: on.cancel }),
     submitBtn));
+}
+
+/** Whether `run` can be continued ("Continue…"): it ended (COMPLETED, or STOPPED with its state kept) after at
+ * least one step, and a clone of it is legal. @param {Run} run @returns {boolean} */
+export function canContinue(run) {
+  return (run.status === "COMPLETED" || run.status === "STOPPED") && run.completed_steps > 0 &&
+    (run.legal_ops || []).includes("clone");
+}
+
+/**
+ * The budget a "Continue…" form starts with: a COMPLETED run twice its steps, a STOPPED one its own total (the
+ * run it would have been), never at or under the steps done (the kernel refuses those); `perEpoch` is the steps
+ * of one epoch when the run's epoch is known (for "more epochs": max_steps = epochs x perEpoch), else 0.
+ * @param {Run} run @returns {{value: number, done: number, perEpoch: number}}
+ */
+export function continueBudget(run) {
+  const done = run.completed_steps || 0;
+  const value = run.status === "STOPPED" && run.total_steps > done ? run.total_steps : Math.max(2 * done, done + 1);
+  const perEpoch = run.epoch && run.epoch > 0 ? Math.round(done / run.epoch) : 0;
+  return { value, done, perEpoch };
 }
