@@ -35,6 +35,7 @@ from .inputs import FitInputs
 from .ownership import other_writer
 from .recorder import Recorder
 from .reporter import Reporter
+from .resources import check_clone_fits
 
 __all__ = ["ENDED_MESSAGE", "FitSession", "require_session"]
 
@@ -141,7 +142,8 @@ class FitSession:
             OpError: unknown op kind, unknown parent run, a change a warm start cannot take, an ``op_id`` that is
                 not a non-empty string, or one already used by another request (another kind or run; the same
                 request again gets its ack, also one answered by an earlier kernel: the ops log).
-            ConfigError: a clone whose changes are invalid (the op is not queued).
+            ConfigError: a clone whose changes are invalid, or whose run would not fit the disk or the device
+                (:func:`~.resources.check_clone_fits`; the op is not queued).
         """
         try:
             kind_e = OpKind(kind)
@@ -155,6 +157,7 @@ class FitSession:
         parent_run = self.scheduler.run_snapshot(int(run_id))
         spec = parent_run.spec if parent_run is not None else None
         request = prepare_clone(spec, int(run_id), changes, warm_start, source, parent_run)
+        check_clone_fits(request.spec, self.store, getattr(self.inputs, "devices", None), int(run_id))
         op = Op(kind_e, int(run_id), op_id=op_id or new_op_id(), payload=request.payload(), source=source)
         ack = self.scheduler.submit(op)
         if ack.new_run_id is not None and ack.state != "rejected":

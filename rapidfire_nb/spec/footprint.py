@@ -162,7 +162,7 @@ class BaseShapes:
                 kv_heads=kv,
                 head_dim=head_dim,
                 vocab=int(c["vocab_size"]),
-                tied=bool(c.get("tie_word_embeddings", kind != "qwen2")),
+                tied=bool(c.get("tie_word_embeddings", False)),  # the default of these families
                 qkv_bias=kind == "qwen2" or attention_bias,
                 o_bias=attention_bias,
                 mlp_bias=bool(c.get("mlp_bias", False)),

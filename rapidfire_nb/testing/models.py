@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "TINY_CHAT_TEMPLATE",
     "TINY_MODEL_NAMES",
+    "TINY_SIZES",
     "TINY_SPECIAL_TOKENS",
     "TINY_VOCAB_SIZE",
     "length_reward",
@@ -38,6 +39,7 @@ __all__ = [
     "tiny_dpo_dataset",
     "tiny_grpo_dataset",
     "tiny_model",
+    "tiny_model_config",
     "tiny_sft_dataset",
     "tiny_tokenizer",
 ]
@@ -58,6 +60,34 @@ TINY_CHAT_TEMPLATE = (
 
 TINY_MODEL_NAMES = ("tiny", "tiny-llama", "tiny-qwen2")
 """``model_name`` values :func:`tiny_create_model` accepts (``"tiny"`` is ``"tiny-llama"``)."""
+
+TINY_SIZES: Mapping[str, int] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+"""The tiny models' config sizes (:func:`tiny_model`'s defaults)."""
+
+
+def tiny_model_config(model_name: str = "tiny") -> dict[str, Any]:
+    """The config fields of the model :func:`tiny_create_model` builds for ``model_name``, without building it
+    (torch-free: what ``rapidfire_nb.spec.footprint`` sizes a run from).
+
+    Raises:
+        ValueError: ``model_name`` is not one of :data:`TINY_MODEL_NAMES`.
+    """
+    if model_name not in TINY_MODEL_NAMES:
+        raise ValueError(f"tiny models are {list(TINY_MODEL_NAMES)}, got model_name={model_name!r}.")
+    model_type = "qwen2" if model_name == "tiny-qwen2" else "llama"
+    return {
+        "model_type": model_type,
+        **TINY_SIZES,
+        "vocab_size": TINY_VOCAB_SIZE,
+        "tie_word_embeddings": False,
+    }
+
 
 # Fixed training corpus of the tiny tokenizer. Changing it changes every tiny vocabulary and model:
 # keep it as it is (tests compare against values derived from it).
@@ -165,14 +195,7 @@ def tiny_model(seed: int = 0, arch: str = "llama", sizes: Mapping[str, int] | No
         raise ValueError(f"arch must be one of {sorted(classes)}, got {arch!r}.")
     config_cls, model_cls = classes[arch]
     special = {name: i for i, name in enumerate(TINY_SPECIAL_TOKENS)}
-    dims = {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        **(sizes or {}),
-    }
+    dims = {**TINY_SIZES, **(sizes or {})}
     config = config_cls(
         vocab_size=TINY_VOCAB_SIZE,
         **dims,
