@@ -20,6 +20,7 @@ from .early_stopping import (
 )
 from .executor import Executor, RunStart, SegmentResult, check_device
 from .loop import RunSnapshot, Scheduler, SchedulerListener
+from .op_kinds import OP_KINDS, OpKindInfo
 from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide, expected_status, new_op_id
 from .placement import Assignment, DeviceView, FairPlacement, PlacedRun
 from .policy import FurthestBehindFirst, RunView, SchedulingPolicy
@@ -55,6 +56,8 @@ __all__ = [
     "Op",
     "OpAck",
     "OpKind",
+    "OpKindInfo",
+    "OP_KINDS",
     "OpState",
     "PendingOp",
     "expected_status",

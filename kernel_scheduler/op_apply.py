@@ -19,7 +19,9 @@ from .clone_builder import CloneBuilder
 from .core import SchedulerCore
 from .early_stopping import EARLY_STOPPING
 from .op_book import queued_message
-from .ops import Decision, Op, OpAck, OpKind, OpState, decide
+from .op_kinds import OP_KINDS, OpKind
+from .ops import Decision, Op, OpAck, OpState, decide
+from .runs import Run
 from .status import RunStatus
 
 __all__ = ["OpApplier"]
@@ -96,7 +98,7 @@ class OpApplier:
         """Queue ``op`` (lock held); a clone's child run exists, NEW and pending, from now on."""
         core = self._core
         child_id = None
-        if op.kind is OpKind.CLONE:
+        if OP_KINDS[op.kind].takes_changes:  # a clone: its new run
             child = core.new_run(
                 op.payload.get("spec"), parent_id=op.run_id, warm_start=bool(op.payload.get("warm_start"))
             )
@@ -161,7 +163,8 @@ class OpApplier:
             self._clones.reject_op(op, decision.reason)
 
     def _apply_now(self, op: Op) -> None:
-        assert op.kind in OpKind
+        """Carry out ``op`` (its decision was ``apply``): each kind's own step, then the run's new status goes to
+        the executor on the run's device and the op is answered with its kind's ``applied`` message."""
         core = self._core
         with core.lock:
             run = core.runs[op.run_id]
@@ -169,27 +172,39 @@ class OpApplier:
             core.when_free(partial(self._clones.apply, op), self._clones.device_for(op))
             core.emit(run)
             return
-        if op.kind is OpKind.STOP:
-            by_policy = op.source == EARLY_STOPPING
-            why = str(op.payload.get("reason") or "") if by_policy else ""
-            with core.lock:
-                core.set_status(run, RunStatus.STOPPED)
-                run.pruned = by_policy
-                run.stop_reason = why or (
-                    "stopped by early stopping" if by_policy else f"stopped by the user ({op.source})"
-                )
-            message = f"run {run.run_id} stopped at step {run.step}" + (f": {why}" if why else "")
-        elif op.kind is OpKind.RESUME:
-            with core.lock:
-                core.set_status(run, RunStatus.ONGOING)
-                if run.pruned and op.source != EARLY_STOPPING:  # the user's own op wins over the policy
-                    run.exempt_through = run.chunks(run.segments_done)
-                run.pruned, run.stop_reason = False, None
-            message = f"run {run.run_id} resumed from step {run.step}"
-        else:
-            with core.lock:
-                core.set_status(run, RunStatus.DELETED)
-            message = f"run {run.run_id} deleted"
+        info = OP_KINDS[op.kind]
+        assert info.result is not None, op.kind
+        with core.lock:
+            core.set_status(run, info.result)
+            why = _AFTER[op.kind](run, op)
+        message = info.applied.format(run_id=run.run_id, step=run.step) + (f": {why}" if why else "")
         core.when_free(self.status_call(run.run_id, run.status), run.device)
         core.resolved(op, message)
         core.emit(run)
+
+
+def _after_stop(run: Run, op: Op) -> str:
+    """A stopped run remembers who stopped it and why; returns the early-stopping policy's reason, if any."""
+    by_policy = op.source == EARLY_STOPPING
+    why = str(op.payload.get("reason") or "") if by_policy else ""
+    run.pruned = by_policy
+    run.stop_reason = why or (
+        "stopped by early stopping" if by_policy else f"stopped by the user ({op.source})"
+    )
+    return why
+
+
+def _after_resume(run: Run, op: Op) -> str:
+    """A resumed run is no longer pruned; the user's own resume wins over the policy for the chunks done."""
+    if run.pruned and op.source != EARLY_STOPPING:
+        run.exempt_through = run.chunks(run.segments_done)
+    run.pruned, run.stop_reason = False, None
+    return ""
+
+
+#: What a run op changes besides the run's status (lock held); returns the text added to its applied message.
+_AFTER: dict[OpKind, Callable[[Run, Op], str]] = {
+    OpKind.STOP: _after_stop,
+    OpKind.RESUME: _after_resume,
+    OpKind.DELETE: lambda run, op: "",
+}

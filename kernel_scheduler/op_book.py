@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .ops import Op, OpAck, OpKind, OpState, PendingOp
+from .op_kinds import OP_KINDS, OpKind
+from .ops import Op, OpAck, OpState, PendingOp
 
 __all__ = ["OpBook", "queued_message"]
 
@@ -74,7 +75,7 @@ class OpBook:
         """Accept ``op`` (QUEUED with ``message``); a stop / resume / delete leads its kind and run and is open."""
         ack = OpAck(op.op_id, op.run_id, op.kind.value, OpState.QUEUED.value, message, new_run_id=new_run_id)
         self._acks[op.op_id] = ack
-        if op.kind is not OpKind.CLONE:
+        if OP_KINDS[op.kind].result is not None:  # a run op: it leads its kind and run, and is open
             self._leaders[(op.kind, op.run_id)] = op.op_id
             self._open.setdefault(op.run_id, []).append(op)
         return ack
@@ -86,7 +87,7 @@ class OpBook:
 
     def pending_of(self, op: Op) -> list[PendingOp]:
         """The stop/resume/delete ops of ``op``'s run accepted before it and not answered yet, oldest first."""
-        if op.kind is OpKind.CLONE:
+        if OP_KINDS[op.kind].result is None:
             return []
         out = []
         for other in self._open.get(op.run_id, []):
@@ -135,15 +136,9 @@ class OpBook:
 
 def queued_message(op: Op, on_device: bool) -> str:
     """What a queued op's ack says will happen and when (``on_device``: its run is training right now)."""
-    when = "at the end of its current chunk" if on_device else "now"
-    if op.kind is OpKind.STOP:
-        return f"stop requested for run {op.run_id} — applies {when}"
-    if op.kind is OpKind.RESUME:
-        return f"resume requested for run {op.run_id} — it rejoins the rotation {when}"
-    if op.kind is OpKind.DELETE:
-        return f"delete requested for run {op.run_id} — applies {when}"
-    how = "warm start from its latest chunk boundary" if op.payload.get("warm_start") else "from scratch"
-    return (
-        f"clone of run {op.run_id} requested ({how}) — run {op.payload.get('child_id')} joins the rotation "
-        "at the next chunk boundary"
+    return OP_KINDS[op.kind].queued.format(
+        run_id=op.run_id,
+        when="at the end of its current chunk" if on_device else "now",
+        how="warm start from its latest chunk boundary" if op.payload.get("warm_start") else "from scratch",
+        child_id=op.payload.get("child_id"),
     )

@@ -5,7 +5,8 @@ Semantics (also in the README):
 * Ops are applied by the scheduler thread at the run's next chunk boundary, immediately if the run is not
   on the device. One command queue, one writer; every op gets an outcome (applied / rejected + reason).
 * stop: NEW/ONGOING/INTERRUPTED -> STOPPED. resume: STOPPED/INTERRUPTED -> ONGOING. delete: any status but
-  DELETED -> DELETED. clone: any status but DELETED; the new run starts NEW.
+  DELETED -> DELETED. clone: any status but DELETED; the new run starts NEW. Each kind is described once, in
+  :data:`kernel_scheduler.op_kinds.OP_KINDS`; :func:`decide` reads it.
 * The later request wins: a stop, resume or delete of a run cancels the earlier stop / resume / delete of that
   run (of another kind) that has not taken effect yet — queued, or waiting for the run's chunk boundary. The
   cancelled op is rejected ("cancelled by op <id>"); when the run is then already where the later op would
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .op_kinds import OP_KINDS, OpKind, either
 from .status import RunStatus
 
 __all__ = [
@@ -39,13 +41,6 @@ __all__ = [
     "OP_ID_PATTERN",
     "OP_ID_RULE",
 ]
-
-
-class OpKind(str, Enum):
-    STOP = "stop"
-    RESUME = "resume"
-    DELETE = "delete"
-    CLONE = "clone"
 
 
 class OpState(str, Enum):
@@ -152,15 +147,10 @@ class PendingOp:
     cancellable: bool = True
 
 
-_STOPPABLE = (RunStatus.NEW, RunStatus.ONGOING, RunStatus.INTERRUPTED)
-_RESUMABLE = (RunStatus.STOPPED, RunStatus.INTERRUPTED)
-_RESULT = {OpKind.STOP: RunStatus.STOPPED, OpKind.RESUME: RunStatus.ONGOING, OpKind.DELETE: RunStatus.DELETED}
-
-
 def expected_status(status: RunStatus, pending: Sequence[OpKind]) -> RunStatus:
     """The run's status once the ``pending`` stop / resume / delete ops (oldest first) have taken effect."""
     for kind in pending:
-        status = _RESULT.get(kind, status)
+        status = OP_KINDS[kind].result or status
     return status
 
 
@@ -189,28 +179,24 @@ def decide(
         return Decision("reject", f"run {run_id} does not exist")
     if status is RunStatus.DELETED:
         return Decision("reject", f"run {run_id} is DELETED")
-    if kind is OpKind.CLONE:
+    info = OP_KINDS[kind]
+    if info.result is None:  # not a run op (clone): it leaves the run as it is
         return Decision("apply")
     cancelled = [p for p in pending if p.cancellable and p.kind is not kind]
     cancels = tuple(p.op_id for p in cancelled)
     status = expected_status(status, [p.kind for p in pending if p.op_id not in cancels])
     if status is RunStatus.DELETED:
         return Decision("reject", f"run {run_id} is being deleted (its delete is applying)")
-    stays = {OpKind.STOP: status is RunStatus.STOPPED, OpKind.RESUME: status.in_rotation()}.get(kind, False)
-    if cancels and stays:
+    if cancels and status in info.settled:
         what = " and ".join(sorted({p.kind.value for p in cancelled}))
         where = {RunStatus.STOPPED: "stays STOPPED", RunStatus.ONGOING: "keeps training"}.get(
             status, "stays in the rotation"
         )
         return Decision("done", f"run {run_id} {where}: its pending {what} is cancelled", cancels)
-    if kind is OpKind.STOP and status not in _STOPPABLE:
+    if status not in info.allowed:
         return Decision(
-            "reject", f"run {run_id} is {status.value}; only NEW, ONGOING or INTERRUPTED runs can be stopped"
+            "reject", f"run {run_id} is {status.value}; only {either(info.allowed)} runs can be {info.past}"
         )
-    if kind is OpKind.RESUME and status not in _RESUMABLE:
-        return Decision(
-            "reject", f"run {run_id} is {status.value}; only STOPPED or INTERRUPTED runs can be resumed"
-        )
-    if on_device and kind in (OpKind.STOP, OpKind.DELETE):
+    if on_device and info.at_boundary:
         return Decision("defer", f"applies at the end of run {run_id}'s current chunk", cancels)
     return Decision("apply", "", cancels)

@@ -32,6 +32,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from kernel_scheduler import OP_KINDS
+
 from . import meta_keys
 from .errors import ConfigError, ExperimentError, OpError
 
@@ -41,6 +43,10 @@ USAGE = (
     "%rapidfire [-e NAME] [status | panel | list | stop IDS | resume IDS | delete IDS | "
     "clone ID [--warm] key=value ... | continue ID max_steps=N ... | tensorboard]"
 )
+
+
+#: The op kinds given run ids only (``stop 2 3``); clone takes a run id and changes (kernel_scheduler.op_kinds).
+_ID_OPS = tuple(info.name for info in OP_KINDS.values() if not info.takes_changes)
 
 
 def parse_changes(items: list[str]) -> dict[str, Any]:
@@ -100,7 +106,7 @@ class RapidfireMagics(Magics):
                 return _status(exp)
             if cmd == "panel":
                 return exp.panel()
-            if cmd in ("stop", "resume", "delete"):
+            if cmd in _ID_OPS:
                 acks = [exp.submit_op(cmd, rid, source="magic") for rid in _ids(a.args)]
                 for ack in acks:
                     print(f"[rapidfire] {ack.kind} run {ack.run_id}: {ack.state} — {ack.message}")

@@ -5,10 +5,29 @@
  * rapidfire_nb.view.fmt_num (the kernel's and the server's one number format).
  */
 
+import { OP_KINDS } from "./op_kinds.js";
+
 /** Run statuses (kernel_scheduler.RunStatus values), in the order the panel lists their counts. */
 export const STATUSES = ["NEW", "ONGOING", "STOPPED", "COMPLETED", "FAILED", "DELETED", "INTERRUPTED"];
-/** IC Op kinds (kernel_scheduler.OpKind values), in the order of the row buttons. */
-export const OPS = /** @type {const} */ (["stop", "resume", "delete", "clone"]);
+/** IC Op kinds (kernel_scheduler.OpKind values), in the order of the row buttons (the generated op_kinds.js). */
+export const OPS = OP_KINDS.map((k) => k.name);
+/** Op kind -> its button's text ("Clone…"). */
+export const OP_LABEL = Object.fromEntries(OP_KINDS.map((k) => [k.name, k.label]));
+/** Op kind -> its button's tooltip: what it does. */
+export const OP_TITLE = Object.fromEntries(OP_KINDS.map((k) => [k.name, k.title]));
+
+/** Whether an op of `kind` carries `changes` and `warm_start` (a clone). @param {string} kind */
+export function takesChanges(kind) {
+  return OP_KINDS.some((k) => k.name === kind && k.takes_changes);
+}
+
+/** The notice of a click before the kernel answers (kernel_scheduler.op_kinds: `requested`).
+ * @param {string} kind @param {number} runId */
+export function requestedText(kind, runId) {
+  const k = OP_KINDS.find((x) => x.name === kind);
+  if (k) return k.requested.replace("{run_id}", String(runId));
+  return `${kind} requested for run ${runId} — applies at the end of its current chunk`;
+}
 /** The metrics shown first (and in the two plots at start). */
 export const DEFAULT_METRICS = ["loss", "eval_loss"];
 /** TensorBoard's default run palette, so that a run has one colour in the panel, the page, the static copy

@@ -6,6 +6,7 @@
  * which the kernel's scheduler thread polls. The server page (app.js) posts its ops with the same body.
  */
 
+import { takesChanges } from "./format.js";
 import { clickFailed, clickSent, expireClick, postedToServer } from "./state.js";
 
 /** Milliseconds to wait for the kernel's ack before posting the op to the server's inbox. */
@@ -30,7 +31,7 @@ export function newOpId() {
 /** The JSON body of an op for the server's inbox (only a clone carries changes and warm_start).
  * @param {OpRequest} op */
 export function opBody(op) {
-  if (op.kind === "clone") {
+  if (takesChanges(op.kind)) {
     return { op_id: op.op_id, kind: op.kind, run_id: op.run_id, changes: op.changes || {},
       warm_start: !!op.warm_start };
   }

@@ -8,7 +8,7 @@
  * module runs (and is unit-tested) in node. `reduce` updates the state it is given and returns what changed.
  */
 
-import { DEFAULT_METRICS } from "./format.js";
+import { DEFAULT_METRICS, requestedText as opRequestedText } from "./format.js";
 
 /**
  * @typedef {{run_id: number, status: string, on_device: boolean, device?: string|null, hparams: Record<string, any>,
@@ -52,9 +52,7 @@ export function createState() {
 
 /** The notice of a click before any answer. @param {string} kind @param {number} runId */
 export function requestedText(kind, runId) {
-  if (kind === "clone") return `clone of run ${runId} requested — the new run joins at the next chunk boundary`;
-  if (kind === "resume") return `resume requested for run ${runId} — it rejoins the rotation at the next chunk`;
-  return `${kind} requested for run ${runId} — applies at the end of its current chunk`;
+  return opRequestedText(kind, runId);
 }
 
 /** @param {{kind: string, run_id: number, message?: string}} op */

@@ -14,7 +14,7 @@
  */
 
 import { h, setKids, setText } from "./dom.js";
-import { fmtHparam, fmtInt, fmtMetric, OPS, parseValue, runColor, shortHparam } from "./format.js";
+import { fmtHparam, fmtInt, fmtMetric, OP_LABEL, OP_TITLE, OPS, parseValue, runColor, shortHparam } from "./format.js";
 import { duplicateConfig, latestValues, sortRuns } from "./rank.js";
 import { hasDeviceColumn, isPending, visibleRuns } from "./state.js";
 
@@ -29,8 +29,6 @@ import { hasDeviceColumn, isPending, visibleRuns } from "./state.js";
  *   errorTr: HTMLElement, configTr: HTMLElement|null, stepText: HTMLElement, stepFill: HTMLElement,
  *   runKey: string, statusKey: string, formTr: HTMLElement|null}} Row
  */
-
-const OP_LABEL = { stop: "Stop", resume: "Resume", delete: "Delete", clone: "Clone…" };
 
 /**
  * The line under a run's row: why it failed, or why early stopping pruned it (a distinct style), else null.
@@ -50,12 +48,6 @@ const OP_ICON = {
   resume: svg('<path d="M5 3.5v9l7.5-4.5z" fill="currentColor" stroke="none"/>'),
   delete: svg('<path d="M3 4.5h10M6.5 4.5V3h3v1.5M4.5 4.5l.6 8.5h5.8l.6-8.5M7 7v4M9 7v4"/>'),
   clone: svg('<rect x="5.5" y="5.5" width="7.5" height="7.5" rx="1.3"/><path d="M10.5 3.5V3H3v7.5h.5"/>'),
-};
-const OP_TITLE = {
-  stop: "Stop after the current chunk (all state kept; Resume continues it)",
-  resume: "Put the run back into the rotation",
-  delete: "Remove the run (hidden unless 'show deleted' is on)",
-  clone: "Start a new run from this one's config, with changes",
 };
 /** Sortable columns after the hyperparameters: key, title, tooltip. */
 const TAIL_COLS = [["step", "Step", "completed / total optimizer steps"],

@@ -25,7 +25,8 @@ from tornado import web
 
 from ..redact import redact
 from ..view.wire import clean_json
-from .manager import MAX_JSON_DEPTH, ApiError, ExperimentsManager, json_text_depth
+from .checks import MAX_BODY_BYTES
+from .manager import ApiError, ExperimentsManager
 
 __all__ = [
     "AUTH_RESOURCE",
@@ -43,9 +44,6 @@ __all__ = [
 
 AUTH_RESOURCE = "rapidfire"
 """Resource name passed to Jupyter's authorizer (``Authorizer.is_authorized(handler, user, action, resource)``)."""
-
-MAX_BODY_BYTES = 64 * 1024
-"""Largest op request accepted."""
 
 
 class _ApiBase(ExtensionHandlerMixin, APIHandler):
@@ -154,32 +152,8 @@ class OpsHandler(_ApiBase):
     @web.authenticated
     @authorized
     async def post(self, name: str) -> None:
-        raw = self.request.body or b""
-        if len(raw) > MAX_BODY_BYTES:
-            raise web.HTTPError(413, f"op requests are at most {MAX_BODY_BYTES} bytes", reason=_reason(413))
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise web.HTTPError(
-                400, f"the request body is not valid JSON: {exc}", reason=_reason(400)
-            ) from None
-        too_deep = web.HTTPError(
-            400,
-            f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects); "
-            "an op is {op_id, kind, run_id, changes?, warm_start?}",
-            reason=_reason(400),
-        )
-        if json_text_depth(text) > MAX_JSON_DEPTH:  # json.loads recurses per level: RecursionError
-            raise too_deep
-        try:
-            body = json.loads(text, parse_constant=_no_constant)
-        except ValueError as exc:
-            raise web.HTTPError(
-                400, f"the request body is not valid JSON: {exc}", reason=_reason(400)
-            ) from None
-        except RecursionError:
-            raise too_deep from None
-        self.reply(await self.call(self.manager.post_op, name, body), status=202)
+        """The body is read and checked on the thread pool (:meth:`ExperimentsManager.post_op_request`)."""
+        self.reply(await self.call(self.manager.post_op_request, name, self.request.body or b""), status=202)
 
 
 _SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
@@ -195,10 +169,6 @@ def script_json(value: Any) -> str:
     for char, escape in _SCRIPT_ESCAPES.items():
         text = text.replace(char, escape)
     return text
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 class PageHandler(ExtensionHandlerMixin, JupyterHandler):

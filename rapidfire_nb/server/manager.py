@@ -5,8 +5,9 @@ Standard library + :mod:`rapidfire_nb.store` / :mod:`rapidfire_nb.paths` / :mod:
 built by :func:`rapidfire_nb.view.store_snapshot`, the same module that builds the kernel's. Every store is
 opened read-only for one call and closed again; the only write is :meth:`Store.post_inbox_op`. Nothing from a
 request is unpickled, evaluated or put into SQL text: names are validated by
-:func:`rapidfire_nb.paths.validate_experiment_name`, numbers are parsed as ``int``, op payloads are checked
-field by field against the editable fields the kernel stored (meta ``editable_fields``).
+:func:`rapidfire_nb.paths.validate_experiment_name`, numbers are parsed as ``int``, op requests are read and checked
+field by field by :mod:`rapidfire_nb.server.checks`, changes against the editable fields the kernel stored (meta
+``editable_fields``).
 
 Errors are :class:`ApiError` with an HTTP status and a message meant for the user.
 """
@@ -14,17 +15,14 @@ Errors are :class:`ApiError` with an HTTP status and a message meant for the use
 from __future__ import annotations
 
 import contextlib
-import math
-import re
 import sqlite3
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kernel_scheduler import OP_KINDS as KIND_INFO
 from kernel_scheduler import OpKind, RunStatus
-from kernel_scheduler.ops import OP_ID_PATTERN, OP_ID_RULE
 from rapidfire_nb import meta_keys
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.paths import (
@@ -34,10 +32,22 @@ from rapidfire_nb.paths import (
     list_experiments,
     validate_experiment_name,
 )
-from rapidfire_nb.redact import is_secret_key
 from rapidfire_nb.store import ExperimentEndedError, OpIdReusedError, SchemaVersionError, Store, StoreError
 from rapidfire_nb.view import StoreRows, editable_fields, reported_status, store_snapshot
 from rapidfire_nb.view.wire import encode_points
+
+from .checks import (
+    MAX_JSON_DEPTH,
+    OP_KINDS,
+    ApiError,
+    check_change,
+    describe,
+    int_param,
+    json_depth,
+    json_text_depth,
+    parse_op,
+    parse_op_body,
+)
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -49,193 +59,8 @@ __all__ = [
     "json_text_depth",
 ]
 
-OP_KINDS = tuple(k.value for k in OpKind)
-"""Op kinds accepted over HTTP (the kernel's ``OpKind`` values: stop, resume, delete, clone)."""
-
-_FIELD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,199}")
-_MAX_STR = 10_000
-_MAX_LIST = 1_000
-_MAX_CHANGES = 100
-_INT_MAX = 2**63 - 1
-
-MAX_JSON_DEPTH = 16
-"""Deepest nesting of arrays/objects accepted in an op request (a valid op needs 3: body, changes, a list)."""
-
 DEFAULT_METRICS_LIMIT = 20_000
 MAX_METRICS_LIMIT = 200_000
-
-
-class ApiError(Exception):
-    """A request the server refuses: ``status`` is the HTTP status, ``message`` says why (shown to the user)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)
-
-
-def json_text_depth(text: str) -> int:
-    """Deepest nesting of ``[``/``{`` in JSON text, brackets inside strings not counted; never recurses.
-
-    Checked before ``json.loads``, whose decoder recurses once per level (thousands of ``[`` raise
-    RecursionError). For text json would reject anyway the count may be too high, never too low.
-    """
-    depth = deepest = 0
-    for match in _JSON_TOKENS.finditer(text):
-        token = match.group()
-        if token in ("[", "{"):
-            depth += 1
-            deepest = max(deepest, depth)
-        elif token in ("]", "}"):
-            depth -= 1
-    return deepest
-
-
-def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
-    """Nesting depth of lists/dicts in a decoded JSON value (a scalar is 0); stops counting past ``limit``.
-
-    Iterative, so a value nested deeper than Python's recursion limit is measured without RecursionError.
-    """
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, (list, tuple)):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, level)
-        if deepest > limit:
-            break
-        stack.extend((child, level + 1) for child in children)
-    return deepest
-
-
-def _is_scalar(v: Any) -> bool:
-    if isinstance(v, float):
-        return math.isfinite(v)
-    if isinstance(v, int) and not isinstance(v, bool):
-        return abs(v) <= _INT_MAX
-    if isinstance(v, str):
-        return len(v) <= _MAX_STR
-    return v is None or isinstance(v, bool)
-
-
-def _check_value(field: str, type_name: str, value: Any) -> None:
-    """Raise ApiError(400) unless ``value`` is a JSON value of the field's type."""
-    ok: bool
-    if type_name == "bool":
-        ok = isinstance(value, bool)
-        want = "true or false"
-    elif type_name == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _INT_MAX
-        want = "an integer"
-    elif type_name == "float":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _is_scalar(value)
-        want = "a number"
-    elif type_name == "str":
-        ok = isinstance(value, str) and len(value) <= _MAX_STR
-        want = f"a string (at most {_MAX_STR} characters)"
-    elif type_name == "list":
-        ok = isinstance(value, list) and len(value) <= _MAX_LIST and all(_is_scalar(v) for v in value)
-        want = "a list of numbers, strings, booleans or nulls"
-    elif type_name == "null":  # currently unset: any plain JSON value; the kernel checks it when applied
-        ok = _is_scalar(value) or (
-            isinstance(value, list) and len(value) <= _MAX_LIST and all(_is_scalar(v) for v in value)
-        )
-        want = "a number, string, boolean, null or a list of those"
-    else:
-        raise ApiError(
-            400,
-            f"{field} cannot be changed from here (its value is not plain JSON); "
-            "use experiment.clone_modify(...) in the notebook",
-        )
-    if not ok:
-        raise ApiError(400, f"{field} must be {want}, got {_describe(value)}")
-
-
-def _describe(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _int_param(name: str, value: Any, *, minimum: int, maximum: int = _INT_MAX) -> int:
-    """A query/body integer: a JSON int (not a bool) or a string of decimal digits."""
-    if isinstance(value, bool):
-        raise ApiError(400, f"{name} must be an integer, got {_describe(value)}")
-    if isinstance(value, str):
-        if not re.fullmatch(r"-?[0-9]{1,19}", value.strip()):
-            raise ApiError(400, f"{name} must be an integer, got {_describe(value)}")
-        value = int(value.strip())
-    if not isinstance(value, int):
-        raise ApiError(400, f"{name} must be an integer, got {_describe(value)}")
-    if not minimum <= value <= maximum:
-        raise ApiError(400, f"{name} must be between {minimum} and {maximum}, got {value}")
-    return value
-
-
-def _parse_op(body: Any) -> tuple[str, str, int, dict[str, Any], bool]:
-    """An op request's ``(op_id, kind, run_id, changes, warm_start)``, checked field by field.
-
-    Raises:
-        ApiError: 400 for anything but ``{"op_id"?, "kind", "run_id", "changes"?, "warm_start"?}`` with valid
-            values (only a clone takes ``changes`` and ``warm_start``).
-    """
-    if not isinstance(body, dict):
-        raise ApiError(
-            400, "the request body must be a JSON object {op_id, kind, run_id, changes?, warm_start?}"
-        )
-    if json_depth(body) > MAX_JSON_DEPTH:
-        raise ApiError(
-            400,
-            f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects); "
-            "an op is {op_id, kind, run_id, changes?, warm_start?}",
-        )
-    unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start"})
-    if unknown:
-        raise ApiError(
-            400,
-            f"unknown key(s) {', '.join(map(repr, unknown))}; an op has op_id, kind, "
-            "run_id, changes, warm_start",
-        )
-    op_id = body.get("op_id")
-    if op_id is None:
-        op_id = uuid.uuid4().hex
-    if not isinstance(op_id, str) or not OP_ID_PATTERN.fullmatch(op_id):
-        raise ApiError(400, OP_ID_RULE)
-    kind = body.get("kind")
-    if kind not in OP_KINDS:
-        raise ApiError(400, f"kind must be one of {', '.join(OP_KINDS)}, got {_describe(kind)}")
-    if "run_id" not in body:
-        raise ApiError(400, "run_id is missing")
-    run_id = body["run_id"]
-    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id <= _INT_MAX:
-        raise ApiError(400, f"run_id must be a positive integer, got {_describe(run_id)}")
-    return op_id, kind, run_id, *_clone_fields(kind, body)
-
-
-def _clone_fields(kind: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """``(changes, warm_start)`` of an op request (``({}, False)`` for ops other than clone)."""
-    changes = body.get("changes")
-    warm = body.get("warm_start", False)
-    if not isinstance(warm, bool):
-        raise ApiError(400, f"warm_start must be true or false, got {_describe(warm)}")
-    if kind != "clone":
-        if changes not in (None, {}) or warm:
-            raise ApiError(400, f"a {kind} op takes no changes and no warm_start (only clone does)")
-        return {}, False
-    if changes is None:
-        return {}, warm
-    if not isinstance(changes, dict):
-        raise ApiError(400, "changes must be a JSON object {field: value}")
-    if len(changes) > _MAX_CHANGES:
-        raise ApiError(400, f"at most {_MAX_CHANGES} changes per clone")
-    return changes, warm
 
 
 class ExperimentsManager:
@@ -380,16 +205,16 @@ class ExperimentsManager:
                 deleted since (a run resumed from an older checkpoint drops the steps it will log again), the
                 reply is ``{"reset": true, "cursor": 0, "points": <empty>}``: reload from cursor 0.
         """
-        cur = _int_param("cursor", cursor, minimum=0)
-        rid = None if run_id in (None, "") else _int_param("run_id", run_id, minimum=1)
+        cur = int_param("cursor", cursor, minimum=0)
+        rid = None if run_id in (None, "") else int_param("run_id", run_id, minimum=1)
         lim = (
             DEFAULT_METRICS_LIMIT
             if limit in (None, "")
-            else _int_param("limit", limit, minimum=1, maximum=MAX_METRICS_LIMIT)
+            else int_param("limit", limit, minimum=1, maximum=MAX_METRICS_LIMIT)
         )
         if fmt not in ("rows", "columnar"):
-            raise ApiError(400, f"format must be 'rows' or 'columnar', got {_describe(fmt)}")
-        held = None if seen in (None, "") else _int_param("seen", seen, minimum=0)
+            raise ApiError(400, f"format must be 'rows' or 'columnar', got {describe(fmt)}")
+        held = None if seen in (None, "") else int_param("seen", seen, minimum=0)
         if held is not None and rid is not None:
             raise ApiError(400, "seen counts the points of every run; it cannot be combined with run_id")
         with self._open(name) as store:
@@ -433,6 +258,15 @@ class ExperimentsManager:
 
     # ------------------------------------------------------------------ POST ops
 
+    def post_op_request(self, name: Any, raw: bytes) -> dict[str, Any]:
+        """:meth:`post_op` of a POST's raw body, read by :func:`~rapidfire_nb.server.checks.parse_op_body`.
+
+        Raises:
+            ApiError: 413 for a body over 64 KiB, 400 for one that is not UTF-8 JSON or nests too deeply, and what
+                :meth:`post_op` raises.
+        """
+        return self.post_op(name, parse_op_body(raw))
+
     def post_op(self, name: Any, body: Any) -> dict[str, Any]:
         """Validate an op request and leave it in the experiment's inbox for its kernel (idempotent on op_id).
 
@@ -447,12 +281,13 @@ class ExperimentsManager:
             ApiError: 400 bad payload, 404 unknown experiment, 409 the experiment has ended or no live kernel holds it
                 (the message says how to continue), or ``op_id`` was used before by an op of another kind or run.
         """
-        op_id, kind, run_id, changes, warm = _parse_op(body)
+        op_id, kind, run_id, changes, warm = parse_op(body)
         with self._open(name) as store:
             run = store.get_run(run_id)
             if run is None:
                 raise ApiError(400, f"experiment {name!r} has no run {run_id}")
-            if kind == "clone":
+            takes_changes = KIND_INFO[OpKind(kind)].takes_changes
+            if takes_changes:
                 self._check_changes(store, run, changes)
             ended_at = store.ended_at()
             if ended_at is not None:
@@ -470,7 +305,7 @@ class ExperimentsManager:
                     "kernel that trains it. Re-run its notebook cells (Experiment(...) then "
                     "run_fit(...)) and try again.",
                 )
-            payload = {"changes": changes, "warm_start": warm} if kind == "clone" else None
+            payload = {"changes": changes, "warm_start": warm} if takes_changes else None
             # the one write: post_inbox_op opens its own short-lived read-write connection
             try:
                 posted = store.post_inbox_op(op_id, kind, run_id, payload)
@@ -499,15 +334,4 @@ class ExperimentsManager:
         if fields is None:
             raise ApiError(400, f"run {run_id} has no editable fields recorded; clone it from its notebook")
         for key, value in changes.items():
-            if not isinstance(key, str) or not _FIELD_RE.fullmatch(key):
-                raise ApiError(400, f"bad field name {_describe(key)}")
-            if is_secret_key(key):  # never sent to the kernel or stored in the inbox
-                raise ApiError(
-                    400,
-                    f"{key} is a secret: it is kept in the kernel's memory only and cannot be changed from here "
-                    "(or in a clone); set it in the notebook's config group",
-                )
-            if key not in fields:
-                known = ", ".join(sorted(fields)) or "none"
-                raise ApiError(400, f"{key} is not an editable field of run {run_id} (editable: {known})")
-            _check_value(key, fields[key], value)
+            check_change(key, value, fields, run_id)

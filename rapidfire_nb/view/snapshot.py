@@ -7,13 +7,13 @@ fake panel source (:mod:`rapidfire_nb.testing.fake_source`) build their snapshot
 * :class:`KernelState` — in the kernel only: the scheduler's frozen :class:`~kernel_scheduler.RunSnapshot` s,
   the run on each device, each device's state and the live steps (the store records none of them).
 
-The snapshot's shape is the "Panel source" contract of ``docs/ARCHITECTURE.md``. Legal ops come from
-:func:`kernel_scheduler.ops.decide` (the rules the scheduler applies), statuses from
-:class:`kernel_scheduler.RunStatus`. Numbers and progress lines are formatted once, in
-:mod:`rapidfire_nb.view.text` (re-exported here); training time and tqdm-like numbers come from
-:mod:`rapidfire_nb.view.clock`.
+The snapshot's shape is the "Panel source" contract of ``docs/ARCHITECTURE.md``. Each run's legal ops, op hints
+and editable fields come from :mod:`rapidfire_nb.view.ops_view` (the rules the scheduler applies), its device and
+the header's devices from :mod:`rapidfire_nb.view.devices_view` (all re-exported here). Numbers and progress lines
+are formatted once, in :mod:`rapidfire_nb.view.text` (re-exported here); training time and tqdm-like numbers come
+from :mod:`rapidfire_nb.view.clock`.
 
-Standard library + :mod:`kernel_scheduler` + :mod:`rapidfire_nb.view.wire` only: no torch, no store import (a store
+Standard library + :mod:`kernel_scheduler` + :mod:`rapidfire_nb.meta_keys` only: no torch, no store import (a store
 is read duck-typed by :meth:`StoreRows.read`), so the server extension may import it.
 """
 
@@ -25,10 +25,24 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
-from kernel_scheduler import DEFAULT_DEVICE, OpKind, PendingOp, RunSnapshot, RunStatus, decide
+from kernel_scheduler import RunSnapshot, RunStatus
 
 from .. import meta_keys
 from .clock import is_training, progress_stats, training_seconds
+from .devices_view import DEVICE_STATES, device_list, device_status, run_device, stored_devices
+from .ops_view import (
+    ENDED_HINT,
+    FIELD_TYPES,
+    NO_KERNEL_HINT,
+    editable_fields,
+    editable_values,
+    legal_ops,
+    op_hints,
+    op_kinds_js,
+    parse_status,
+    pending_ops,
+    reported_status,
+)
 from .stops import StopInfo, stop_history
 from .text import (
     best_run,
@@ -41,7 +55,6 @@ from .text import (
     format_chunk_line,
     position_text,
 )
-from .wire import json_type_name
 
 __all__ = [
     "DEVICES_META_KEY",
@@ -60,6 +73,7 @@ __all__ = [
     "device_status",
     "early_stopping_text",
     "editable_fields",
+    "editable_values",
     "final_summary",
     "fmt_metric",
     "fmt_num",
@@ -67,12 +81,14 @@ __all__ = [
     "kernel_snapshot",
     "legal_ops",
     "op_hints",
+    "op_kinds_js",
     "pending_ops",
     "parse_status",
     "position_text",
     "progress_text",
     "reported_status",
     "run_device",
+    "stored_devices",
     "store_snapshot",
 ]
 
@@ -80,15 +96,8 @@ __all__ = [
 EARLY_STOPPING_META_KEY = meta_keys.EARLY_STOPPING
 DEVICES_META_KEY = meta_keys.DEVICES
 
-#: A device's state in a snapshot's ``devices``: a run trains there, nothing does, its worker died, or (the server
-#: page: the store does not record it) unknown.
-DEVICE_STATES = ("training", "idle", "lost", "—")
-
 #: Keys of one ops-log entry in a snapshot.
 OP_FIELDS = ("op_id", "run_id", "kind", "state", "message", "requested_at", "applied_at")
-
-#: JSON type names the kernel writes in meta ``editable_fields`` (``wire.json_type_name``).
-FIELD_TYPES = ("bool", "int", "float", "str", "list", "null", "other")
 
 #: Who trains the experiment, as :func:`progress_text` words it.
 HERE, NOT_HERE, ALIVE, GONE, ENDED = "here", "not_here", "alive", "gone", "ended"
@@ -177,210 +186,6 @@ class KernelState:
 # ------------------------------------------------------------------------------------------------ rules
 
 
-def parse_status(value: Any) -> RunStatus | None:
-    """``value`` as a :class:`RunStatus` (a member or its string value); None for anything else."""
-    if isinstance(value, RunStatus):
-        return value
-    try:
-        return RunStatus(value)
-    except ValueError:
-        return None
-
-
-def reported_status(stored: str, writer_alive: bool) -> str:
-    """Crash reconciliation as the server reports it: an ONGOING run whose writer is gone is INTERRUPTED.
-
-    Args:
-        stored: the status value in the store.
-        writer_alive: whether a process holds the experiment (fresh heartbeat).
-
-    Returns:
-        The status value to show.
-    """
-    if stored == RunStatus.ONGOING.value and not writer_alive:
-        return RunStatus.INTERRUPTED.value
-    return stored
-
-
-def legal_ops(
-    status: RunStatus | str | None, *, accepting: bool = True, pending: Sequence[PendingOp] = ()
-) -> list[str]:
-    """The ops :func:`kernel_scheduler.ops.decide` would not reject for a run in ``status``, in OpKind order.
-
-    Args:
-        status: the run's status (member or value); None or an unknown value: no op.
-        accepting: False when nobody would apply an op (the server without a live writer): no op.
-        pending: the run's stop / resume / delete ops still queued (e.g. a stop waiting for the chunk boundary:
-            a resume is then legal too, it cancels the stop).
-
-    Returns:
-        Op kind values, e.g. ``["stop", "delete", "clone"]``.
-    """
-    st = parse_status(status)
-    if st is None or not accepting:
-        return []
-    return [
-        k.value
-        for k in OpKind
-        if decide(k, st, False, 0).verdict != "reject" or decide(k, st, False, 0, pending).verdict != "reject"
-    ]
-
-
-def pending_ops(ops: Iterable[Mapping[str, Any]], run_id: Any) -> list[PendingOp]:
-    """The queued stop / resume / delete ops of run ``run_id`` in an ops log (``store.ops()`` rows)."""
-    kinds = {k.value: k for k in (OpKind.STOP, OpKind.RESUME, OpKind.DELETE)}
-    return [
-        PendingOp(kinds[o["kind"]], str(o.get("op_id")))
-        for o in ops
-        if o.get("run_id") == run_id and o.get("state") == "queued" and o.get("kind") in kinds
-    ]
-
-
-#: Why no op applies to any run: the experiment was ended in this kernel, or no kernel trains it (server).
-ENDED_HINT = (
-    "the experiment was ended; to continue: Experiment(name), then run_fit(...) with the same arguments"
-)
-NO_KERNEL_HINT = (
-    "no kernel is running this experiment; ops are applied by the kernel that trains it: re-run its notebook "
-    "(Experiment(name), then run_fit(...) with the same arguments)"
-)
-
-
-def op_hints(
-    status: RunStatus | str | None, *, closed: str | None = None, pending: Sequence[PendingOp] = ()
-) -> dict[str, str]:
-    """Why each op a run's buttons offer is disabled: ``{op kind: reason}`` for the ops that are not legal.
-
-    Args:
-        status: the run's status (member or value).
-        closed: the reason no op applies at all (e.g. :data:`ENDED_HINT`), or None.
-        pending: the run's queued stop / resume / delete ops (as in :func:`legal_ops`).
-
-    Returns:
-        Op kind -> sentence (the reason :func:`kernel_scheduler.ops.decide` gives, or ``closed``).
-    """
-    st = parse_status(status)
-    legal = set(legal_ops(st, pending=pending))
-    out = {}
-    for k in OpKind:
-        if closed is not None:
-            out[k.value] = closed
-            continue
-        decision = decide(k, st, False, 0)
-        if decision.verdict == "reject" and k.value not in legal:
-            out[k.value] = decision.reason.replace("run 0 is", "the run is").replace("run 0 ", "the run ")
-    return out
-
-
-def editable_fields(described: Any, run_id: int, hparams: Any) -> dict[str, str] | None:
-    """The fields a clone of a run may change from the panel, the magic or the server: name -> JSON type.
-
-    One rule for the snapshot's ``editable`` and for the server's op validation: the fields the kernel
-    recorded for the run in meta ``editable_fields`` (its hyperparameters minus functions and ``model_type``);
-    for a store written before those were recorded, the run's hyperparameters whose values are not object
-    reprs (``"<function f>"``), typed by their current values.
-
-    Args:
-        described: meta ``editable_fields`` (``{str(run_id): {field: type name}}``), or None.
-        run_id: the run.
-        hparams: the run's stored hyperparameters.
-
-    Returns:
-        ``{field: type name}`` (unknown type names become ``"other"``), or None when the kernel recorded
-        fields but none for this run.
-    """
-    if isinstance(described, Mapping):
-        entry = described.get(str(run_id))
-        if not isinstance(entry, Mapping):
-            return None
-        return {str(k): (v if v in FIELD_TYPES else "other") for k, v in entry.items()}
-    if not isinstance(hparams, Mapping):
-        return {}
-    return {
-        str(k): json_type_name(v)
-        for k, v in hparams.items()
-        if not (isinstance(v, str) and v.startswith("<"))
-    }
-
-
-def _editable_values(described: Any, run_id: int, hparams: Mapping[str, Any]) -> dict[str, Any]:
-    fields = editable_fields(described, run_id, hparams)
-    if fields is None:
-        fields = editable_fields(None, run_id, hparams) or {}
-    return {k: v for k, v in hparams.items() if k in fields}
-
-
-def device_status(statuses: Iterable[RunStatus | str], writer_alive: bool, ended: bool = False) -> str:
-    """The server page's device chip: what the store can tell about the device (not the run on it).
-
-    Args:
-        statuses: the runs' (reported) statuses.
-        writer_alive: whether a kernel holds the experiment.
-        ended: whether its kernel ended it (``experiment.end()``; meta ``ended_at``).
-
-    Returns:
-        ``"experiment ended"``, ``"no kernel running"``, ``"training (kernel alive)"`` (a live writer with
-        NEW/ONGOING runs trains one of them) or ``"device idle (kernel alive)"``.
-    """
-    if ended:
-        return "experiment ended"
-    if not writer_alive:
-        return "no kernel running"
-    if any((st := parse_status(s)) is not None and st.in_rotation() for s in statuses):
-        return "training (kernel alive)"
-    return "device idle (kernel alive)"
-
-
-def _natural(name: str) -> tuple[str, int, str]:
-    """Sort key of a device name: ``cpu:2`` before ``cpu:10``."""
-    head, _, tail = name.rpartition(":")
-    return (head, int(tail), "") if tail.isdigit() else (name, -1, "")
-
-
-def _stored_devices(meta: Mapping[str, Any]) -> dict[int, str]:
-    """Run id -> device, from meta ``devices`` (empty when the experiment trained on one device)."""
-    stored = meta.get(meta_keys.DEVICES)
-    if not isinstance(stored, Mapping):
-        return {}
-    out = {}
-    for rid, dev in stored.items():
-        if isinstance(dev, str) and dev and dev != DEFAULT_DEVICE and str(rid).isdigit():
-            out[int(rid)] = dev
-    return out
-
-
-def run_device(snap: RunSnapshot | None, stored: Mapping[int, str], run_id: int) -> str | None:
-    """The device a run trains on: the scheduler's (unless the single in-kernel :data:`DEFAULT_DEVICE`), else
-    the one stored in meta ``devices``; None when unknown or the experiment uses one device."""
-    if snap is not None and snap.device and snap.device != DEFAULT_DEVICE:
-        return snap.device
-    return stored.get(run_id)
-
-
-def device_list(
-    states: Mapping[str, str], running: Mapping[str, int], stored: Iterable[str] = ()
-) -> list[dict[str, Any]]:
-    """The header's devices: one ``{"name", "state", "run_id"}`` per device, state one of :data:`DEVICE_STATES`.
-
-    Args:
-        states: the kernel's device -> ``"training"`` / ``"idle"`` / ``"lost"`` (in its device order); empty on
-            the server page or with one device.
-        running: device -> id of the run training there (a device in it is ``"training"``).
-        stored: device names the store knows (meta ``devices``): added, in natural order, with state ``"—"``.
-
-    Returns:
-        A list (empty with one device: the header shows its single "run N on device" chip then).
-    """
-    out = []
-    for name, state in states.items():
-        rid = running.get(name)
-        st = "training" if rid is not None else state if state in ("idle", "lost") else "idle"
-        out.append({"name": name, "state": st, "run_id": rid})
-    for name in sorted(set(stored) - set(states), key=_natural):
-        out.append({"name": name, "state": "—", "run_id": None})
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ formatting
 
 
@@ -464,7 +269,7 @@ def _run_entry(
         "on_device": bool(snap is not None and snap.on_device),
         "device": device,
         "hparams": {c: hp.get(c) for c in columns} or dict(hp),
-        "editable": _editable_values(rows.meta.get(meta_keys.EDITABLE_FIELDS), run_id, hp),
+        "editable": editable_values(rows.meta.get(meta_keys.EDITABLE_FIELDS), run_id, hp),
         **_progress_fields(row, snap, live_step),
         "loss": latest.get("loss"),
         "eval_loss": latest.get("eval_loss"),
@@ -529,7 +334,7 @@ def kernel_snapshot(
         The JSON-able snapshot of ``docs/ARCHITECTURE.md`` "Panel source" (runs also carry ``editable``).
     """
     live = {s.run_id: s for s in kernel.runs} if kernel.runs is not None else {}
-    stored = _stored_devices(rows.meta)
+    stored = stored_devices(rows.meta)
     runs = []
     for row in rows.runs:
         snap = live.get(row["run_id"])
@@ -586,7 +391,7 @@ def store_snapshot(
     num_chunks = rows.meta.get(meta_keys.NUM_CHUNKS) or 0
     ended = rows.meta.get(meta_keys.ENDED_AT) is not None
     accepting = writer_alive and not ended
-    stored = _stored_devices(rows.meta)
+    stored = stored_devices(rows.meta)
     runs = [
         _run_entry(
             r,
