@@ -176,7 +176,7 @@ class OpApplier:
         assert info.result is not None, op.kind
         with core.lock:
             core.set_status(run, info.result)
-            why = _AFTER[op.kind](run, op)
+            why = _AFTER.get(op.kind, _nothing_more)(run, op)
         message = info.applied.format(run_id=run.run_id, step=run.step) + (f": {why}" if why else "")
         core.when_free(self.status_call(run.run_id, run.status), run.device)
         core.resolved(op, message)
@@ -202,9 +202,11 @@ def _after_resume(run: Run, op: Op) -> str:
     return ""
 
 
-#: What a run op changes besides the run's status (lock held); returns the text added to its applied message.
-_AFTER: dict[OpKind, Callable[[Run, Op], str]] = {
-    OpKind.STOP: _after_stop,
-    OpKind.RESUME: _after_resume,
-    OpKind.DELETE: lambda run, op: "",
-}
+def _nothing_more(run: Run, op: Op) -> str:
+    """A run op that changes only the run's status (delete)."""
+    return ""
+
+
+#: What a run op changes besides the run's status (lock held); returns the text added to its applied message. A kind
+#: missing here changes the status only.
+_AFTER: dict[OpKind, Callable[[Run, Op], str]] = {OpKind.STOP: _after_stop, OpKind.RESUME: _after_resume}

@@ -5,9 +5,10 @@ the applier), the view (legal ops, hints), the magic, the server (which fields a
 the generated ``widgets/op_kinds.js`` (:func:`front_end_table`), the panel and the server page (button labels and
 tooltips, the notice of a click, the body of a request).
 
-To add an op kind: a member of :class:`OpKind` and its row here; what it does in
-:meth:`kernel_scheduler.op_apply.OpApplier._apply_now`; its button icon in ``widgets/table.js``; then regenerate
-``widgets/op_kinds.js`` (``python scripts/op_kinds_js.py``). Standard library only.
+To add an op kind: a member of :class:`OpKind` and its row here; in :mod:`kernel_scheduler.op_apply`, what it changes
+besides the run's status (``_AFTER``; nothing for a kind like delete); its button icon (``OP_ICON``) in
+``widgets/table.js``; then regenerate ``widgets/op_kinds.js`` (``.venv/bin/python scripts/op_kinds_js.py``). The view,
+the server and the magic (a kind given run ids only) follow the table. Standard library only.
 """
 
 from __future__ import annotations
