@@ -51,12 +51,16 @@ METRIC_NAMES_META_KEY = meta_keys.METRIC_NAMES
 
 def editable_fields(specs: Mapping[int, Any]) -> dict[str, dict[str, str]]:
     """Per run (id as text), the hyperparameters the panel/server may change in a clone (name -> JSON type);
-    functions and secrets are left out (a secret is not stored: it cannot be cloned)."""
+    functions and secrets are left out (a secret is not stored: it cannot be cloned). ``max_steps`` always: the
+    budget of a clone, e.g. a warm one that continues a finished run, also where the run trains by epochs."""
     return {
         str(rid): {
-            k: json_type_name(v)
-            for k, v in spec.hparams().items()
-            if k not in NOT_EDITABLE and not is_secret_key(k)
+            "max_steps": "int",
+            **{
+                k: json_type_name(v)
+                for k, v in spec.hparams().items()
+                if k not in NOT_EDITABLE and not is_secret_key(k)
+            },
         }
         for rid, spec in specs.items()
     }

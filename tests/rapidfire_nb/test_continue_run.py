@@ -11,6 +11,7 @@ run    config                                   what happens to it
 2      linear decay, ``max_steps=3``            COMPLETED at step 3; never touched again
 3      warm clone of 1, ``max_steps=8``         continues run 1 at step 4: equals a plain TRL run of 8 steps
 4      ``%rapidfire continue 2 max_steps=8``    continues run 2 with the 8-step schedule: differs from plain TRL
+5      REST ``clone`` of 1, warm, ``max_steps``  as run 3 (after a REST continuation with too few steps is refused)
 =====  =======================================  ===============================================================
 
 A warm clone asking for no more steps than its parent made is refused before it gets a run id.
@@ -19,6 +20,7 @@ A warm clone asking for no more steps than its parent made is refused before it 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -99,6 +101,7 @@ def cont(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["c_const"] = exp.clone_modify(1, {"max_steps": MORE}, warm_start=True)
     shell.run_line_magic("rapidfire", f"continue 2 max_steps={MORE}")  # the magic's continue: run 4
     out["c_linear"] = max(s.run_id for s in exp.run_snapshots())
+    out["rest"] = _post_continue(exp, "rest-short", PARENT_STEPS), _post_continue(exp, "rest-continue", MORE)
     out["wait"] = exp.wait(timeout=WAIT_S)
     out["loop_error"] = exp.session.scheduler.loop_error
     out["info"] = exp.get_runs_info()
@@ -112,6 +115,28 @@ def cont(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             leaf.with_changes({"max_steps": MORE}), tiny_create_model, train, None, SEED, root / name
         )
     return out
+
+
+def _post_continue(exp: Any, op_id: str, max_steps: int) -> dict[str, Any]:
+    """POST a warm clone of run 1 to the REST manager (the server's ``POST .../ops``); its op row once taken."""
+    from rapidfire_nb.server.manager import ExperimentsManager
+
+    body = {
+        "op_id": op_id,
+        "kind": "clone",
+        "run_id": 1,
+        "changes": {"max_steps": max_steps},
+        "warm_start": True,
+    }
+    answer = ExperimentsManager(exp.root).post_op(exp.path.name, body)
+    assert answer["state"] == "queued" and not answer["duplicate"], answer
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        op = exp.store.get_op(op_id)
+        if op is not None and op["state"] != "queued":
+            return dict(op)
+        time.sleep(0.05)
+    raise AssertionError(f"the kernel did not take op {op_id}")
 
 
 def _row(info: Any, rid: int) -> Any:
@@ -240,3 +265,31 @@ def test_budget_check(
         assert isinstance(err, OpError) and f"set max_steps above {step}, e.g. max_steps={2 * step}" in str(
             err
         )
+
+
+def test_rest_continues_and_refuses_like_the_api(cont: dict[str, Any]) -> None:
+    short, longer = cont["rest"]
+    assert short["state"] == "rejected" and short["message"].startswith(
+        f"max_steps={PARENT_STEPS} does not continue run 1"
+    ), short
+    assert (
+        longer["state"] == "applied"
+        and f"run 5 created (warm from run 1's final state, step {PARENT_STEPS}" in (longer["message"])
+    ), longer
+    row = _row(cont["info"], 5)
+    assert (row.status, row.completed_steps, cont["snaps"][5].parent_id) == ("COMPLETED", MORE, 1)
+    assert max_abs_diff(_final(cont, 5), cont["ref_const"].final) == 0.0
+
+
+def test_max_steps_is_editable_over_rest_also_for_a_run_by_epochs() -> None:
+    """The server checks a clone's changes against the kernel's ``editable_fields``: a run that trains by epochs
+    (no ``max_steps`` set) can still be continued from the panel's REST fallback or a POST."""
+    from rapidfire_nb.experiment.record_writes import editable_fields
+    from rapidfire_nb.spec import LeafConfig
+
+    spec = LeafConfig(
+        trainer_type="SFT", model_name="tiny", training={"num_train_epochs": 2, "learning_rate": 1e-3}
+    )
+    assert editable_fields({7: spec}) == {
+        "7": {"max_steps": "int", "model_name": "str", "num_train_epochs": "int", "learning_rate": "float"}
+    }
