@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..spec.bundles import GroupSettings, TrainingCallbacks
+from ._remote import RemoteDevice
+from .backends import Placement, Transport
 from .datasets import share_datasets
 from .pool import DevicePool, ModelLoader
 from .resolve import DevicePlan
@@ -41,7 +43,8 @@ def make_pool(
         load_final_model: ``(create_model_fn, spec, final_dir) -> (model, tokenizer)`` in the kernel process.
         say: a line for the user (which devices train).
 
-    With ``backend="ray"`` the devices are actors on one placement group (one bundle per device, as many CPUs as
+    The plan's transport (:mod:`~rapidfire_nb.devices.backends`) reserves room for the workers and starts them:
+    with ``backend="ray"`` the devices are actors on one placement group (one bundle per device, as many CPUs as
     torch threads: ``plan.threads``, at most the cluster's CPUs divided among the devices); the pool removes the
     group when it closed the actors (``DevicePool(on_closed=...)``).
 
@@ -51,10 +54,9 @@ def make_pool(
     """
     callbacks = dataclasses.replace(callbacks, notes=_once(callbacks.notes))  # every worker says the same
     train_path, eval_path = share_datasets(exp_dir, *datasets)
-    placement: Any = None
-    on_closed: Callable[[], None] | None = None
-    if plan.backend == "ray":
-        plan, placement, on_closed = _ray_placement(plan)
+    transport = plan.transport
+    placement = transport.place(plan.gpus, plan.threads)
+    plan = dataclasses.replace(plan, threads=placement.threads)
     shared = WorkerSettings(
         device="",
         group=group,
@@ -63,7 +65,7 @@ def make_pool(
         exp_dir=str(exp_dir),
         torch_threads=plan.threads,
     )
-    members = _members(plan, shared, callbacks, placement, on_closed)
+    members = _members(plan, transport, shared, callbacks, placement)
     create = group.create_model_fn
 
     def load(spec: Any, final_dir: Path) -> tuple[Any, Any]:
@@ -74,7 +76,7 @@ def make_pool(
         f"training on {len(plan.names)} devices ({', '.join(plan.names)}; {plan.backend} workers, "
         f"{plan.threads} torch thread(s) each)"
     )
-    return DevicePool(members, exp_dir, loader, on_closed)
+    return DevicePool(members, exp_dir, loader, placement.on_closed)
 
 
 def _once(notes: Callable[[str], None]) -> Callable[[str], None]:
@@ -89,53 +91,24 @@ def _once(notes: Callable[[str], None]) -> Callable[[str], None]:
     return note_once
 
 
-def _ray_placement(plan: DevicePlan) -> tuple[DevicePlan, Any, Callable[[], None]]:
-    """``(plan with the threads the Ray cluster allows, its placement group, a function that removes the group)``.
-
-    Raises:
-        ConfigError: the cluster cannot hold the devices.
-    """
-    from .ray_backend import fit_threads, placement_group_for, remove_placement_group
-
-    plan = dataclasses.replace(plan, threads=fit_threads(len(plan.names), plan.threads))
-    placement = placement_group_for([gpu is not None for gpu in plan.gpus], plan.threads)
-
-    def on_closed() -> None:  # after the actors were killed: their bundles go back to the cluster
-        remove_placement_group(placement)
-
-    return plan, placement, on_closed
-
-
 def _members(
     plan: DevicePlan,
+    transport: Transport,
     shared: WorkerSettings,
     callbacks: TrainingCallbacks,
-    placement: Any,
-    on_closed: Callable[[], None] | None,
-) -> dict[str, Any]:
+    placement: Placement,
+) -> dict[str, RemoteDevice]:
     """One started worker per device (``shared`` with its name and environment); on a failure the ones started
-    are closed (and the placement group removed) before it is raised."""
-    members: dict[str, Any] = {}
+    are closed (and the placement undone) before it is raised."""
+    members: dict[str, RemoteDevice] = {}
     try:
         for index, name in enumerate(plan.names):
             settings = dataclasses.replace(shared, device=name, env=plan.env(index))
-            members[name] = _member(plan, index, settings, callbacks, placement)
+            members[name] = transport.start(index, settings, callbacks, placement)
     except BaseException:
         for member in members.values():
             member.close()
-        if on_closed is not None:
-            on_closed()
+        if placement.on_closed is not None:
+            placement.on_closed()
         raise
     return members
-
-
-def _member(
-    plan: DevicePlan, index: int, settings: WorkerSettings, callbacks: TrainingCallbacks, placement_group: Any
-) -> Any:
-    if plan.backend == "ray":
-        from .ray_backend import RayWorkerExecutor
-
-        return RayWorkerExecutor(settings, placement_group, index, callbacks)
-    from .local import WorkerExecutor
-
-    return WorkerExecutor(settings, callbacks)

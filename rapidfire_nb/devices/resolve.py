@@ -7,7 +7,8 @@
 * ``devices=["cuda:0", "cuda:3"]`` (or ``[0, 3]``): those GPUs; ``["cpu", "cpu"]``: two CPU workers.
 * ``backend="local"`` (default): spawned worker processes on this machine; ``backend="ray"``: Ray actors (one per
   device, placed with a placement group), on any node of the cluster ``ray.init`` joined. ``backend="ray"``
-  always uses workers, even for one device.
+  always uses workers, even for one device. The backend is chosen here, once, as a
+  :class:`~rapidfire_nb.devices.backends.Transport` (``DevicePlan.transport``); nothing else tests its name.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from .backends import BACKENDS, Transport, get_transport
 
 __all__ = ["BACKENDS", "DevicePlan", "resolve_devices"]
 
-BACKENDS = ("local", "ray")
+_KERNEL = "kernel"  # DevicePlan.backend of one device in the kernel process (no worker, no transport)
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,18 @@ class DevicePlan:
     @property
     def workers(self) -> bool:
         """True when the runs train in worker processes (or actors), not in the kernel."""
-        return self.backend != "kernel"
+        return self.backend != _KERNEL
+
+    @property
+    def transport(self) -> Transport:
+        """How the kernel reaches the workers (``backend``'s :class:`~rapidfire_nb.devices.backends.Transport`).
+
+        Raises:
+            ValueError: a ``"kernel"`` plan (no worker to reach; ask :attr:`workers` first).
+        """
+        if not self.workers:
+            raise ValueError("a DevicePlan of the kernel process has no workers and no transport")
+        return get_transport(self.backend)
 
     def env(self, index: int) -> dict[str, str]:
         """The environment worker ``index`` starts with (its one GPU, its thread count)."""
@@ -69,32 +82,36 @@ def resolve_devices(devices: Any, backend: Any, cuda_count: int, cores: int) -> 
     Raises:
         ConfigError: a bad value, naming the argument and the fix (e.g. more GPUs than are visible).
     """
-    backend = "local" if backend is None else backend
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    cores = max(1, int(cores))
+    transport = get_transport(backend)
+    name, cores = transport.name, max(1, int(cores))
+    kernel = DevicePlan(_KERNEL, ("device",), (None,), cores)
     if devices is None:
-        if cuda_count > 1 or (backend == "ray" and cuda_count == 1):
-            return _gpus(tuple(range(cuda_count)), backend, cores)
-        if backend == "ray":
-            return _cpus(1, backend, cores)
-        return DevicePlan("kernel", ("device",), (None,), cores)
+        if cuda_count > 1 or (transport.always_workers and cuda_count == 1):
+            return _gpus(tuple(range(cuda_count)), name, cores)
+        return _cpus(1, name, cores) if transport.always_workers else kernel
     if _int(devices):
         n = int(devices)
         if n < 1:
             raise ConfigError(f"devices must be >= 1 (workers to train on), got {n}")
-        if cuda_count:
-            if n > cuda_count:
-                raise ConfigError(
-                    f"devices={n} but {cuda_count} CUDA GPU(s) are visible; pass devices={cuda_count} or fewer "
-                    "(or set CUDA_VISIBLE_DEVICES before starting the kernel)"
-                )
-            if n == 1 and backend == "local":
-                return DevicePlan("kernel", ("device",), (None,), cores)
-            return _gpus(tuple(range(n)), backend, cores)
-        if n == 1 and backend == "local":
-            return DevicePlan("kernel", ("device",), (None,), cores)
-        return _cpus(n, backend, cores)
+        if n > cuda_count > 0:
+            raise ConfigError(
+                f"devices={n} but {cuda_count} CUDA GPU(s) are visible; pass devices={cuda_count} or fewer "
+                "(or set CUDA_VISIBLE_DEVICES before starting the kernel)"
+            )
+        if n == 1 and not transport.always_workers:
+            return kernel
+        return _gpus(tuple(range(n)), name, cores) if cuda_count else _cpus(n, name, cores)
+    gpus, cpus = _listed(devices, cuda_count)
+    return _gpus(gpus, name, cores) if gpus else _cpus(cpus, name, cores)
+
+
+def _listed(devices: Any, cuda_count: int) -> tuple[tuple[int, ...], int]:
+    """``devices=[...]`` read as ``(GPU indices, number of CPU workers)``, one of them empty.
+
+    Raises:
+        ConfigError: not a non-empty list, a name that is neither a GPU nor ``"cpu"``, GPUs and CPUs mixed, a GPU
+            that is not visible or listed twice.
+    """
     if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
         raise ConfigError(
             'devices must be None, a number of workers, or a list such as ["cuda:0", "cuda:3"] or '
@@ -116,18 +133,16 @@ def resolve_devices(devices: Any, backend: Any, cuda_count: int, cores: int) -> 
             raise ConfigError(f'devices: {item!r} is neither "cuda:<index>" nor "cpu"')
     if gpus and cpus:
         raise ConfigError("devices: mix of GPUs and CPU workers; list GPUs only or CPU workers only")
-    if gpus:
-        bad = [g for g in gpus if not 0 <= g < cuda_count]
-        if bad:
-            raise ConfigError(
-                f"devices: GPU {bad[0]} is not visible ({cuda_count} CUDA GPU(s): indices 0..{cuda_count - 1})"
-                if cuda_count
-                else f"devices: GPU {bad[0]} asked for, but no CUDA GPU is visible; use devices=N for N CPU workers"
-            )
-        if len(set(gpus)) != len(gpus):
-            raise ConfigError(f"devices: GPU listed twice in {devices!r}; one worker per GPU")
-        return _gpus(tuple(gpus), backend, cores)
-    return _cpus(cpus, backend, cores)
+    bad = [g for g in gpus if not 0 <= g < cuda_count]
+    if bad:
+        raise ConfigError(
+            f"devices: GPU {bad[0]} is not visible ({cuda_count} CUDA GPU(s): indices 0..{cuda_count - 1})"
+            if cuda_count
+            else f"devices: GPU {bad[0]} asked for, but no CUDA GPU is visible; use devices=N for N CPU workers"
+        )
+    if len(set(gpus)) != len(gpus):
+        raise ConfigError(f"devices: GPU listed twice in {devices!r}; one worker per GPU")
+    return tuple(gpus), cpus
 
 
 def _gpus(indices: tuple[int, ...], backend: str, cores: int) -> DevicePlan:
