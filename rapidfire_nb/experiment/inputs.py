@@ -261,14 +261,8 @@ def check_devices(devices: Any, backend: Any) -> Any:
     from ..devices.resolve import resolve_devices
 
     plan = resolve_devices(devices, backend, _cuda_count(), len(os.sched_getaffinity(0)))
-    if plan.backend == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise ConfigError(
-                'backend="ray" needs Ray: pip install "rapidfire_nb[ray]" (or leave backend out for worker '
-                "processes on this machine)"
-            )
+    if plan.workers:
+        plan.transport.check_available()  # backend="ray" without Ray installed
     return plan
 
 
