@@ -102,7 +102,8 @@ class Executor(ABC):
 
     @abstractmethod
     def has_boundary(self, run_id: int) -> bool:
-        """True once the run has completed at least one chunk (a warm clone can start from it)."""
+        """True once the run has completed at least one chunk, or finished (its final state: a warm clone can
+        start from it)."""
 
     @abstractmethod
     def on_status(self, run_id: int, status: str) -> None:
