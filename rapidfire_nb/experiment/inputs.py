@@ -21,6 +21,7 @@ from .. import meta_keys, schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
 from ..training.quantization import refuse_quantized_full_finetunes
+from .resources import check_group_fits
 
 __all__ = [
     "MAX_CHUNKS",
@@ -157,7 +158,8 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
             not a dataset, ``create_model_fn`` not callable, ``param_config`` not a config group, bad
             ``devices`` / ``backend`` (:func:`check_devices`), a bad ``early_stopping``, ``early_stopping``
             given with a search that prunes its own trials, a group that expands to no run, or full fine-tuning
-            of a base quantized through ``model_kwargs.quantization_config``.
+            of a base quantized through ``model_kwargs.quantization_config``, or runs that do not fit the disk of
+            ``exp_dir`` or the device, or LoRA beyond full rank (:func:`~.resources.check_group_fits`).
     """
     _check_numbers(args)
     _check_datasets(args.train_dataset, args.eval_dataset)
@@ -183,6 +185,7 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
     specs = tuple(param_config.expand(args.seed))
     if not specs:
         raise ConfigError("the config group expands to no run")
+    check_group_fits(specs, exp_dir, plan)  # the runs fit the disk and the device
     refuse_quantized_full_finetunes(specs)  # full fine-tuning of a quantized base: before anything loads
     return FitInputs(
         specs=specs,
