@@ -26,7 +26,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -36,6 +36,9 @@ from kernel_scheduler import OP_KINDS
 
 from . import meta_keys
 from .errors import ConfigError, ExperimentError, OpError
+
+if TYPE_CHECKING:
+    from .experiment import Experiment
 
 __all__ = ["RapidfireMagics", "load_ipython_extension", "parse_changes"]
 
@@ -174,9 +177,10 @@ def _is_number(tok: str) -> bool:
     return True
 
 
-def _find_experiment(name: str | None) -> Any:
+def _find_experiment(name: str | None) -> Experiment:
     from . import experiment as experiment_mod
 
+    exp: Experiment | None
     if name is None:
         exp = experiment_mod.current_experiment()
         if exp is None:
@@ -198,7 +202,7 @@ def _find_experiment(name: str | None) -> Any:
 _STATUS_FIRST = ["status", "device", "loss", "eval_loss", "step", "chunks_done", "epoch"]
 
 
-def _status(exp: Any) -> Any:
+def _status(exp: Experiment) -> Any:
     """``get_runs_info()`` for reading: indexed by run id, metrics first, steps as ``done/total``, no config
     or checkpoint path (the API's table has them), the error / stop_reason columns only when a run failed / stopped,
     each run's device after its status when the experiment trains on several devices.
@@ -259,7 +263,7 @@ def _local_time(pd: Any, unix_s: Any) -> Any:
     return pd.to_datetime(unix_s, unit="s", utc=True).tz_convert(local).floor("s")
 
 
-def _tensorboard(exp: Any) -> Any:
+def _tensorboard(exp: Experiment) -> None:
     logdir = exp.path / "tensorboard"
     logdir.mkdir(parents=True, exist_ok=True)
     from tensorboard import notebook

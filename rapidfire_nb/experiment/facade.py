@@ -2,6 +2,8 @@
 
 Each public method is its documentation plus a short hand-off: run_fit to :mod:`.inputs` (checks),
 :mod:`.restore` (what each stored run becomes) and :mod:`.session` (the wiring); results to :mod:`.tables`.
+What the object holds (store, writer lock, reporter, session, panels, ended, read-only) lives in one
+:class:`~.state.ExperimentState`, handed to :mod:`.lifecycle` and :mod:`.panel_source`.
 Threads: ``run_fit`` checks and builds on the calling thread, then one scheduler thread owns run state (see
 ``kernel_scheduler.loop``). Every method may be called from any notebook cell while training runs.
 """
@@ -10,7 +12,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kernel_scheduler import OpAck, OpKind, RunSnapshot
 
@@ -24,7 +27,11 @@ from .arguments import check_flag, check_run_id, check_run_ids, check_wait_args
 from .inputs import FitArgs
 from .reporter import Reporter
 from .session import FitSession, require_session
+from .state import ExperimentState
 from .store_files import open_experiment_store
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 __all__ = ["Experiment"]
 
@@ -64,7 +71,7 @@ class Experiment:
     A folder this process cannot write opens read-only: results can be read, ``run_fit`` and IC Ops say why not.
 
     Attributes:
-        tracking: the tracking backends of this object, checked (e.g. ``("tensorboard", "mlflow")``).
+        root: the experiments root this object was opened under.
     """
 
     def __new__(
@@ -76,9 +83,8 @@ class Experiment:
         quiet: bool = False,
         tracking: list[str] | None = None,
     ) -> Experiment:
-        check_flag(
-            overwrite, "overwrite"
-        )  # before anything: overwrite="no" would end and wipe the experiment
+        # before anything: overwrite="no" would end and wipe the experiment
+        check_flag(overwrite, "overwrite")
         check_flag(quiet, "quiet")
         live = registry.reuse(experiment_name, experiment_path, overwrite)
         return live if live is not None else super().__new__(cls)
@@ -92,40 +98,55 @@ class Experiment:
         quiet: bool = False,
         tracking: list[str] | None = None,
     ) -> None:
-        if getattr(self, "_initialised", False):  # the live object of this folder, returned by __new__
+        if getattr(self, "_state", None) is not None:  # the live object of this folder, returned by __new__
             registry.set_current(self)  # created again: it is the one %rapidfire addresses now
             return
         if mode != "fit":
             raise ConfigError(f"mode={mode!r} is not supported; use mode='fit'")
-        self.tracking = resolve_tracking(tracking)
-        self._trackers_off: set[str] = set()  # backends that failed: off for the rest of this experiment
-        self.experiment_name = validate_experiment_name(experiment_name)
+        chosen = resolve_tracking(tracking)
+        name = validate_experiment_name(experiment_name)
         self.root = experiments_root(experiment_path)
-        self.path = experiment_dir(self.root, self.experiment_name)
-        if overwrite and self.path.exists():
-            lifecycle.wipe_folder(self.path, self.experiment_name)
-        self._reporter = Reporter(quiet=quiet)
-        self._lock = WriterLock(self.path)
-        self.store, self._read_only = open_experiment_store(self.path, self.experiment_name)
-        self._session: FitSession | None = None
-        self._panels: list[Any] = []
-        self._ended = False
+        path = experiment_dir(self.root, name)
+        if overwrite and path.exists():
+            lifecycle.wipe_folder(path, name)
+        reporter, lock = Reporter(quiet=quiet), WriterLock(path)
+        store, read_only = open_experiment_store(path, name)
+        self._state = ExperimentState(name, path, store, lock, reporter, chosen, read_only)
         registry.register(self)
-        self._initialised = True
-        lifecycle.announce_owner(self)
+        lifecycle.announce_owner(self._state)
 
     def __repr__(self) -> str:
         return f"Experiment({self.experiment_name!r}, path={str(self.path)!r})"
 
     # ================================================================== state
     @property
+    def experiment_name(self) -> str:
+        """The experiment's name (its folder's name)."""
+        return self._state.name
+
+    @property
+    def path(self) -> Path:
+        """The experiment's folder: ``<root>/<experiment_name>``."""
+        return self._state.path
+
+    @property
+    def store(self) -> Store:
+        """The experiment's store (``<path>/store.sqlite``), the source of truth of every table. Advanced."""
+        return self._state.store
+
+    @property
+    def tracking(self) -> tuple[str, ...]:
+        """The tracking backends of this object, checked (e.g. ``("tensorboard", "mlflow")``)."""
+        return self._state.tracking
+
+    @property
     def quiet(self) -> bool:
         """True when the experiment prints no ``[rapidfire]`` lines (errors still raise)."""
-        return self._reporter.quiet
+        return self._state.reporter.quiet
 
     @quiet.setter
     def quiet(self, value: bool) -> None:
-        self._reporter.quiet = check_flag(value, "quiet")
+        self._state.reporter.quiet = check_flag(value, "quiet")
 
     @property
     def progress_lines(self) -> bool | None:
@@ -134,40 +155,39 @@ class Experiment:
         None (default): yes in scripts and terminals, no while a live panel shows the progress (failures,
         notes and the final summary are printed either way); True: always; False: never.
         """
-        return self._reporter.progress_lines
+        return self._state.reporter.progress_lines
 
     @progress_lines.setter
     def progress_lines(self, value: bool | None) -> None:
-        self._reporter.progress_lines = None if value is None else bool(value)
+        self._state.reporter.progress_lines = None if value is None else bool(value)
 
     def on_message(self, printer: Callable[[str], None] | None) -> None:
         """Send the ``[rapidfire]`` lines to ``printer(line)`` instead of ``print`` (None: back to ``print``)."""
-        self._reporter.printer = printer or print
+        self._state.reporter.printer = printer or print
 
     @property
     def ended(self) -> bool:
         """True after :meth:`end` (the object accepts no more training or IC Ops)."""
-        return self._ended
+        return self._state.ended
 
     @property
     def training(self) -> bool:
         """True while a run is left to train in this process (or an op is still to be applied)."""
-        release_thread_team()  # a polling loop's thread must not keep an OpenMP team (training/openmp.py)
-        return self._session is not None and not self._session.scheduler.is_idle()
+        return lifecycle.training(self._state)
 
     @property
     def session(self) -> FitSession | None:
         """What the latest ``run_fit`` in this process wired (scheduler, executor, recorder), or None. Advanced."""
-        return self._session
+        return self._state.session
 
     def run_snapshots(self) -> list[RunSnapshot]:
         """Frozen views of every run this process trains (status, step, chunks, spec), by run id; [] otherwise."""
         release_thread_team()  # a polling loop's thread must not keep an OpenMP team (training/openmp.py)
-        return self._session.scheduler.snapshot() if self._session is not None else []
+        return self._state.session.scheduler.snapshot() if self._state.session is not None else []
 
     def run_snapshot(self, run_id: int) -> RunSnapshot | None:
         """The frozen view of run ``run_id`` (None when this process does not train it)."""
-        return self._session.scheduler.run_snapshot(run_id) if self._session is not None else None
+        return self._state.session.scheduler.run_snapshot(run_id) if self._state.session is not None else None
 
     # ================================================================== run_fit
     def run_fit(
@@ -240,7 +260,7 @@ class Experiment:
             KeyboardInterrupt: Ctrl-C while a blocking ``run_fit`` trains in a script, once the runs are parked.
         """
         lifecycle.run_fit(
-            self,
+            self._state,
             FitArgs(
                 param_config,
                 create_model_fn,
@@ -258,6 +278,7 @@ class Experiment:
                 backend=backend,
                 num_shards=num_shards,
             ),
+            self,
         )
 
     # ================================================================== waiting / ending
@@ -282,10 +303,7 @@ class Experiment:
             KeyboardInterrupt: Ctrl-C in a script (a blocking ``run_fit`` raises it too).
         """
         check_wait_args(timeout, chunks)
-        if self._session is None:
-            return True
-        release_thread_team()  # torch code run on this thread since run_fit would slow training (training/openmp.py)
-        return self._session.wait(timeout, chunks, self._reporter)
+        return lifecycle.wait(self._state, timeout, chunks)
 
     def end(self) -> None:
         """Wait for the runs still training, save their final weights, and close the experiment.
@@ -297,7 +315,7 @@ class Experiment:
         Each live panel gives way to a static copy of its final state (the runs table and the curves, drawn
         as HTML/SVG), which stays in the saved notebook and shows without a kernel (GitHub, nbviewer).
         """
-        lifecycle.end_experiment(self)
+        lifecycle.end_experiment(self._state)
 
     # ================================================================== IC Ops
     def stop(self, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:
@@ -351,11 +369,11 @@ class Experiment:
         if ack.state == "rejected":
             raise OpError(ack.message)
         if source != "magic":  # %rapidfire prints its own one line
-            self._say(ack.message)
+            self._state.say(ack.message)
         assert ack.new_run_id is not None
-        note = panel_source.same_config_note(self._session, ack.new_run_id, warm_start)
+        note = panel_source.same_config_note(self._state.session, ack.new_run_id, warm_start)
         if note:
-            self._say(note)
+            self._state.say(note)
         return ack.new_run_id
 
     def ops(self) -> Any:
@@ -392,9 +410,10 @@ class Experiment:
         return self.submit_op(kind.value, ids)
 
     def _require_session(self) -> FitSession:
-        if self._read_only is not None and not self._ended:
-            raise ExperimentError(self._read_only)
-        return require_session(self._session, self._ended, self.experiment_name, self._lock, self.store)
+        state = self._state
+        if state.read_only is not None and not state.ended:
+            raise ExperimentError(state.read_only)
+        return require_session(state.session, state.ended, state.name, state.lock, state.store)
 
     # ================================================================== results
     def get_runs_info(self, include_deleted: bool = False) -> Any:
@@ -438,12 +457,12 @@ class Experiment:
                 run, the run is training right now, or it has no saved final weights.
             TypeError: a run id that is not an int.
         """
-        return lifecycle.load_model(self, check_run_id(run_id))
+        return lifecycle.load_model(self._state, check_run_id(run_id))
 
     # ================================================================== panel source
     def panel_snapshot(self) -> dict[str, Any]:
         """JSON-able state for the panel (see docs/ARCHITECTURE.md, "Panel source")."""
-        return panel_source.panel_snapshot(self.experiment_name, self.store, self._session, self._ended)
+        return panel_source.panel_snapshot(self._state)
 
     def metrics_since(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
         """Metric points after ``cursor`` (the store's row id) and the new cursor."""
@@ -452,25 +471,17 @@ class Experiment:
     def panel(self) -> None:
         """Display the live panel again (full history; any number of views may be open); after :meth:`end`,
         its static copy."""
-        if self._ended:
+        if self._state.ended:
             panel_source.show_static(self)
             return
-        self._show_panel()
-
-    def _show_panel(self) -> None:
-        panel = panel_source.show_panel(self, self._reporter)
-        if panel is not None:
-            self._panels.append(panel)
-            self._reporter.panel_live = self._reporter.panel_live or hasattr(panel, "freeze")
+        panel_source.show_panel(self._state, self)
 
     def _flush(self) -> FitSession | None:
         """Let the recorder write what was reported so far to the store (the tables then show it; the trackers are
         not waited for: they never feed a table). A table read in a polling loop also frees this thread's OpenMP
         team (``training/openmp.py``)."""
         release_thread_team()
-        if self._session is not None:
-            self._session.recorder.flush(trackers=False)
-        return self._session
-
-    def _say(self, text: str) -> None:
-        self._reporter.say(text)
+        session = self._state.session
+        if session is not None:
+            session.recorder.flush(trackers=False)
+        return session

@@ -3,17 +3,23 @@
 ``panel_snapshot`` hands the store's rows and the live session's state to :func:`rapidfire_nb.view.kernel_snapshot`
 (the one snapshot builder, shared with the server); ``metrics_since`` pages through the store's metric rows.
 ``show_panel`` / ``freeze_panels`` / ``show_static`` display the live panel, turn it into its static copy at
-``end()``, or show that copy (:mod:`rapidfire_nb.panel.static`).
+``end()``, or show that copy (:mod:`rapidfire_nb.panel.static`). Each takes the experiment's
+:class:`~.state.ExperimentState`, or the facade as the :class:`~.state.Owner` the panel reads.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import view
 from ..view import KernelState, StoreRows, kernel_snapshot
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from .session import FitSession
+    from .state import ExperimentState, Owner
 
 __all__ = [
     "final_summary",
@@ -29,9 +35,11 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 
-def panel_snapshot(name: str, store: Any, session: Any, ended: bool = False) -> dict[str, Any]:
-    """JSON-able state for the panel; ``session`` is the live :class:`~.session.FitSession` or None; after
-    ``end()`` (``ended``) no op is legal and each run's ``op_hints`` say how to continue."""
+def panel_snapshot(state: ExperimentState) -> dict[str, Any]:
+    """JSON-able state for the panel: the store's rows and, while ``state.session`` is the live
+    :class:`~.session.FitSession`, its scheduler's; after ``end()`` (``state.ended``) no op is legal and each run's
+    ``op_hints`` say how to continue."""
+    session, ended = state.session, state.ended
     if session is None:
         kernel = KernelState(started_at=None, num_chunks=0, hparam_columns=[], accepting=not ended)
     else:
@@ -51,7 +59,7 @@ def panel_snapshot(name: str, store: Any, session: Any, ended: bool = False) -> 
             accepting=not ended,
             early_stopping=scheduler.early_stopping_progress(),
         )
-    return kernel_snapshot(name, StoreRows.read(store), kernel)
+    return kernel_snapshot(state.name, StoreRows.read(state.store), kernel)
 
 
 def _device_states(states: dict[str, str], running: dict[str, int]) -> dict[str, str]:
@@ -60,7 +68,7 @@ def _device_states(states: dict[str, str], running: dict[str, int]) -> dict[str,
     return {d: "training" if d in running else "lost" if st == "lost" else "idle" for d, st in states.items()}
 
 
-def metrics_since(store: Any, cursor: int) -> tuple[list[dict[str, Any]], int]:
+def metrics_since(store: Store, cursor: int) -> tuple[list[dict[str, Any]], int]:
     """Metric points after ``cursor`` (the store's row id) and the new cursor (points carry ``wall_time``)."""
     points, new = store.metrics_since(cursor)
     keys = ("run_id", "step", "samples_seen", "name", "value", "wall_time")
@@ -80,19 +88,19 @@ def freeze_panels(panels: Iterable[Any]) -> None:
             _log.exception("rapidfire: could not freeze a panel")
 
 
-def show_static(source: Any) -> None:
+def show_static(source: Owner) -> None:
     """Display the static copy of ``source``'s panel (runs table and curves, no kernel needed)."""
     from ..panel import display_static
 
     display_static(source)
 
 
-def final_summary(source: Any) -> str:
+def final_summary(state: ExperimentState) -> str:
     """The line printed by ``end()``: runs by status, the best run, the training time."""
-    return view.final_summary(source.panel_snapshot())
+    return view.final_summary(panel_snapshot(state))
 
 
-def same_config(session: Any, run_id: int) -> list[int]:
+def same_config(session: FitSession | None, run_id: int) -> list[int]:
     """The other runs (not DELETED) whose config equals run ``run_id``'s (its spec's ``fingerprint()``)."""
     if session is None:
         return []
@@ -112,7 +120,7 @@ def same_config(session: Any, run_id: int) -> list[int]:
     ]
 
 
-def same_config_note(session: Any, run_id: int, warm_start: bool) -> str | None:
+def same_config_note(session: FitSession | None, run_id: int, warm_start: bool) -> str | None:
     """The note printed after a clone whose config equals other runs' (None when it is new)."""
     twins = same_config(session, run_id)
     if not twins:
@@ -121,20 +129,20 @@ def same_config_note(session: Any, run_id: int, warm_start: bool) -> str | None:
     return f"note: run {run_id} has the same config as run {', '.join(map(str, twins))}{warm}"
 
 
-def show_panel(source: Any, reporter: Any) -> Any:
-    """Display the live panel of ``source`` (the widget in a kernel, text progress elsewhere).
-
-    Returns:
-        The panel (to close at ``end()``), or None when no panel can be shown (no anywidget, or it failed: the
-        reason is printed and progress stays in text lines).
-    """
+def show_panel(state: ExperimentState, source: Owner) -> None:
+    """Display the live panel of ``source`` (the widget in a kernel, text progress elsewhere) and keep it in
+    ``state.panels`` (to freeze at ``end()``); a widget shows the progress, so the chunk lines stop
+    (``Reporter.panel_live``). Nothing is kept when no panel can be shown (no anywidget, or it failed: the reason
+    is printed and progress stays in text lines)."""
     try:
         from ..panel import display_panel
     except Exception:  # panel unavailable (no anywidget): text lines only
-        return None
+        return
     try:
         panel = display_panel(source)
     except Exception as exc:
-        reporter.say(f"panel unavailable ({exc}); progress is printed as text")
-        return None
-    return panel if hasattr(panel, "close") else None
+        state.say(f"panel unavailable ({exc}); progress is printed as text")
+        return
+    if hasattr(panel, "close"):
+        state.panels.append(panel)
+        state.reporter.panel_live = state.reporter.panel_live or hasattr(panel, "freeze")

@@ -21,8 +21,11 @@ from ..paths import experiment_dir, experiments_root, validate_experiment_name
 class Experiment(Protocol):
     """What the registry needs of an experiment object (the facade's ``Experiment``)."""
 
-    experiment_name: str
-    path: Path
+    @property
+    def experiment_name(self) -> str: ...
+
+    @property
+    def path(self) -> Path: ...
 
     @property
     def ended(self) -> bool: ...

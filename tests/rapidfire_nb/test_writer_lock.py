@@ -102,7 +102,7 @@ def test_same_folder_is_one_object_in_a_process(tmp_path: Path) -> None:
     assert Experiment("two", experiment_path=tmp_path) is not a
     a.end()
     b = Experiment("one", experiment_path=tmp_path)
-    assert b is not a and not b._ended
+    assert b is not a and not b.ended
 
 
 def test_another_process_training_blocks_run_fit_and_overwrite(tmp_path: Path) -> None:
