@@ -408,6 +408,44 @@ experiments under `RF_HOME`.""",
 experiment.end()
 print(experiment.path)""",
     ),
+    (
+        "md",
+        """\
+## 10. Larger models: one 4-bit base shared by every LoRA run (QLoRA)
+
+A 1-8B model fits a T4 or one consumer GPU when its base is loaded in 4 bits (`pip install
+"rapidfire_nb[quantization]"` installs bitsandbytes). Put the `BitsAndBytesConfig` in `model_kwargs`, as below:
+`create_smollm2` (or your `from_pretrained`) receives it, and runs with the same `model_name` and `model_kwargs`
+share one quantized base, so 8 LoRA configs cost about one base's memory. Each run still ends equal to a plain
+TRL run on that quantized base. Full fine-tuning of a quantized base is refused before training: keep
+`peft_config`. On a CPU 4-bit compute is slower than fp32 (README, "Large models"). This cell only builds the
+config; pass it to `run_fit` as in section 4.""",
+    ),
+    (
+        "code",
+        """\
+from transformers import BitsAndBytesConfig
+
+qlora_config = RFModelConfig(
+    model_name="SmolLM2-135M-Instruct",  # or a 1-8B causal LM your create_model_fn loads
+    model_kwargs={
+        "quantization_config": BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_compute_dtype=torch.bfloat16 if BF16 else torch.float16,
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_quant_type="nf4",
+        ),
+        "device_map": "auto",
+    },
+    peft_config=RFLoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    training_args=RFSFTConfig(learning_rate=2e-4, per_device_train_batch_size=BATCH_SIZE, max_steps=MAX_STEPS,
+                              bf16=BF16, fp16=FP16),
+    formatting_func=faq_to_chat,
+)
+# experiment.run_fit(RFGridSearch(qlora_config, "SFT"), create_smollm2, train_ds, eval_ds, num_chunks=4)
+quantization = qlora_config.model_kwargs["quantization_config"]
+print(f"base in 4-bit {quantization.bnb_4bit_quant_type}, LoRA r={qlora_config.peft_config.r}")""",
+    ),
 ]
 
 

@@ -261,7 +261,8 @@ def create_smollm2(
             or a local folder (e.g. the one :func:`smollm2_path` returns);
             ``model_kwargs``: passed to ``AutoModelForCausalLM.from_pretrained``; ``torch_dtype`` is renamed
             ``dtype``; ``dtype`` defaults to ``torch.float32``; ``device_map`` is dropped (with a warning)
-            on a machine without CUDA/MPS;
+            on a machine without CUDA/MPS, unless ``quantization_config`` is given (the seeds' 4-bit recipe
+            with ``device_map="auto"`` loads on the CPU as written);
             ``tokenizer_kwargs``: passed to ``AutoTokenizer.from_pretrained``.
 
     Returns:
@@ -283,7 +284,7 @@ def create_smollm2(
         torch_dtype = kwargs.pop("torch_dtype")
         kwargs.setdefault("dtype", torch_dtype)
     kwargs.setdefault("dtype", torch.float32)
-    if "device_map" in kwargs and not _has_accelerator():
+    if "device_map" in kwargs and not _has_accelerator() and "quantization_config" not in kwargs:
         dropped = kwargs.pop("device_map")
         warnings.warn(
             f"create_smollm2: no GPU here, so model_kwargs device_map={dropped!r} is ignored and the "

@@ -100,6 +100,7 @@ def test_4bit_runs_equal_plain_trl_on_the_same_quantized_base(four_bit: dict[str
         assert set(saved) == set(ref.final)
         assert max_abs_diff(saved, ref.final) == 0.0, f"run {rid}"
         assert max_abs_diff(saved, ref.initial) > 0.0, f"run {rid} did not train"
+        assert not list(Path(info.loc[rid, "checkpoint_dir"]).glob("model*.safetensors"))  # adapters only
 
 
 def test_clones_on_the_quantized_base_end_equal_to_their_parents(four_bit: dict[str, Any]) -> None:
