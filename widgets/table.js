@@ -227,8 +227,9 @@ export class RunTable {
       b.classList.toggle("rf-open", op === "clone" && !!row.formTr);
     }
     const c = row.buttons.continue;
-    c.style.display = canContinue(run) ? "" : "none"; // only where a run has ended and may be cloned
-    c.disabled = isPending(this.state, "clone", run.run_id);
+    const may = canContinue(run); // only where a run has ended and a clone of it is legal
+    c.style.display = may ? "" : "none";
+    c.disabled = !may || isPending(this.state, "clone", run.run_id); // hidden is not enough: never enabled if illegal
     const title = `Continue run ${run.run_id}: a new run from its final state (step ${run.completed_steps}), ` +
       "trained on to a larger max_steps with the schedule recomputed for it; run " + `${run.run_id} stays as it is`;
     if (c.title !== title) c.title = title;
