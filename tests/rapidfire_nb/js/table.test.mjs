@@ -2,7 +2,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { canContinue, continueBudget } from "../../../widgets/table.js";
+import "./_dom_shim.mjs";
+import { createState, reduce } from "../../../widgets/state.js";
+import { canContinue, continueBudget, RunTable } from "../../../widgets/table.js";
 
 function run(status, done, total, extra = {}) {
   return { run_id: 1, status, on_device: false, hparams: {}, completed_steps: done, total_steps: total,
@@ -25,4 +27,33 @@ test("the budget: twice a completed run's steps, a stopped run's own total, alwa
   assert.deepEqual(continueBudget(run("STOPPED", 4, 8, { epoch: 0.5 })), { value: 8, done: 4, perEpoch: 8 });
   assert.deepEqual(continueBudget(run("STOPPED", 8, 8)), { value: 16, done: 8, perEpoch: 0 });
   assert.deepEqual(continueBudget(run("COMPLETED", 1, 1, { epoch: 0 })), { value: 2, done: 1, perEpoch: 0 });
+});
+
+test("Continue… on a COMPLETED row: the clone form with warm start on, max_steps first, filled in, focused", () => {
+  const s = createState();
+  const hp = { learning_rate: 0.002, max_steps: 3 };
+  const runs = [run("COMPLETED", 3, 3, { hparams: hp, editable: hp, epoch: 0.375 }),
+    run("ONGOING", 2, 8, { run_id: 2, hparams: hp, editable: hp, legal_ops: ["stop", "delete", "clone"] })];
+  reduce(s, { type: "snapshot", reset: true, snapshot: { experiment: "e", runs, hparam_columns: ["learning_rate"],
+    ops: [], metric_names: [] }, points: { names: [], run: [], step: [], samples: [], name: [], value: [] } }, 0);
+  const sent = [];
+  const table = new RunTable(s, { send: (...a) => sent.push(a) }, { showDeleted: false, sort: { key: "run", dir: 1 },
+    bestRunId: null, bestMetric: "loss", onSort() {}, onCounts() {} });
+  table.render();
+  const [one, two] = [table.rows.get(1), table.rows.get(2)];
+  assert.equal(one.buttons.continue.style.display, "");
+  assert.equal(two.buttons.continue.style.display, "none"); // a training run is not continued: it trains on
+  one.buttons.continue.click();
+  const form = one.formTr.querySelector("form");
+  const budget = form.querySelectorAll('input[name="max_steps"]');
+  assert.equal(budget.length, 1); // the run's own max_steps field became the budget, not a second one
+  assert.equal(budget[0].value, "6");
+  assert.equal(globalThis.focused, budget[0]);
+  assert.equal(form.querySelector('input[name="warm_start"]').checked, true);
+  form.listeners.submit[0]({ preventDefault() {} });
+  assert.deepEqual(sent, [["clone", 1, { max_steps: 6 }, true]]);
+  two.buttons.clone.click(); // the plain clone form is as before: cold, the run's own max_steps
+  const plain = two.formTr.querySelector("form");
+  assert.equal(plain.querySelector('input[name="warm_start"]').checked, false);
+  assert.equal(plain.querySelector('input[name="max_steps"]').value, "3");
 });
