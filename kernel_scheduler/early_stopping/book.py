@@ -104,6 +104,10 @@ class RungBook:
         owed, self._owed = self._owed, []
         return owed
 
+    def owe(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Hand ``pairs`` out again at the next :meth:`take_owed` (their runs are not back at the rung yet)."""
+        self._owed.extend(pairs)
+
     def restore(self, events: Sequence[Mapping[str, Any]]) -> int:
         """Rebuild the book from a journal's ``events`` (in their order), told to no journal again.
 

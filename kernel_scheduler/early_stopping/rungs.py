@@ -130,14 +130,20 @@ class RungPolicy(EarlyStoppingPolicy):
             if active
             else None
         )
-        stops = []
+        stops, owed = [], []
         for rung, run_id in self._book.take_owed():  # stopped by an earlier kernel: again if it still trains
             state = states.get(run_id)
+            if self._behind(state, rung):
+                owed.append((rung, run_id))
+                continue
             reason = self._judge(state, rung)
             if state is not None and reason is not None:
                 stops.append(EarlyStop(run_id, rung, reason))
+        self._book.owe(owed)
         for rung, run_id in self._book.due(runs):
             state = states.get(run_id)
+            if self._behind(state, rung):
+                continue
             reason = self._judge(state, rung)
             if (
                 state is None or reason is None
@@ -147,6 +153,12 @@ class RungPolicy(EarlyStoppingPolicy):
             self._book.settle(rung, run_id, "stopped")
             stops.append(EarlyStop(run_id, rung, reason))
         return Decisions(stops=tuple(stops))
+
+    @staticmethod
+    def _behind(state: RunState | None, rung: int) -> bool:
+        """True for a run that trains again below ``rung`` (restarted from an earlier checkpoint): it is judged
+        there once it is back at the rung, after the same steps as a run never restarted."""
+        return state is not None and state.active and state.chunks_done < rung
 
     @staticmethod
     def _judgeable(state: RunState | None, rung: int) -> bool:

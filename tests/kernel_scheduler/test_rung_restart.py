@@ -4,7 +4,8 @@ a kill at any point of a rung decision gives the decisions of a process that was
 The smallest cases first (a kill during the chunk-1 decision, a cold clone of a pruned run after a restart, a
 resumed run judged against values recorded before the restart), then a property test over random rung histories:
 runs ending early, kills at random points of a decision (any prefix of its events kept, the run's checkpoint
-written or not), clones and resumes after each restart; every stop equals the uninterrupted process' stop.
+written or not), clones and resumes after each restart; every stop equals the uninterrupted process' stop, after
+the same chunks (a run trained again below a rung is judged once it is back there).
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ def test_a_kill_during_the_chunk_1_decision_prunes_as_without_it() -> None:
         proc.run_to_end()
         assert by_run(proc.stops) == by_run(ref.stops), f"kept {kept} events"
         assert [proc.runs[r].status for r in (1, 2, 3, 4)] == [S.COMPLETED, S.STOPPED, S.STOPPED, S.STOPPED]
+        assert [proc.runs[r].done for r in (1, 2, 3, 4)] == [4, 2, 1, 1]
 
 
 def test_after_a_restart_a_cold_clone_of_a_pruned_run_is_pruned_at_rung_1() -> None:
@@ -289,6 +291,7 @@ def test_every_decision_equals_the_uninterrupted_one(seed: int) -> None:
     ref, proc = history(seed)
     assert by_run(proc.stops) == by_run(ref.stops)
     assert {i: r.status for i, r in proc.runs.items()} == {i: r.status for i, r in ref.runs.items()}
+    assert {i: r.done for i, r in proc.runs.items()} == {i: r.done for i, r in ref.runs.items()}
 
 
 def test_without_the_book_a_restart_changes_decisions() -> None:
