@@ -15,6 +15,7 @@ __all__ = [
     "CREATED_AT",
     "DEVICES",
     "EARLY_STOPPING",
+    "EARLY_STOPPING_BOOK",
     "EDITABLE_FIELDS",
     "ENDED_AT",
     "EVAL_DATA",
@@ -102,6 +103,11 @@ EARLY_STOPPING = "early_stopping"
 """The early-stopping policy's progress (``EarlyStoppingPolicy.progress()``), written whenever it changes; the server
 page and a kernel without the scheduler read it."""
 
+EARLY_STOPPING_BOOK = "early_stopping_book"
+"""What a rung policy decided, for a restarted kernel to rebuild: ``{"policy": its describe(), "events": [...]}``,
+its rung book's events in order (each run's value at each rung with the metric, the rungs decided, the runs
+judged: :mod:`kernel_scheduler.early_stopping.book`); appended by :mod:`rapidfire_nb.store.rung_book`."""
+
 # ------------------------------------------------------------------------------------------------ trackers
 
 TRACKERS = "trackers"
@@ -133,6 +139,7 @@ ALL = frozenset(
         DEVICES,
         CLOCK,
         EARLY_STOPPING,
+        EARLY_STOPPING_BOOK,
         TRACKERS,
         TRACKED_RUNS,
     }

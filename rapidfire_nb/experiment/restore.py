@@ -12,19 +12,24 @@ kernel's runs and ops). For each run, :func:`plan_restore` says one of:
 * ``restart`` — it trained before but has no usable checkpoint: from step 0 (its checkpoint was damaged, or
   none was complete);
 * ``failed`` — cannot be continued (a warm clone whose warm start was never written).
+
+The early-stopping policy's decisions survive the restart too: :func:`keep_rung_book` hands it the rung book the
+earlier kernel kept in the store (and keeps what it decides from now on), :func:`recover_rung_values` the values of
+chunks a continued run completed whose own record a kill lost.
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import RunStatus
+from kernel_scheduler import ChunkResult, EarlyStoppingPolicy, RunStart, RunStatus
 
 from .._atomic import is_complete_dir, leftovers
 from ..run_folder import (
@@ -34,6 +39,7 @@ from ..run_folder import (
     latest_checkpoint,
     readable_checkpoint,
 )
+from ..store.rung_book import append_rung_events, metrics_by_segment, rung_events
 
 FINAL_DIR = "final"
 """A run's final weights: ``runs/<id>/final`` (written atomically by the executor's final save)."""
@@ -44,9 +50,11 @@ __all__ = [
     "RestoreAction",
     "RunRestore",
     "apply_restore",
+    "keep_rung_book",
     "plan_reconcile",
     "plan_restore",
     "reconcile",
+    "recover_rung_values",
     "warm_start_checkpoint",
 ]
 
@@ -230,3 +238,41 @@ def reconcile(store: Any) -> None:
         store.update_op(op_id, state, message, applied_at=time.time())
     for run_id in plan.interrupted:
         store.upsert_run(run_id, status=RunStatus.INTERRUPTED.value)
+
+
+# ---------------------------------------------------------------------------------------------- early stopping
+def keep_rung_book(
+    policy: EarlyStoppingPolicy | None, store: Any, in_order: Callable[[Callable[[], None]], None]
+) -> int:
+    """Rebuild ``policy``'s rung book from the store (what an earlier kernel decided with the same policy) and
+    store each event it tells from now on through ``in_order`` (the recorder's: in order with the stop ops and
+    before any checkpoint handed to the writer later). Call before the runs are registered. Returns the events
+    it took (0 without a policy or a stored book)."""
+    if policy is None:
+        return 0
+    label = policy.describe()
+    in_order(
+        functools.partial(append_rung_events, store, label, ())
+    )  # this policy's book, before any checkpoint
+
+    def journal(event: Mapping[str, Any]) -> None:
+        in_order(functools.partial(append_rung_events, store, label, (dict(event),)))
+
+    return policy.keep_book(journal, rung_events(store, label) or [])
+
+
+def recover_rung_values(policy: EarlyStoppingPolicy | None, store: Any, run_id: int, start: RunStart) -> int:
+    """Hand ``policy`` the metrics of each chunk run ``run_id`` completed before its restart point ``start``, read
+    from the store's metric rows, when the earlier kernel kept a book for the same policy: a kill may have lost a
+    value's own event after the run's checkpoint was written (the run never reports that chunk again). Values the
+    book has stay. Returns the chunks it recorded."""
+    if policy is None or start.segments_done <= 0 or rung_events(store, policy.describe()) is None:
+        return 0
+    plan = start.plan
+    points, _ = store.metrics_since(0, run_id=run_id)
+    by_segment = metrics_by_segment(points, lambda step: plan.segments_done_at(step - 1) + 1)
+    recorded = 0
+    for segment in sorted(s for s in by_segment if s <= start.segments_done):
+        chunk = plan.full_chunks_at(segment)  # as the scheduler reports a chunk: whole chunks only
+        recorded += policy.restore_chunk(ChunkResult(run_id, chunk, by_segment[segment]))
+    return recorded

@@ -26,7 +26,15 @@ from .inputs import FitInputs, check_same_inputs
 from .record_writes import store_new_run
 from .recorder import Recorder
 from .reporter import Reporter
-from .restore import FINAL_DIR, RestoreAction, RunRestore, apply_restore, plan_restore
+from .restore import (
+    FINAL_DIR,
+    RestoreAction,
+    RunRestore,
+    apply_restore,
+    keep_rung_book,
+    plan_restore,
+    recover_rung_values,
+)
 from .session import FitSession
 from .tracking import make_trackers, tracked_run
 
@@ -153,6 +161,7 @@ def open_session(
     late.bind_executor(executor)
     session = _new_session(executor, recorder, tracker, inputs, store, exp_dir)
     late.bind_session(session)
+    keep_rung_book(inputs.early_stopping, store, recorder.in_order)  # rungs decided before a restart stay so
     recorder.on_storage_error = session.storage_failed
     try:
         _register_all(session, existing, exp_dir, reporter)
@@ -397,6 +406,7 @@ def _continue_from(
     run_id, prior = plan.run_id, plan.prior
     assert prior is not None
     session.store.delete_metrics_after(run_id, start.step)
+    recover_rung_values(session.inputs.early_stopping, session.store, run_id, start)
     session.continued[run_id] = start.step
     session.store.upsert_run(
         run_id,

@@ -192,3 +192,103 @@ def test_a_completed_run_whose_final_weights_were_never_saved_continues_from_its
     assert (plan.action, plan.status) == (RestoreAction.FINISHED, RunStatus.COMPLETED)
     # no final and no checkpoint either (the run folder was removed): shown as it was, not trained again
     assert plan_restore(2, _row("COMPLETED"), tmp_path / "runs" / "2").action is RestoreAction.FINISHED
+
+
+# ------------------------------------------------------------------------------------------ the rung book (item 2)
+def _halving() -> object:
+    from kernel_scheduler import SuccessiveHalving
+
+    return SuccessiveHalving("eval_loss", "min", 2, 1)
+
+
+def _kernel(store: Store, policy: object) -> list[object]:
+    """One kernel's open: the policy gets the stored book; its journal writes at once (the recorder's in_order,
+    run in place). Returns the functions handed to in_order."""
+    from rapidfire_nb.experiment.restore import keep_rung_book
+
+    handed: list[object] = []
+
+    def in_order(fn: object) -> None:
+        handed.append(fn)
+        fn()  # type: ignore[operator]
+
+    keep_rung_book(policy, store, in_order)  # type: ignore[arg-type]
+    return handed
+
+
+def test_the_rung_book_is_stored_in_order_and_rebuilt_by_the_next_kernel(tmp_path: Path) -> None:
+    import math
+
+    from kernel_scheduler import ChunkResult, RunState
+
+    ON = RunStatus.ONGOING
+    with Store(tmp_path) as store:
+        first = _halving()
+        _kernel(store, first)
+        for run_id, value in ((1, 1.0), (2, math.nan), (3, 3.0)):
+            states = [RunState(r, ON, 1 if r <= run_id else 0, 4) for r in (1, 2, 3)]
+            first.on_chunk(ChunkResult(run_id, 1, {"eval_loss": value}), states)  # type: ignore[attr-defined]
+        events = store.get_meta("early_stopping_book")
+        assert events["policy"] == "SuccessiveHalving(eval_loss, min, η=2, grace 1 chunk)"
+        kinds = [(e["event"], e.get("run")) for e in events["events"]]
+        assert kinds == [("value", 1), ("value", 2), ("value", 3), ("closed", None)] + [
+            ("judged", r) for r in (1, 2, 3)
+        ]
+        assert math.isnan(events["events"][1]["value"])  # NaN kept through JSON
+        again = _halving()
+        _kernel(store, again)
+        # the kernel died before its stops applied (runs 2 and 3 still train): the next one gives them again
+        states = [RunState(r, ON, 1, 4) for r in (1, 2, 3)]
+        owed = again.on_change(states, states)  # type: ignore[attr-defined]
+        assert [(s.run_id, s.chunk) for s in owed.stops] == [(2, 1), (3, 1)]
+        assert not again.on_change(states, states).stops  # type: ignore[attr-defined]
+        # a cold clone (run 4) reaches rung 1 after the restart: judged against the 3 values recorded before
+        states = [RunState(r, ON if r in (1, 4) else RunStatus.STOPPED, 1, 4) for r in (1, 2, 3, 4)]
+        decided = again.on_chunk(ChunkResult(4, 1, {"eval_loss": 5.0}), states)  # type: ignore[attr-defined]
+        assert [(s.run_id, s.reason) for s in decided.stops] == [
+            (4, "pruned at chunk 1/4: eval_loss 5 not in the best 2 of 4 at this rung (cutoff 3)")
+        ]
+
+
+def test_a_book_kept_by_another_policy_is_not_handed_on(tmp_path: Path) -> None:
+    from kernel_scheduler import MedianStopping
+    from rapidfire_nb.store.rung_book import rung_events
+
+    with Store(tmp_path) as store:
+        store.set_meta(
+            "early_stopping_book",
+            {"policy": "MedianStopping(eval_loss, min, grace 1, min 3 runs)", "events": [{"event": "x"}]},
+        )
+        assert rung_events(store, _halving().describe()) is None  # type: ignore[attr-defined]
+        assert rung_events(store, MedianStopping().describe()) == [{"event": "x"}]
+        _kernel(store, _halving())  # this policy's book replaces it
+        assert store.get_meta("early_stopping_book") == {
+            "policy": "SuccessiveHalving(eval_loss, min, η=2, grace 1 chunk)",
+            "events": [],
+        }
+
+
+def test_a_value_whose_event_a_kill_lost_is_read_back_from_the_metric_rows(tmp_path: Path) -> None:
+    """Run 2's chunk-1 checkpoint was written but its value's event was not: its metric rows give it back."""
+    from kernel_scheduler import RunStart
+    from rapidfire_nb.experiment.restore import recover_rung_values
+    from rapidfire_nb.testing.fakes import FakeSpec
+
+    plan = FakeSpec(rows=16, batch=4).plan(4)  # 4 steps, one per chunk
+    with Store(tmp_path) as store:
+        first = _halving()
+        _kernel(store, first)
+        store.add_metrics(
+            [
+                {"run_id": 2, "step": 1, "name": "loss", "value": 9.0},
+                {"run_id": 2, "step": 1, "name": "eval_loss", "value": 2.5},
+                {"run_id": 2, "step": 2, "name": "eval_loss", "value": 2.0},
+            ]
+        )
+        again = _halving()
+        _kernel(store, again)
+        start = RunStart(plan=plan, step=1, segments_done=1, samples_seen=4)
+        assert recover_rung_values(again, store, 2, start) == 1  # chunk 1 only: its checkpoint is at step 1
+        assert recover_rung_values(again, store, 2, start) == 0  # a value the book has stays
+        assert again._book.values(1) == {2: 2.5}  # type: ignore[attr-defined]
+        assert recover_rung_values(_halving(), Store(tmp_path / "other"), 2, start) == 0  # no book kept: none
