@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .. import view
-from ..view import KernelState, StoreRows, kernel_snapshot
+from ..view import KernelState, StoreRows, kernel_snapshot, reopened_snapshot
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -38,28 +38,40 @@ _log = logging.getLogger(__name__)
 def panel_snapshot(state: ExperimentState) -> dict[str, Any]:
     """JSON-able state for the panel: the store's rows and, while ``state.session`` is the live
     :class:`~.session.FitSession`, its scheduler's; after ``end()`` (``state.ended``) no op is legal and each run's
-    ``op_hints`` say how to continue."""
+    ``op_hints`` say how to continue. Without a session (a kernel restart, or before ``run_fit``) the snapshot
+    is the server page's (:func:`rapidfire_nb.view.reopened_snapshot`: the stored hyperparameter columns,
+    editable fields, ops log and stop reasons), with no legal op: nothing here would apply one."""
     session, ended = state.session, state.ended
-    if session is None:
-        kernel = KernelState(started_at=None, num_chunks=0, hparam_columns=[], accepting=not ended)
-    else:
-        scheduler = session.scheduler
-        snaps = scheduler.snapshot()
-        running = scheduler.training()  # read once: the header's chips and the runs' devices agree
-        several = len(scheduler.devices) > 1
-        kernel = KernelState(
-            started_at=session.started_at,
-            num_chunks=session.num_chunks,
-            hparam_columns=session.columns,
-            runs=snaps,
-            on_device=scheduler.on_device(),
-            devices=_device_states(scheduler.device_states(), running) if several else {},
-            device_runs=running if several else {},
-            live_steps={s.run_id: session.recorder.live_step(s.run_id) for s in snaps},
-            accepting=not ended,
-            early_stopping=scheduler.early_stopping_progress(),
-        )
+    if (
+        session is None
+    ):  # nothing trains here (a restart, or before run_fit): the store says it all, as on the page
+        elsewhere = state.read_only is not None and _writer_alive(state.store)
+        return reopened_snapshot(state.name, StoreRows.read(state.store), ended=ended, elsewhere=elsewhere)
+    scheduler = session.scheduler
+    snaps = scheduler.snapshot()
+    running = scheduler.training()  # read once: the header's chips and the runs' devices agree
+    several = len(scheduler.devices) > 1
+    kernel = KernelState(
+        started_at=session.started_at,
+        num_chunks=session.num_chunks,
+        hparam_columns=session.columns,
+        runs=snaps,
+        on_device=scheduler.on_device(),
+        devices=_device_states(scheduler.device_states(), running) if several else {},
+        device_runs=running if several else {},
+        live_steps={s.run_id: session.recorder.live_step(s.run_id) for s in snaps},
+        accepting=not ended,
+        early_stopping=scheduler.early_stopping_progress(),
+    )
     return kernel_snapshot(state.name, StoreRows.read(state.store), kernel)
+
+
+def _writer_alive(store: Store) -> bool:
+    """Another process's fresh heartbeat (a store without one, or unreadable: no)."""
+    try:
+        return bool(store.writer_alive())
+    except Exception:  # a panel must draw even when the heartbeat cannot be read
+        return False
 
 
 def _device_states(states: dict[str, str], running: dict[str, int]) -> dict[str, str]:

@@ -18,6 +18,7 @@ from kernel_scheduler.op_kinds import front_end_table, run_kinds
 from .wire import json_type_name
 
 __all__ = [
+    "ELSEWHERE_HINT",
     "ENDED_HINT",
     "FIELD_TYPES",
     "NO_KERNEL_HINT",
@@ -101,6 +102,11 @@ ENDED_HINT = (
 NO_KERNEL_HINT = (
     "no kernel is running this experiment; ops are applied by the kernel that trains it: re-run its notebook "
     "(Experiment(name), then run_fit(...) with the same arguments)"
+)
+#: Why a panel in a kernel that does not train the experiment offers no op while another kernel trains it.
+ELSEWHERE_HINT = (
+    "another kernel is training this experiment; ops are applied by that kernel: use its panel or the "
+    "/rapidfire/ page"
 )
 
 

@@ -31,6 +31,7 @@ from .. import meta_keys
 from .clock import is_training, progress_stats, training_seconds
 from .devices_view import DEVICE_STATES, device_list, device_status, run_device, stored_devices
 from .ops_view import (
+    ELSEWHERE_HINT,
     ENDED_HINT,
     FIELD_TYPES,
     NO_KERNEL_HINT,
@@ -60,6 +61,7 @@ __all__ = [
     "DEVICES_META_KEY",
     "DEVICE_STATES",
     "EARLY_STOPPING_META_KEY",
+    "ELSEWHERE_HINT",
     "ENDED_HINT",
     "FIELD_TYPES",
     "KernelState",
@@ -86,6 +88,7 @@ __all__ = [
     "parse_status",
     "position_text",
     "progress_text",
+    "reopened_snapshot",
     "reported_status",
     "run_device",
     "stored_devices",
@@ -223,6 +226,8 @@ def progress_text(
         text = f"not training in this kernel — {text}"
         if waiting:
             text += f"; {waiting} interrupted (run_fit with the same arguments continues them)"
+        else:
+            text += "; to stop, resume or clone runs: run_fit(...) with the same arguments first"
         return text
     return f"idle — {text}"
 
@@ -377,8 +382,9 @@ def store_snapshot(
     ``device_runs`` is empty (the store does not record it); ``devices`` are the names meta ``devices`` holds,
     their state ``"—"``; ONGOING runs of a dead writer are INTERRUPTED (:func:`reported_status`); without a
     live writer, or once the experiment has ended (meta ``ended_at``), ``legal_ops`` are empty (nothing would
-    apply them). Extra keys: ``writer_alive``, ``ended``, ``last_beat`` (unix s), ``source: "store"`` and
-    ``device_status`` (:func:`device_status`).
+    apply them) and ``op_hints`` say why (:data:`NO_KERNEL_HINT`, :data:`ENDED_HINT`). Extra keys:
+    ``writer_alive``, ``ended``, ``last_beat`` (unix s), ``source: "store"`` and ``device_status``
+    (:func:`device_status`).
 
     Args:
         name: the experiment's name.
@@ -387,10 +393,51 @@ def store_snapshot(
         last_beat: unix seconds of its last heartbeat, if any.
         now: unix seconds stamped as ``now`` (default: the clock).
     """
+    ended = rows.meta.get(meta_keys.ENDED_AT) is not None
+    trainer = ENDED if ended else ALIVE if writer_alive else GONE
+    hint = ENDED_HINT if ended else NO_KERNEL_HINT
+    return _from_store(name, rows, writer_alive, writer_alive and not ended, hint, trainer, last_beat, now)
+
+
+def reopened_snapshot(
+    name: str, rows: StoreRows, *, ended: bool = False, elsewhere: bool = False, now: float | None = None
+) -> dict[str, Any]:
+    """The snapshot of a panel opened in a kernel that does not train the experiment (after a restart, or before
+    ``run_fit``): the page's snapshot (:func:`store_snapshot`: hyperparameter columns, editable fields, ops
+    log, stop reasons, pruning marks, as stored), with no legal op (this kernel would apply none).
+
+    Args:
+        name: the experiment's name.
+        rows: the store's rows.
+        ended: ``end()`` ran (in this kernel, or meta ``ended_at`` is set).
+        elsewhere: another live kernel trains it (its statuses are shown as stored, ONGOING kept).
+        now: unix seconds stamped as ``now`` (default: the clock).
+
+    Returns:
+        The snapshot; every run's ``op_hints`` say why its buttons are disabled (:data:`ENDED_HINT`,
+        :data:`ELSEWHERE_HINT` or :data:`NO_KERNEL_HINT`), and ``progress`` says once how to continue.
+    """
+    ended = ended or rows.meta.get(meta_keys.ENDED_AT) is not None
+    hint = ENDED_HINT if ended else ELSEWHERE_HINT if elsewhere else NO_KERNEL_HINT
+    trainer = ENDED if ended else NOT_HERE
+    return _from_store(name, rows, elsewhere and not ended, False, hint, trainer, None, now)
+
+
+def _from_store(
+    name: str,
+    rows: StoreRows,
+    writer_alive: bool,
+    accepting: bool,
+    closed_hint: str,
+    trainer: str,
+    last_beat: float | None,
+    now: float | None,
+) -> dict[str, Any]:
+    """:func:`store_snapshot` / :func:`reopened_snapshot`: ``accepting`` False leaves every run without a
+    legal op, ``closed_hint`` in its ``op_hints``; ``trainer`` words the progress (:func:`progress_text`)."""
     columns = [c for c in (rows.meta.get(meta_keys.HPARAM_COLUMNS) or []) if isinstance(c, str)]
     num_chunks = rows.meta.get(meta_keys.NUM_CHUNKS) or 0
-    ended = rows.meta.get(meta_keys.ENDED_AT) is not None
-    accepting = writer_alive and not ended
+    ended = trainer == ENDED
     stored = stored_devices(rows.meta)
     runs = [
         _run_entry(
@@ -399,6 +446,7 @@ def store_snapshot(
             columns,
             reported_status(str(r.get("status")), writer_alive),
             accepting=accepting,
+            closed_hint=closed_hint,
             device=stored.get(r["run_id"]),
         )
         for r in rows.runs
@@ -407,7 +455,6 @@ def store_snapshot(
     positions = [
         chunk_position(int(r.get("chunks_done") or 0), num_chunks) if num_chunks else None for r in runs
     ]
-    trainer = ENDED if ended else ALIVE if writer_alive else GONE
     progress = progress_text(zip(statuses, positions, strict=True), num_chunks, trainer)
     out = _common(name, rows, rows.meta.get(meta_keys.CREATED_AT), num_chunks, columns, now)
     out = {
