@@ -7,10 +7,10 @@ estimated from its base's shapes (:mod:`rapidfire_nb.spec.footprint`, the one es
 * **rank**: ``lora.r`` above the smaller side of a layer it adapts is LoRA beyond full rank (``A: r x in``,
   ``B: out x r`` can never have rank above ``min(in, out)``): parameters that can learn nothing more.
 * **disk**: the checkpoints and final weights must fit the free space of the experiment folder's disk
-  (``shutil.disk_usage``) less :data:`DISK_MARGIN_BYTES` (and a tenth of the need). A run holds one boundary
-  checkpoint, two while the next one is written (the older is removed after), and its final weights; ``run_fit``
-  counts every run of the group, less what the experiment's ``runs/`` folder holds already (checkpoints that are
-  replaced, not added to).
+  (``shutil.disk_usage``, through ``errors.free_bytes``) less :data:`DISK_MARGIN_BYTES` and a tenth of the need.
+  A run holds one boundary checkpoint, two while the next one is written (the older is removed after), and its
+  final weights; ``run_fit`` counts every run of the group, less what the experiment's ``runs/`` folder holds
+  already (checkpoints that are replaced, not added to).
 * **device memory**: a run's trainable weights, gradients and optimizer state (beside the shared base) must fit
   the free memory of where it trains, less :data:`MEMORY_MARGIN_BYTES`: the host RAM for CPU runs
   (``psutil.virtual_memory().available``, else ``MemAvailable`` of ``/proc/meminfo``), the CUDA device's free
@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, free_bytes
 from ..spec.footprint import BaseShapes, Footprint, estimate, format_bytes, smallest_rank_target
 
 __all__ = [
@@ -41,7 +40,6 @@ __all__ = [
     "base_shapes",
     "check_clone_fits",
     "check_group_fits",
-    "free_disk_bytes",
     "free_memory",
 ]
 
@@ -157,16 +155,16 @@ def _check_rank(spec: Any, shapes: BaseShapes, fp: Footprint, what: str) -> None
     layers = ", ".join(smallest_rank_target(shapes, lora))
     raise ConfigError(
         f"{what}: lora.r={r:,} is more than the full rank of the layers it adapts ({layers}: {fp.min_rank_dim} "
-        f"wide on {spec.model_name!r}); LoRA beyond full rank adds parameters that can learn nothing more, here "
-        f"{fp.trainable_params:,} trainable parameters and ~{format_bytes(fp.checkpoint_bytes)} per checkpoint "
-        f"({_parts(fp)}). Use lora.r <= {fp.min_rank_dim}, or adapt wider layers (lora.target_modules)"
+        f"wide on {spec.model_name!r}); LoRA beyond full rank adds parameters that can learn nothing more: "
+        f"~{format_bytes(fp.checkpoint_bytes)} per checkpoint ({_parts(fp)}). Use lora.r <= {fp.min_rank_dim}, "
+        "or adapt wider layers (lora.target_modules)"
     )
 
 
 def _check_disk(
     exp_dir: Path, need: int, sized: Sequence[tuple[Any, Footprint]], what: str, credit: int
 ) -> None:
-    free = free_disk_bytes(exp_dir)
+    free = free_bytes(str(exp_dir))
     if free is None:
         return
     margin = DISK_MARGIN_BYTES + need // 10
@@ -220,17 +218,6 @@ def _parts(fp: Footprint) -> str:
         f"{fp.trainable_params:,} trainable parameters: weights {format_bytes(fp.weights_bytes)} + optimizer "
         f"state {format_bytes(fp.optimizer_bytes)}"
     )
-
-
-def free_disk_bytes(folder: Path) -> int | None:
-    """Free bytes of the disk holding ``folder`` (or its nearest existing parent); None when unreadable."""
-    for path in (Path(folder), *Path(folder).parents):
-        if path.exists():
-            try:
-                return int(shutil.disk_usage(path).free)
-            except OSError:
-                return None
-    return None
 
 
 def free_memory(devices: Any) -> tuple[int, str] | None:

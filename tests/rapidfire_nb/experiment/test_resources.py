@@ -74,8 +74,9 @@ def test_a_clone_beyond_full_rank_is_refused_over_the_api_and_the_inbox(trained:
     runs_before = [s.run_id for s in trained.run_snapshots()]
     expected = (
         r"the clone of run 1: lora.r=65,536 is more than the full rank of the layers it adapts \(v_proj: 32 wide "
-        r"on 'tiny'\); .* 29,360,128 trainable parameters and ~352 MB per checkpoint \(.*weights 117 MB \+ "
-        r"optimizer state 235 MB\)\. Use lora.r <= 32, or adapt wider layers \(lora.target_modules\)"
+        r"on 'tiny'\); LoRA beyond full rank adds parameters that can learn nothing more: ~352 MB per checkpoint "
+        r"\(29,360,128 trainable parameters: weights 117 MB \+ optimizer state 235 MB\)\. Use lora.r <= 32, or "
+        r"adapt wider layers \(lora.target_modules\)"
     )
     with pytest.raises(ConfigError, match=expected):
         trained.clone_modify(1, HUGE)
@@ -96,7 +97,8 @@ def test_a_clone_over_the_free_disk_is_refused_with_the_numbers(
         ConfigError,
         match=r"the clone of run 1 does not fit the disk: lora.r=32 with lora.target_modules=\['q_proj', "
         r"'v_proj'\] on 'tiny' takes ~205 KB per checkpoint \(14,336 trainable parameters: weights 57 KB \+ "
-        r"optimizer state 115 KB\); .* it needs ~503 KB, but .*'s disk has 50 MB free \(keeping 67 MB spare\)\. Lower lora.r, or adapt fewer layers \(lora.target_modules\), or free disk space",
+        r"optimizer state 115 KB\); .* it needs ~503 KB, but .*'s disk has 50 MB free \(keeping 67 MB spare\)\. "
+        r"Lower lora.r, or adapt fewer layers \(lora.target_modules\), or free disk space",
     ):
         trained.clone_modify(1, {"lora.r": 32})
     assert [s.run_id for s in trained.run_snapshots()] == runs_before
@@ -152,3 +154,56 @@ def test_run_fit_with_lora_beyond_full_rank_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"run 1: lora.r=64 is more than the full rank .*Use lora.r <= 32"):
         exp.run_fit(_group(r=64), tiny_create_model, qa_dataset(8), num_chunks=2, seed=0, background=False)
     exp.end()
+
+
+def _spec(model_name: str, lora: dict[str, Any] | None, **model_kwargs: Any) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model_name=model_name, model_kwargs=model_kwargs, lora=lora, training={})
+
+
+def test_a_base_is_sized_from_a_local_config_and_an_unknown_one_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import LlamaConfig
+
+    folder = tmp_path / "my-llama"
+    LlamaConfig(
+        hidden_size=96,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    ).save_pretrained(folder)
+    shapes = resources.base_shapes(_spec(str(folder), None, dtype="bfloat16"))
+    assert shapes is not None
+    assert (shapes.hidden, shapes.layers, shapes.kv_heads * shapes.head_dim, shapes.dtype_bytes) == (
+        96,
+        3,
+        32,
+        2,
+    )
+    assert resources.base_shapes(_spec(str(tmp_path / "nowhere"), None)) is None
+    _small_disk(monkeypatch, 1)
+    store = type("Store", (), {"experiment_dir": tmp_path})()
+    resources.check_clone_fits(_spec(str(tmp_path / "nowhere"), {"r": 65536}), store, None, 1)  # not sized
+    with pytest.raises(ConfigError, match=r"lora.r=65,536 is more than the full rank .*\(v_proj: 32 wide"):
+        resources.check_clone_fits(_spec(str(folder), {"r": 65536}), store, None, 1)
+
+
+def test_free_memory_is_the_host_s_ram_or_not_measured_for_gpu_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from rapidfire_nb.devices.resolve import DevicePlan
+
+    gpu_workers = DevicePlan("local", ("cuda:0", "cuda:1"), (0, 1))
+    assert resources.free_memory(gpu_workers) is None  # no CUDA context opened in the kernel
+    cpu_workers = DevicePlan("local", ("cpu:0", "cpu:1"), (None, None))
+    found = resources.free_memory(cpu_workers)
+    assert found is not None and found[1] == "CPU RAM" and found[0] > 0
+    monkeypatch.setitem(sys.modules, "psutil", None)  # not installed: /proc/meminfo's MemAvailable
+    again = resources.free_memory(cpu_workers)
+    assert again is not None and abs(again[0] - found[0]) < 0.2 * found[0]

@@ -53,7 +53,7 @@ async def test_a_posted_clone_beyond_full_rank_is_rejected_with_its_size(jp_fetc
             op = await _until(lambda: (o := reader.get_op("http-huge")) and o["state"] != "queued" and o)
             assert op["state"] == "rejected", op
             assert "lora.r=65,536 is more than the full rank of the layers it adapts" in op["message"]
-            assert "29,360,128 trainable parameters and ~352 MB per checkpoint" in op["message"]
+            assert "~352 MB per checkpoint (29,360,128 trainable parameters: weights 117 MB" in op["message"]
             assert "Use lora.r <= 32" in op["message"]
             snap = json.loads((await jp_fetch(*api, "snapshot")).body)
             assert [r["run_id"] for r in snap["runs"]] == [1], "no run was made"
