@@ -120,6 +120,8 @@ class RungBook:
         return taken
 
     def _replay(self, event: Mapping[str, Any]) -> int:
+        if not isinstance(event, Mapping):
+            return 0
         kind, rung, run = event.get("event"), _int(event.get("rung")), _int(event.get("run"))
         if rung is None:
             return 0

@@ -39,7 +39,7 @@ from ..run_folder import (
     latest_checkpoint,
     readable_checkpoint,
 )
-from ..store.rung_book import append_rung_events, metrics_by_segment, rung_events
+from ..store.rung_book import append_rung_events, book_policy, metrics_by_segment, rung_events
 
 FINAL_DIR = "final"
 """A run's final weights: ``runs/<id>/final`` (written atomically by the executor's final save)."""
@@ -51,6 +51,7 @@ __all__ = [
     "RunRestore",
     "apply_restore",
     "keep_rung_book",
+    "other_policy_note",
     "plan_reconcile",
     "plan_restore",
     "reconcile",
@@ -241,6 +242,18 @@ def reconcile(store: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- early stopping
+def other_policy_note(policy: EarlyStoppingPolicy | None, store: Any) -> str | None:
+    """The note for a restart whose early-stopping policy is not the one that kept the stored rung book (other
+    settings, another metric): its rungs start afresh. None when it is the same, or either is missing."""
+    before = book_policy(store)
+    if policy is None or before is None or before == policy.describe():
+        return None
+    return (
+        f"early stopping: the rungs decided before this restart were {before}'s; {policy.describe()} starts its "
+        "own (a run already past one of its rungs is not compared there). Pass the earlier policy to keep them"
+    )
+
+
 def keep_rung_book(
     policy: EarlyStoppingPolicy | None, store: Any, in_order: Callable[[Callable[[], None]], None]
 ) -> int:

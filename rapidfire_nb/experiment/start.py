@@ -32,6 +32,7 @@ from .restore import (
     RunRestore,
     apply_restore,
     keep_rung_book,
+    other_policy_note,
     plan_restore,
     recover_rung_values,
 )
@@ -161,6 +162,8 @@ def open_session(
     late.bind_executor(executor)
     session = _new_session(executor, recorder, tracker, inputs, store, exp_dir)
     late.bind_session(session)
+    if note := other_policy_note(inputs.early_stopping, store):
+        reporter.say(note)
     keep_rung_book(inputs.early_stopping, store, recorder.in_order)  # rungs decided before a restart stay so
     recorder.on_storage_error = session.storage_failed
     try:

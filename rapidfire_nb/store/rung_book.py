@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import meta_keys
 
-__all__ = ["append_rung_events", "metrics_by_segment", "rung_events"]
+__all__ = ["append_rung_events", "book_policy", "metrics_by_segment", "rung_events"]
 
 
 def rung_events(store: Any, policy: str) -> list[dict[str, Any]] | None:
@@ -28,6 +28,13 @@ def rung_events(store: Any, policy: str) -> list[dict[str, Any]] | None:
     if not isinstance(doc, Mapping) or doc.get("policy") != policy or not isinstance(doc.get("events"), list):
         return None
     return [dict(e) for e in doc["events"] if isinstance(e, Mapping)]
+
+
+def book_policy(store: Any) -> str | None:
+    """The ``describe()`` of the policy whose book is stored, or None when none is."""
+    doc = store.get_meta(meta_keys.EARLY_STOPPING_BOOK)
+    policy = doc.get("policy") if isinstance(doc, Mapping) else None
+    return policy if isinstance(policy, str) else None
 
 
 def append_rung_events(store: Any, policy: str, events: Sequence[Mapping[str, Any]]) -> None:

@@ -226,9 +226,12 @@ def test_a_book_of_another_metric_or_malformed_events_are_left_out() -> None:
             {"event": "value", "rung": 1, "run": 3, "metric": METRIC, "value": "x"},
             {"event": "judged", "rung": 1, "run": 4, "outcome": "stopped"},  # no value, no decision: left out
             {"event": "value", "rung": 1, "run": 5, "metric": METRIC, "value": math.nan},
+            ["value", 1, 6],  # type: ignore[list-item]
+            {"event": "closed", "rung": 2, "values": 1},  # a rung with no value: left out
         ],
     )
     assert taken == 1
+    assert math.isnan(policy._book.values(1)[5])  # the one value taken, NaN kept
 
 
 # ------------------------------------------------------------------------------------------- the property

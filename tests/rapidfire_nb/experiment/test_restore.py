@@ -252,6 +252,7 @@ def test_the_rung_book_is_stored_in_order_and_rebuilt_by_the_next_kernel(tmp_pat
 
 def test_a_book_kept_by_another_policy_is_not_handed_on(tmp_path: Path) -> None:
     from kernel_scheduler import MedianStopping
+    from rapidfire_nb.experiment.restore import other_policy_note
     from rapidfire_nb.store.rung_book import rung_events
 
     with Store(tmp_path) as store:
@@ -261,6 +262,12 @@ def test_a_book_kept_by_another_policy_is_not_handed_on(tmp_path: Path) -> None:
         )
         assert rung_events(store, _halving().describe()) is None  # type: ignore[attr-defined]
         assert rung_events(store, MedianStopping().describe()) == [{"event": "x"}]
+        assert other_policy_note(MedianStopping(), store) is None
+        assert other_policy_note(_halving(), store) == (  # type: ignore[arg-type]
+            "early stopping: the rungs decided before this restart were MedianStopping(eval_loss, min, grace 1, "
+            "min 3 runs)'s; SuccessiveHalving(eval_loss, min, η=2, grace 1 chunk) starts its own (a run already "
+            "past one of its rungs is not compared there). Pass the earlier policy to keep them"
+        )
         _kernel(store, _halving())  # this policy's book replaces it
         assert store.get_meta("early_stopping_book") == {
             "policy": "SuccessiveHalving(eval_loss, min, η=2, grace 1 chunk)",
