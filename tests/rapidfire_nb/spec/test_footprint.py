@@ -191,3 +191,33 @@ def test_checkpoint_size_is_what_the_writer_puts_on_disk(tmp_path: Path, monkeyp
             estimated,
             written[run_id],
         )
+
+
+@pytest.mark.parametrize("lora", [{"r": 8, "target_modules": "all-linear"}, {"r": 4, "use_dora": True}, None])
+def test_device_memory_is_the_weights_gradients_and_adamw_state_after_a_step(
+    lora: dict[str, Any] | None,
+) -> None:
+    """``memory_bytes`` equals the bytes of the trainable tensors, their ``.grad`` and ``torch.optim.AdamW``'s
+    state after one step, exactly (the shared base not counted)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from rapidfire_nb.testing.models import tiny_model, tiny_model_config
+
+    model = tiny_model()
+    if lora is not None:
+        model = get_peft_model(model, LoraConfig(**lora))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-3)
+    ids = torch.arange(16).reshape(2, 8)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+
+    def size(t: Any) -> int:
+        return int(t.numel() * t.element_size())
+
+    states = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    actual = sum(size(p) + size(p.grad) for p in trainable) + sum(size(t) for t in states)
+    shapes = BaseShapes.from_config(tiny_model_config())
+    assert shapes is not None
+    assert estimate(shapes, lora).memory_bytes == actual
