@@ -31,6 +31,7 @@ __all__ = [
     "cpu_note",
     "describe",
     "full_finetune_refusal",
+    "input_grads_once",
     "is_quantized",
     "keep_adapter_dtypes_on_resume",
     "kwargs_key",
@@ -238,3 +239,31 @@ def keep_adapter_dtypes_on_resume(trainer: Any) -> bool:
 
     trainer._load_from_checkpoint = load_keeping_dtypes
     return True
+
+
+def input_grads_once(model: Any) -> bool:
+    """After a run's trainer is built: the input-gradient hook stays the one already on the model's embeddings.
+
+    With gradient checkpointing TRL calls ``model.enable_input_require_grads()`` when it builds a trainer
+    (``SFTTrainer.__init__``, the same in DPO/GRPO), and transformers' ``Trainer.train`` calls it again when it turns
+    checkpointing on; each call registers one more forward hook on the input embeddings (making their output
+    require grad). A plain run's model ends with 2 such hooks; a base shared by N runs would get 2 N. Once the
+    model carries the hook, later calls do nothing (an instance attribute on the transformers model, which
+    ``PeftModel`` forwards to): the base is prepared once, the same for every run on it, and nothing else changes
+    (a hook that sets ``requires_grad`` acts the same once or many times).
+
+    Args:
+        model: the model the trainer was given (the shared ``PeftModel``, or a full fine-tuning run's copy).
+
+    Returns:
+        Whether the model carries the hook (and later calls were made no-ops).
+    """
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(inner, "_require_grads_hooks", None):
+        return False
+    inner.enable_input_require_grads = _already_enabled
+    return True
+
+
+def _already_enabled() -> None:
+    """``enable_input_require_grads`` on a model whose input embeddings carry the hook already: nothing to do."""

@@ -26,6 +26,7 @@ from rapidfire_nb.spec import LeafConfig
 
 from ..formats import TEXT_OR_CHAT, RowFormat
 from ..models import ModelProvider
+from ..quantization import input_grads_once
 from . import hooks
 
 __all__ = ["COMMON_WARM_FORBIDDEN", "StepGeometry", "TrainerKind", "training_value"]
@@ -276,6 +277,8 @@ class TrainerKind(abc.ABC):
                 ) from exc
             from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+            # gradient checkpointing: one input-gradient hook per base, not one per run
+            input_grads_once(model)
             trainer.remove_callback(PrinterCallback)  # rapidfire_nb prints one line per chunk instead
             trainer.remove_callback(ProgressCallback)
         self.after_build(trainer)  # remember the forward this trainer patched in (per-run settings)

@@ -190,3 +190,37 @@ def test_quantization_config_round_trips_through_its_stored_form() -> None:
         )
     assert kwargs_key({"quantization_config": bnb(4)}) != kwargs_key({"quantization_config": bnb(8)})
     assert describe(None) is None
+
+
+def test_gradient_checkpointing_prepares_the_quantized_base_once(tiny_dir: str, tmp_path: Path) -> None:
+    """With gradient checkpointing TRL and transformers hook the input embeddings for every run (2 hooks on a plain
+    run's model); on a shared base the hook is registered once, and the runs still equal plain TRL."""
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+
+    train = tiny_sft_dataset(8, seed=0)
+    configs = [
+        RFModelConfig(
+            model_name=tiny_dir,
+            model_kwargs={"quantization_config": bnb(4), "device_map": "auto"},
+            peft_config=RFLoraConfig(r=r, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            training_args=RFSFTConfig(
+                max_steps=2, per_device_train_batch_size=4, learning_rate=1e-3, gradient_checkpointing=True
+            ),
+        )
+        for r in (2, 4)
+    ]
+    grp = RFGridSearch(List(configs), "SFT")
+    exp = Experiment("qgc", experiment_path=tmp_path)
+    exp.quiet = True
+    exp.run_fit(grp, quantized_create_model, train, num_chunks=2, seed=SEED)
+    base = exp.session.executor.runs[1].base.model
+    hooks = len(base.get_base_model().get_input_embeddings()._forward_hooks)
+    checkpointing = base.get_base_model().is_gradient_checkpointing
+    info = exp.get_runs_info().set_index("run_id")
+    exp.end()
+    assert checkpointing is True
+    assert hooks == 1
+    for rid, leaf in enumerate(grp.expand(SEED), start=1):
+        ref = train_plain_trl(leaf, quantized_create_model, train, None, SEED, tmp_path / f"plain-{rid}")
+        assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, rid
