@@ -20,8 +20,8 @@ chunks a continued run completed whose own record a kill lost.
 
 from __future__ import annotations
 
-import functools
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -258,19 +258,33 @@ def keep_rung_book(
     policy: EarlyStoppingPolicy | None, store: Any, in_order: Callable[[Callable[[], None]], None]
 ) -> int:
     """Rebuild ``policy``'s rung book from the store (what an earlier kernel decided with the same policy) and
-    store each event it tells from now on through ``in_order`` (the recorder's: in order with the stop ops and
-    before any checkpoint handed to the writer later). Call before the runs are registered. Returns the events
-    it took (0 without a policy or a stored book)."""
+    store the events it tells from now on through ``in_order`` (the recorder's: in order with the stop ops and
+    before any checkpoint handed to the writer later). The events of one decision are written together: one
+    write, at the place in the recorder's order of the first of them. Call before the runs are registered.
+
+    Returns:
+        The events it took (0 without a policy or a stored book).
+    """
     if policy is None:
         return 0
     label = policy.describe()
-    in_order(
-        functools.partial(append_rung_events, store, label, ())
-    )  # this policy's book, before any checkpoint
+    pending: list[dict[str, Any]] = []  # told on the scheduler thread, written on the recorder thread
+    lock = threading.Lock()
+
+    def write() -> None:
+        with lock:
+            events = list(pending)
+            pending.clear()
+        append_rung_events(store, label, events)
 
     def journal(event: Mapping[str, Any]) -> None:
-        in_order(functools.partial(append_rung_events, store, label, (dict(event),)))
+        with lock:
+            pending.append(dict(event))
+            first = len(pending) == 1
+        if first:  # a write is not queued yet: queue one (it takes every event told until it runs)
+            in_order(write)
 
+    in_order(write)  # this policy's book, before any checkpoint
     return policy.keep_book(journal, rung_events(store, label) or [])
 
 

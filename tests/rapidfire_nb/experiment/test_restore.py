@@ -299,3 +299,30 @@ def test_a_value_whose_event_a_kill_lost_is_read_back_from_the_metric_rows(tmp_p
         assert recover_rung_values(again, store, 2, start) == 0  # a value the book has stays
         assert again._book.values(1) == {2: 2.5}  # type: ignore[attr-defined]
         assert recover_rung_values(_halving(), Store(tmp_path / "other"), 2, start) == 0  # no book kept: none
+
+
+def test_the_events_of_one_decision_are_written_together_in_order(tmp_path: Path) -> None:
+    from kernel_scheduler import ChunkResult, RunState
+    from rapidfire_nb.experiment.restore import keep_rung_book
+
+    queued: list[object] = []  # the recorder's in_order items, run later in their order
+    with Store(tmp_path) as store:
+        policy = _halving()
+        keep_rung_book(policy, store, queued.append)  # type: ignore[arg-type]
+        states = [RunState(r, RunStatus.ONGOING, 1, 4) for r in (1, 2)]
+        waiting = [states[0], RunState(2, RunStatus.ONGOING, 0, 4)]  # run 2 holds rung 1 open
+        policy.on_chunk(ChunkResult(1, 1, {"eval_loss": 1.0}), waiting)  # type: ignore[attr-defined]
+        policy.on_chunk(ChunkResult(2, 1, {"eval_loss": 2.0}), states)  # type: ignore[attr-defined]
+        assert len(queued) == 2  # the book's start, then one write for every event told since
+        for fn in queued:
+            fn()  # type: ignore[operator]
+        events = store.get_meta("early_stopping_book")["events"]
+        assert [(e["event"], e.get("run")) for e in events] == [
+            ("value", 1),
+            ("value", 2),
+            ("closed", None),
+            ("judged", 1),
+            ("judged", 2),
+        ]
+        policy.on_chunk(ChunkResult(1, 2, {"eval_loss": 1.0}), states)  # type: ignore[attr-defined]
+        assert len(queued) == 3  # told after the write ran: a new write is queued
