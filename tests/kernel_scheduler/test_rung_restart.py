@@ -321,3 +321,43 @@ def test_without_the_book_a_restart_changes_decisions() -> None:
         proc.run_to_end()
         differ += by_run(proc.stops) != by_run(ref.stops)
     assert differ > 0
+
+
+# ------------------------------------------------------------------------------------------- in the scheduler
+def test_a_restarted_scheduler_decides_the_open_rung_before_any_run_trains_on() -> None:
+    """The scheduler over the fake executor, restarted with every run at its chunk-1 checkpoint after a kill that
+    kept rung 1's values and its decision but no judgement: the first turn prunes 3 and 4 there, before any of
+    them trains chunk 2 (without the book: all four passed rung 1, steps 8, 4, 2, 2 instead of 8, 2, 1, 1)."""
+    from kernel_scheduler import RunStart, Scheduler
+    from kernel_scheduler.arbiter import DeviceArbiter
+    from rapidfire_nb.testing.fakes import TIMEOUT, FakeExecutor, FakeSpec, Recorder
+
+    specs = {r: FakeSpec(rows=16, batch=2, curve=(float(r),) * 8) for r in (1, 2, 3, 4)}  # 8 chunks of 1 step
+    first = start(sh(), [[float(r)] * 8 for r in specs])
+    for _ in range(4):
+        first.chunk(first.next_run() or 0)  # chunk 1 of each run; its decisions never applied
+    kept = [
+        e for e in first.events if e["event"] != "judged"
+    ]  # killed after the decision, before a judgement
+    assert [e["event"] for e in kept] == ["value"] * 4 + ["closed"]
+
+    fake = FakeExecutor(num_chunks=8)
+    policy = SuccessiveHalving(METRIC)
+    journaled(policy, [], kept)
+    sched = Scheduler(
+        fake, listener=Recorder(), idle_poll_s=0.002, arbiter=DeviceArbiter(), early_stopping=policy
+    )
+    for run_id, spec in specs.items():
+        plan = fake.add_run(run_id, spec).plan  # the executor restores the run at its chunk-1 checkpoint
+        fake.steps[run_id] = fake.last_boundary[run_id] = 1
+        sched.add_run(run_id, spec, start=RunStart(plan, 1, plan.segments_done_at(1), plan.samples_seen(1)))
+    sched.start()
+    try:
+        assert sched.wait(timeout=TIMEOUT)
+        steps = {r: s.step for r in specs if (s := sched.run_snapshot(r)) is not None}
+        status = {r: s.status for r in specs if (s := sched.run_snapshot(r)) is not None}
+    finally:
+        sched.close(timeout=TIMEOUT)
+    assert not fake.violations, fake.violations
+    assert steps == {1: 8, 2: 2, 3: 1, 4: 1}, steps
+    assert status == {1: S.COMPLETED, 2: S.STOPPED, 3: S.STOPPED, 4: S.STOPPED}
