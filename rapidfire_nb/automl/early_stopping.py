@@ -23,7 +23,9 @@ class SuccessiveHalving(_SuccessiveHalving):
     """Successive halving on chunk rungs: rungs at ``grace_chunks · reduction_factor^k`` chunks; at each rung
     only the best ``1/reduction_factor`` of the runs recorded there go on (ties with the cutoff all go on; a NaN
     value is the worst). A run reaching a rung after it was decided (a clone, a resumed run) is judged on arrival
-    against the values recorded there.
+    against the values recorded there. The rungs survive a restart of the kernel: what the policy recorded and
+    decided is kept in the experiment's store and handed back to the same policy by the next ``run_fit``, so a
+    kill at any point of a decision gives the decisions of a kernel never killed.
 
     Args:
         metric: a metric every run logs at its chunk ends (``eval_loss``, DPO ``eval_rewards/margins``, a
@@ -47,7 +49,8 @@ class SuccessiveHalving(_SuccessiveHalving):
 
 class MedianStopping(_MedianStopping):
     """Median stopping: from chunk ``grace_chunks`` on, a run worse than the median of the other runs' values at
-    the same chunk stops (compared only where at least ``min_runs`` runs have a value; NaN is the worst).
+    the same chunk stops (compared only where at least ``min_runs`` runs have a value; NaN is the worst). What it
+    recorded and decided survives a restart of the kernel, as for :class:`SuccessiveHalving`.
 
     Args:
         metric: a metric every run logs at its chunk ends (e.g. ``eval_loss``).
