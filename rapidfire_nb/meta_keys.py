@@ -26,6 +26,7 @@ __all__ = [
     "METRIC_NAMES",
     "NAME",
     "NUM_CHUNKS",
+    "PANEL_METRICS",
     "SEED",
     "TRACKED_RUNS",
     "TRACKERS",
@@ -69,6 +70,10 @@ EVAL_DATA = "eval_data"
 
 EVAL_GENERATION_SAMPLES = "eval_generation_samples"
 """Rows of the eval set that generation metrics read, or None."""
+
+PANEL_METRICS = "panel_metrics"
+"""``run_fit(..., panel_metrics=[...], best_by=...)``: ``{"plots": [names] | None, "best_by": name | None}`` (None
+for either: the trainer kind's defaults, :mod:`rapidfire_nb.view.metrics_view`)."""
 
 # ------------------------------------------------------------------------------------------------ runs and metrics
 
@@ -131,6 +136,7 @@ ALL = frozenset(
         TRAIN_DATA,
         EVAL_DATA,
         EVAL_GENERATION_SAMPLES,
+        PANEL_METRICS,
         EDITABLE_FIELDS,
         CLONES,
         ADDED_RUNS,

@@ -52,7 +52,7 @@ RANKS: dict[str, int] = {
     "rapidfire_nb.automl": 3,
     "rapidfire_nb.training": 3,
     "rapidfire_nb.data": 3,
-    "rapidfire_nb.view": 1,  # snapshot, text, clock, stops, wire: stdlib + kernel_scheduler
+    "rapidfire_nb.view": 2,  # snapshot, text, clock, stops, wire: stdlib + kernel_scheduler + schema.trainer_kinds
     "rapidfire_nb.devices": 4,  # workers; training only on their side (_child, _ray_actor: below)
     "rapidfire_nb.panel": 4,  # the live panel, its static copy, the text progress, the ES bundler
     "rapidfire_nb.testing": 5,

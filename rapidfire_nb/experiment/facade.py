@@ -11,7 +11,7 @@ Threads: ``run_fit`` checks and builds on the calling thread, then one scheduler
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,6 +208,8 @@ class Experiment:
         devices: Any = None,
         backend: str | None = None,
         num_shards: int | None = None,
+        panel_metrics: Sequence[str] | None = None,
+        best_by: str | None = None,
     ) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
@@ -248,6 +250,12 @@ class Experiment:
                 ``pip install rapidfire_nb[ray]``).
             num_shards: ``rapidfireai`` 0.16.2's name for ``num_chunks`` (it calls chunks "shards"): the same
                 knob (a note says so once); give one of the two.
+            panel_metrics: 1 or 2 metric names for the panel's default plots; None: the trainer kind's (SFT
+                ``loss``/``eval_loss``, GRPO ``reward``/``eval_reward``, DPO ``loss`` and the reward accuracy:
+                :class:`~rapidfire_nb.schema.trainer_kinds.KindMetrics`).
+            best_by: the metric runs are ranked by (panel star, ``end()``, ``get_runs_info()``, static copy; a loss
+                lowest first, a reward or accuracy highest); None: the kind's (GRPO ``eval_reward``, DPO
+                ``eval_rewards/accuracies``, each else its training value). A name never logged: ConfigError.
 
         In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
         goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
@@ -259,27 +267,8 @@ class Experiment:
                 training stopped because a write to disk failed (the message says how to continue).
             KeyboardInterrupt: Ctrl-C while a blocking ``run_fit`` trains in a script, once the runs are parked.
         """
-        lifecycle.run_fit(
-            self._state,
-            FitArgs(
-                param_config,
-                create_model_fn,
-                train_dataset,
-                eval_dataset,
-                num_chunks,
-                seed,
-                num_gpus,
-                monte_carlo_simulations,
-                background=background,
-                checkpoint_every=checkpoint_every,
-                eval_generation_samples=eval_generation_samples,
-                early_stopping=early_stopping,
-                devices=devices,
-                backend=backend,
-                num_shards=num_shards,
-            ),
-            self,
-        )
+        given = {k: v for k, v in locals().items() if k != "self"}  # FitArgs' fields are run_fit's parameters
+        lifecycle.run_fit(self._state, FitArgs(**given), self)
 
     # ================================================================== waiting / ending
     def wait(self, timeout: float | None = None, chunks: int | None = None) -> bool:

@@ -20,6 +20,7 @@ from kernel_scheduler import EarlyStoppingPolicy
 from .. import meta_keys, schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
+from ..schema.trainer_kinds import check_metric_choice
 from ..training.quantization import refuse_quantized_full_finetunes
 from .resources import check_group_fits
 
@@ -65,6 +66,8 @@ class FitArgs:
         devices: where the runs train: None (every visible GPU), a count of devices, or a list of device names.
         backend: ``"local"`` (worker processes on this machine), ``"ray"``, or None (``"local"``).
         num_shards: rapidfireai 0.16.2's name for ``num_chunks`` (chunks per epoch), or None.
+        panel_metrics: 1 or 2 metric names for the panel's default plots, or None (the trainer kind's).
+        best_by: the metric runs are ranked by (panel star, ``end()``, ``get_runs_info()``), or None (the kind's).
     """
 
     param_config: Any
@@ -83,6 +86,8 @@ class FitArgs:
     devices: Any = None
     backend: str | None = None
     num_shards: int | None = None
+    panel_metrics: Sequence[str] | None = None
+    best_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,8 @@ class FitInputs:
         early_stopping: the early-stopping policy (a fresh copy of the one given), or None.
         devices: where the runs train (:class:`~rapidfire_nb.devices.resolve.DevicePlan`); None: the kernel
             process, one device.
+        panel_metrics, best_by: the checked metric choice (None: the trainer kind's), stored as meta
+            ``panel_metrics`` (:mod:`rapidfire_nb.view.metrics_view` reads it).
     """
 
     specs: tuple[Any, ...]
@@ -123,6 +130,8 @@ class FitInputs:
     eval_generation_samples: int | None = None
     early_stopping: Any = None
     devices: Any = None
+    panel_metrics: tuple[str, ...] | None = None
+    best_by: str | None = None
 
     def meta(self) -> dict[str, Any]:
         """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against:
@@ -134,6 +143,10 @@ class FitInputs:
             meta_keys.EVAL_DATA: self.eval_data,
             meta_keys.EVAL_GENERATION_SAMPLES: self.eval_generation_samples,
         }
+
+    def panel_meta(self) -> dict[str, Any]:
+        """Meta ``panel_metrics``: ``{"plots": [names] | None, "best_by": name | None}`` (None: the kind's)."""
+        return {"plots": list(self.panel_metrics) if self.panel_metrics else None, "best_by": self.best_by}
 
 
 def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
@@ -159,7 +172,9 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
             ``devices`` / ``backend`` (:func:`check_devices`), a bad ``early_stopping``, ``early_stopping``
             given with a search that prunes its own trials, a group that expands to no run, or full fine-tuning
             of a base quantized through ``model_kwargs.quantization_config``, or runs that do not fit the disk of
-            ``exp_dir`` or the device, or LoRA beyond full rank (:func:`~.resources.check_group_fits`).
+            ``exp_dir`` or the device, or LoRA beyond full rank (:func:`~.resources.check_group_fits`), or
+            ``panel_metrics`` / ``best_by`` naming a metric the trainer kind never logs
+            (:func:`~rapidfire_nb.schema.trainer_kinds.check_metric_choice`).
     """
     _check_numbers(args)
     _check_datasets(args.train_dataset, args.eval_dataset)
@@ -182,6 +197,7 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         policy = check_early_stopping(param_config, eval_dataset, copy=False)
         if exp_dir is not None and hasattr(param_config, "bind"):
             param_config.bind(exp_dir, args.num_chunks)  # its study lives in the experiment folder
+    plots, best_by = check_metric_choice(param_config.trainer_type, args.panel_metrics, args.best_by)
     specs = tuple(param_config.expand(args.seed))
     if not specs:
         raise ConfigError("the config group expands to no run")
@@ -203,6 +219,8 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         eval_generation_samples=args.eval_generation_samples,
         early_stopping=policy,
         devices=plan,
+        panel_metrics=plots,
+        best_by=best_by,
     )
 
 

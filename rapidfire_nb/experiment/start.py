@@ -448,6 +448,7 @@ def _record_group(session: FitSession, store: Any, existing: Mapping[int, Mappin
         meta_keys.FINGERPRINT: inputs.fingerprint,
         meta_keys.TRAINER_TYPE: inputs.trainer_type,
         meta_keys.HPARAM_COLUMNS: session.columns,
+        meta_keys.PANEL_METRICS: inputs.panel_meta(),  # run_fit's panel_metrics / best_by (view.metrics_view)
     }
     if not existing or any(not RunStatus(r["status"]).is_finished() for r in existing.values()):
         meta.update(inputs.meta())  # a finished experiment keeps the inputs it was trained with

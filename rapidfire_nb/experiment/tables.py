@@ -12,6 +12,7 @@ from typing import Any
 from kernel_scheduler import DEFAULT_DEVICE, RunSnapshot, RunStatus
 
 from .. import meta_keys
+from ..view.metrics_view import best_run, metric_choice, resolve_metrics
 from ..view.stops import stop_history
 
 __all__ = ["ops_table", "results_table", "runs_table"]
@@ -27,6 +28,11 @@ def runs_table(
 
     ``config`` (each run's whole config as a dict, rapidfireai's column) comes last: printed, pandas cuts a dict
     to the column width, and in front it pushed the values compared off the screen.
+
+    The trainer kind's metric columns come after ``eval_loss`` (GRPO ``reward`` / ``eval_reward``, DPO
+    ``rewards/accuracies``...; those zero or absent for every run left out, as in the panel:
+    :func:`rapidfire_nb.view.metrics_view.resolve_metrics`), and ``table.attrs["best_by"]`` is the ranking the
+    panel and ``end()`` use: ``{"metric", "mode": "min"|"max", "run_id": the best run or None}``.
 
     The generation metrics are those in the store's meta ``eval_metric_names`` (``compute_metrics``' values of
     runs that evaluate by generating, e.g. ``eval_rougeL``; GRPO's ``eval_reward`` and
@@ -49,7 +55,11 @@ def runs_table(
     generated = [
         str(n) for n in store.get_meta(meta_keys.EVAL_METRIC_NAMES, []) or [] if n not in _PROGRESS_COLUMNS
     ]
-    latest = store.latest_metrics(["loss", "eval_loss", *generated])
+    choice = metric_choice(store.meta())  # the trainer kind's metrics (GRPO: reward, DPO: reward accuracies)
+    latest = store.latest_metrics(list(dict.fromkeys(["loss", "eval_loss", *generated, *choice.names])))
+    picked = resolve_metrics(choice, latest, store.get_meta(meta_keys.METRIC_NAMES, []) or [])
+    kind_cols = [n for n in picked["metric_columns"] if n not in _PROGRESS_COLUMNS and n not in generated]
+    generated = [*kind_cols, *generated]
     stops = stop_history(store.ops())
     devices = dict(store.get_meta(meta_keys.DEVICES, {}) or {})
     devices.update({str(rid): s.device for rid, s in live.items() if s.device and s.device != DEFAULT_DEVICE})
@@ -86,6 +96,8 @@ def runs_table(
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
     tail += ["device"] if devices else []
     table = pd.DataFrame(rows, columns=["run_id", "status", *cols, *tail, "config"])
+    best = best_run(table.to_dict("records"), picked["best_by"]["metric"], picked["best_by"]["mode"])
+    table.attrs["best_by"] = {**picked["best_by"], "run_id": best[0] if best else None}
     for name in (
         "checkpoint_dir",
         "error",

@@ -21,8 +21,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..view import best_run, fmt_metric, fmt_num
+from ..view import fmt_metric, fmt_num
 from ..view.clock import fmt_duration, stats_text
+from ..view.metrics_view import metric_title, run_value, snapshot_best
 
 __all__ = [
     "PALETTE",
@@ -281,12 +282,20 @@ def _run_cell(run: Mapping[str, Any], best: bool) -> str:
     return cell
 
 
+def _metric_columns(snapshot: Mapping[str, Any]) -> list[str]:
+    """The table's metric columns: the snapshot's ``metric_columns`` (its trainer kind's, those zero or absent for
+    every run left out), ``loss`` / ``eval_loss`` for a snapshot without them."""
+    cols = snapshot.get("metric_columns")
+    return [c for c in cols if isinstance(c, str)] if isinstance(cols, list) else ["loss", "eval_loss"]
+
+
 def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best: int | None) -> str:
     cols = [c for c in snapshot.get("hparam_columns") or [] if isinstance(c, str)]
     device = any(r.get("device") for r in runs)  # several devices (run_fit(devices=...)): a Device column
     first = ["Run", "Status", *(["Device"] if device else [])]
-    heads = [*first, *cols, "Step", "Chunks", "Loss", "Eval loss", "Samples"]
-    fixed = {*first, "Step", "Chunks", "Loss", "Eval loss", "Samples"}
+    metrics = _metric_columns(snapshot)
+    heads = [*first, *cols, "Step", "Chunks", *(metric_title(m) for m in metrics), "Samples"]
+    fixed = {*first, "Step", "Chunks", *(metric_title(m) for m in metrics), "Samples"}
     head = "".join(
         f'<th style="{_TH}{"" if h in first else _NUM}" title="{_e(h)}">'
         f"{_e(h if h in fixed else short_hparam(h))}</th>"
@@ -312,8 +321,7 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
             ),
             f'<td style="{_TD}{_NUM}">{_e(run.get("completed_steps") or 0)}/{_e(run.get("total_steps") or 0)}</td>',
             f'<td style="{_TD}{_NUM}">{_e(run.get("chunks_done") or 0)}/{_e(total)}</td>',
-            f'<td style="{_TD}{_NUM}">{_e(fmt_metric(run.get("loss")))}</td>',
-            f'<td style="{_TD}{_NUM}">{_e(fmt_metric(run.get("eval_loss")))}</td>',
+            *(f'<td style="{_TD}{_NUM}">{_e(fmt_metric(run_value(run, m)))}</td>' for m in metrics),
             f'<td style="{_TD}{_NUM}">{_e(run.get("samples_seen") or 0)}</td>',
         ]
         rows.append(f'<tr data-run-id="{_e(run["run_id"])}" style="{hl[1:]}">{"".join(cells)}</tr>')
@@ -390,7 +398,7 @@ def render_html(
     points: Sequence[Mapping[str, Any]],
     *,
     note: str = "",
-    metrics: Sequence[str] = ("loss", "eval_loss"),
+    metrics: Sequence[str] | None = None,
 ) -> str:
     """The static copy of a panel: header, runs table, curves (see the module docstring).
 
@@ -398,7 +406,8 @@ def render_html(
         snapshot: a panel snapshot (``docs/ARCHITECTURE.md``, "Panel source").
         points: every metric point (``run_id``, ``step``, ``name``, ``value``).
         note: one line under the header (e.g. why this is a static copy).
-        metrics: the curves drawn, one image each.
+        metrics: the curves drawn, one image each (None: the snapshot's ``panel_metrics``, the trainer kind's
+            default plots; ``loss`` / ``eval_loss`` for a snapshot without them).
 
     Returns:
         One ``<div data-rf-static>`` element, self-contained.
@@ -406,8 +415,13 @@ def render_html(
     runs = sorted(
         (r for r in snapshot.get("runs") or [] if r.get("status") != "DELETED"), key=lambda r: r["run_id"]
     )
-    best = best_run(runs, "eval_loss") or best_run(runs, "loss")
-    best_id = best[0] if best else None
+    best = snapshot_best(snapshot, runs)  # the snapshot's best_by (GRPO: eval_reward, highest first)
+    best_id = best[1] if best else None
+    if metrics is None:
+        metrics = [m for m in snapshot.get("panel_metrics") or () if isinstance(m, str)] or [
+            "loss",
+            "eval_loss",
+        ]
     return (
         f'<div data-rf-static="" data-rf-experiment="{_e(snapshot.get("experiment", ""))}" '
         'style="box-sizing:border-box;max-width:960px;padding:10px 12px;border:1px solid rgba(128,128,128,0.35);'
@@ -425,8 +439,8 @@ def render_text(snapshot: Mapping[str, Any]) -> str:
             continue
         lines.append(
             f"  run {run['run_id']}  {run.get('status')}{'  ' + run['device'] if run.get('device') else ''}  step {run.get('completed_steps') or 0}/"
-            f"{run.get('total_steps') or 0}  loss {fmt_metric(run.get('loss'))}  "
-            f"eval_loss {fmt_metric(run.get('eval_loss'))}"
+            f"{run.get('total_steps') or 0}  "
+            + "  ".join(f"{m} {fmt_metric(run_value(run, m))}" for m in _metric_columns(snapshot))
         )
     return "\n".join(lines)
 

@@ -12,12 +12,99 @@ Adding a trainer kind (e.g. ORPO) starts with one line in ``TRAINER_KINDS`` belo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rapidfire_nb.errors import ConfigError
 
-__all__ = ["TRAINER_KINDS", "TRAINER_TYPES", "TrainerKindFacts", "trainer_kind"]
+__all__ = [
+    "TRAINER_KINDS",
+    "TRAINER_TYPES",
+    "KindMetrics",
+    "TrainerKindFacts",
+    "check_metric_choice",
+    "metric_mode",
+    "trainer_kind",
+]
+
+#: What :class:`transformers.Trainer` itself logs for every kind (``eval_`` + these at evaluation).
+TRAINER_METRICS = ("loss", "grad_norm", "learning_rate", "epoch", "runtime", "samples_per_second")
+
+
+@dataclass(frozen=True)
+class KindMetrics:
+    """The metrics a kind's runs are shown and compared by: the panel's two default plots and best-run star, its
+    table's metric columns, ``end()``'s summary, ``get_runs_info()`` and the static copy (``run_fit(...,
+    panel_metrics=[...], best_by=...)`` overrides ``plots`` / ``best_by``).
+
+    Names are TRL's logged names (read in the installed TRL's trainers: ``GRPOTrainer`` logs ``reward``,
+    ``reward_std``, ``rewards/<func>/mean``..., ``DPOTrainer`` ``rewards/accuracies``, ``rewards/margins``...;
+    ``eval_`` + the name at evaluation).
+
+    Attributes:
+        plots: per default plot, the names it shows, the first one logged (before anything is logged: the first).
+        columns: the run table's metric columns, in order; one whose value is zero or absent for every run is not
+            shown (GRPO's loss is 0 until the policy moves off the reference).
+        best_by: the metrics runs are ranked by, the first with a value for some run ranks (a metric's direction:
+            :func:`metric_mode`; losses lowest first, rewards and accuracies highest first).
+        logged: the names the kind's TRL trainer logs besides :data:`TRAINER_METRICS` (``run_fit``'s choice is
+            checked against them, :func:`check_metric_choice`).
+    """
+
+    plots: tuple[tuple[str, ...], tuple[str, ...]] = (("loss",), ("eval_loss",))
+    columns: tuple[str, ...] = ("loss", "eval_loss")
+    best_by: tuple[str, ...] = ("eval_loss", "loss")
+    logged: tuple[str, ...] = ("entropy", "mean_token_accuracy", "num_tokens", "aux_loss")
+
+
+_SFT_METRICS = KindMetrics()
+_DPO_METRICS = KindMetrics(
+    plots=(("loss",), ("eval_rewards/accuracies", "rewards/accuracies", "rewards/margins")),
+    columns=("loss", "eval_loss", "rewards/accuracies", "eval_rewards/accuracies", "rewards/margins"),
+    best_by=("eval_rewards/accuracies", "eval_rewards/margins", "rewards/accuracies", "rewards/margins"),
+    logged=(
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+        "logits/chosen",
+        "logits/rejected",
+        "entropy",
+        "mean_token_accuracy",
+        "num_tokens",
+        "aux_loss",
+    ),
+)
+_GRPO_METRICS = KindMetrics(
+    plots=(("reward",), ("eval_reward", "reward_std")),
+    columns=("reward", "eval_reward", "loss", "eval_loss"),
+    best_by=("eval_reward", "reward"),
+    logged=(
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "kl",
+        "entropy",
+        "num_tokens",
+        "policy_loss",
+        "aux_loss",
+        "completions/mean_length",
+        "completions/min_length",
+        "completions/max_length",
+        "completions/clipped_ratio",
+        "completions/mean_terminated_length",
+        "completions/min_terminated_length",
+        "completions/max_terminated_length",
+        "clip_ratio/low_mean",
+        "clip_ratio/low_min",
+        "clip_ratio/high_mean",
+        "clip_ratio/high_max",
+        "clip_ratio/region_mean",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +121,7 @@ class TrainerKindFacts:
             when ``beta > 0``): the run spec accepts ``ref_model_name``/``ref_model_kwargs`` (the GRPO kind then
             refuses them before training, naming why: its TRL trainer builds the reference model itself).
         takes_compute_metrics: the TRL trainer takes ``compute_metrics`` (GRPO's does not: it logs its rewards).
+        metrics: what its runs are shown and compared by (:class:`KindMetrics`).
     """
 
     name: str
@@ -42,11 +130,12 @@ class TrainerKindFacts:
     takes_reward_funcs: bool = False
     has_reference_model: bool = False
     takes_compute_metrics: bool = True
+    metrics: KindMetrics = _SFT_METRICS
 
 
 _KINDS: tuple[TrainerKindFacts, ...] = (
     TrainerKindFacts("SFT", "SFTConfig", "SFTTrainer"),
-    TrainerKindFacts("DPO", "DPOConfig", "DPOTrainer", has_reference_model=True),
+    TrainerKindFacts("DPO", "DPOConfig", "DPOTrainer", has_reference_model=True, metrics=_DPO_METRICS),
     TrainerKindFacts(
         "GRPO",
         "GRPOConfig",
@@ -54,6 +143,7 @@ _KINDS: tuple[TrainerKindFacts, ...] = (
         takes_reward_funcs=True,
         has_reference_model=True,
         takes_compute_metrics=False,
+        metrics=_GRPO_METRICS,
     ),
 )
 
@@ -80,3 +170,68 @@ def trainer_kind(trainer_type: object) -> TrainerKindFacts:
         return TRAINER_KINDS[trainer_type.strip().upper()]
     names = ", ".join(repr(t) for t in TRAINER_TYPES)
     raise ConfigError(f"trainer_type must be one of {names}, got {trainer_type!r}")
+
+
+_HIGHER = re.compile(r"acc|reward|margin|f1|bleu|rouge|precision|recall|score|auc|win")
+
+
+def metric_mode(name: str) -> str:
+    """``"max"`` for a metric that is better higher (rewards, accuracies, margins, scores), ``"min"`` otherwise
+    (losses, perplexities, errors, anything unknown). ``metricDirection`` in ``widgets/curves.js`` is the same
+    rule."""
+    low = name.lower()
+    if "loss" in low or "perplexity" in low or "error" in low:
+        return "min"
+    return "max" if _HIGHER.search(low) else "min"
+
+
+def _known_metric(facts: TrainerKindFacts, name: str) -> bool:
+    """A name the kind's TRL trainer logs (``eval_`` + one too; GRPO's ``rewards/<func>/mean|std``), or for a kind
+    that takes ``compute_metrics`` any ``eval_<name>`` (the user's metrics are named by the user)."""
+    base = name[len("eval_") :] if name.startswith("eval_") else name
+    if base in TRAINER_METRICS or base in facts.metrics.logged:
+        return True
+    if facts.takes_reward_funcs and re.fullmatch(r"rewards/[^/]+/(mean|std)", base):
+        return True
+    return name.startswith("eval_") and len(name) > len("eval_") and facts.takes_compute_metrics
+
+
+def check_metric_choice(
+    trainer_type: object, panel_metrics: object, best_by: object
+) -> tuple[tuple[str, ...] | None, str | None]:
+    """``run_fit``'s ``panel_metrics`` / ``best_by``, checked against what the kind's TRL trainer logs.
+
+    Args:
+        trainer_type: the group's trainer type.
+        panel_metrics: None (the kind's defaults) or 1-2 metric names for the panel's default plots.
+        best_by: None (the kind's default) or the metric runs are ranked by (direction: :func:`metric_mode`).
+
+    Returns:
+        ``(plots, best_by)``: the plots as a tuple (None kept), ``best_by`` as given.
+
+    Raises:
+        ConfigError: a value of the wrong type or a name the kind never logs, naming the field and the choices.
+    """
+    facts = trainer_kind(trainer_type)
+    if panel_metrics is not None:
+        if isinstance(panel_metrics, str) or not isinstance(panel_metrics, (list, tuple)):
+            raise ConfigError(
+                f"panel_metrics must be a list of 1 or 2 metric names (e.g. ['reward', 'eval_reward']), got "
+                f"{panel_metrics!r}"
+            )
+        if not 1 <= len(panel_metrics) <= 2:
+            raise ConfigError(
+                f"panel_metrics takes 1 or 2 metric names (two plots), got {len(panel_metrics)}"
+            )
+    for field, names in (
+        ("panel_metrics", panel_metrics or ()),
+        ("best_by", () if best_by is None else (best_by,)),
+    ):
+        for name in names:
+            if not isinstance(name, str) or not _known_metric(facts, name):
+                sample = ", ".join(repr(n) for n in (*facts.metrics.columns, *facts.metrics.logged[:4]))
+                raise ConfigError(
+                    f"{field}: {name!r} is not a metric a {facts.name} run logs; e.g. {sample} (eval_ + a name at "
+                    "evaluation)"
+                )
+    return (tuple(panel_metrics) if panel_metrics is not None else None), best_by  # type: ignore[return-value]

@@ -30,6 +30,7 @@ from kernel_scheduler import RunSnapshot, RunStatus
 from .. import meta_keys
 from .clock import is_training, progress_stats, training_seconds
 from .devices_view import DEVICE_STATES, device_list, device_status, run_device, stored_devices
+from .metrics_view import metric_choice, resolve_metrics, run_value
 from .ops_view import (
     ELSEWHERE_HINT,
     ENDED_HINT,
@@ -91,6 +92,7 @@ __all__ = [
     "reopened_snapshot",
     "reported_status",
     "run_device",
+    "run_value",
     "stored_devices",
     "store_snapshot",
 ]
@@ -132,7 +134,8 @@ class StoreRows:
         meta: the store's meta table (``created_at`` unix s, ``num_chunks``, ``hparam_columns``,
             ``metric_names``, ``editable_fields``, ...).
         runs: run rows (``store.runs()``), ordered by run id.
-        latest: run id -> latest ``loss`` / ``eval_loss`` (``store.latest_metrics``).
+        latest: run id -> latest ``loss`` / ``eval_loss`` and the trainer kind's metrics
+            (``store.latest_metrics``; :func:`rapidfire_nb.view.metrics_view.metric_choice`).
         ops: the ops log (``store.ops()``), oldest first.
     """
 
@@ -149,9 +152,11 @@ class StoreRows:
     @classmethod
     def read(cls, store: _Store) -> StoreRows:
         """Read the rows a snapshot needs from ``store`` (a :class:`rapidfire_nb.store.Store`)."""
-        return cls(
-            meta=store.meta(), runs=store.runs(), latest=store.latest_metrics(_LATEST), ops=store.ops()
-        )
+        meta = store.meta()
+        names = tuple(
+            dict.fromkeys((*_LATEST, *metric_choice(meta).names))
+        )  # the kind's metrics too (rewards, accuracies...)
+        return cls(meta=meta, runs=store.runs(), latest=store.latest_metrics(names), ops=store.ops())
 
 
 @dataclass(frozen=True)
@@ -278,6 +283,7 @@ def _run_entry(
         **_progress_fields(row, snap, live_step),
         "loss": latest.get("loss"),
         "eval_loss": latest.get("eval_loss"),
+        "metrics": {n: latest[n] for n in metric_choice(rows.meta).names if n in latest},
         "error": snap.error if snap is not None else row.get("error"),
         **_stop_fields(rows.stops.get(run_id), snap, status),
         "parent_id": row.get("parent_id"),
@@ -307,6 +313,7 @@ def _common(
         "hparam_columns": list(columns),
         "ops": [{k: o.get(k) for k in OP_FIELDS} for o in rows.ops],
         "metric_names": list(rows.meta.get(meta_keys.METRIC_NAMES) or []),
+        **resolve_metrics(metric_choice(rows.meta), rows.latest, rows.meta.get(meta_keys.METRIC_NAMES) or ()),
     }
 
 

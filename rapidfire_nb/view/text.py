@@ -14,6 +14,7 @@ from typing import Any
 from kernel_scheduler import RunSnapshot, RunStatus
 
 from .clock import fmt_duration
+from .metrics_view import best_run, snapshot_best
 
 __all__ = [
     "best_run",
@@ -208,21 +209,10 @@ def early_stopping_text(
     return label
 
 
-def best_run(runs: Iterable[Mapping[str, Any]], metric: str = "eval_loss") -> tuple[int, float] | None:
-    """``(run_id, value)`` of the run with the lowest finite ``metric`` among the runs that are not DELETED."""
-    best: tuple[int, float] | None = None
-    for run in runs:
-        value = run.get(metric)
-        if run.get("status") == RunStatus.DELETED.value or not isinstance(value, (int, float)):
-            continue
-        if math.isfinite(value) and (best is None or value < best[1]):
-            best = (int(run["run_id"]), float(value))
-    return best
-
-
 def final_summary(snapshot: Mapping[str, Any]) -> str:
     """The line printed when an experiment ends, e.g. ``experiment 'sft' ended: 4 runs (3 completed, 1 stopped);
-    best eval_loss 0.8123 (run 2); training time 1:23``."""
+    best eval_loss 0.8123 (run 2); training time 1:23``: the best run by the snapshot's ``best_by`` (its trainer
+    kind's metric, e.g. ``best eval_reward 0.7500 (run 2)`` for GRPO; :mod:`rapidfire_nb.view.metrics_view`)."""
     runs = [r for r in snapshot.get("runs") or [] if r.get("status") != RunStatus.DELETED.value]
     counts: dict[str, int] = {}
     for run in runs:
@@ -232,11 +222,9 @@ def final_summary(snapshot: Mapping[str, Any]) -> str:
         f"experiment {snapshot.get('experiment', '')!r} ended: {len(runs)} run{'' if len(runs) == 1 else 's'}"
     )
     text += f" ({parts})" if parts else ""
-    for metric in ("eval_loss", "loss"):
-        best = best_run(runs, metric)
-        if best is not None:
-            text += f"; best {metric} {fmt_metric(best[1])} (run {best[0]})"
-            break
+    best = snapshot_best(snapshot, runs)
+    if best is not None:
+        text += f"; best {best[0]} {fmt_metric(best[2])} (run {best[1]})"
     if snapshot.get("elapsed_s") is not None:
         text += f"; training time {fmt_duration(snapshot['elapsed_s'])}"
     return text
