@@ -476,7 +476,7 @@ def find_model_kwargs_rename(key: str) -> Rename | None:
     return None
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # the rapidfire_nb folder
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the rapidfire_nb folder
 
 
 def warn_user(message: str, category: type[Warning] = FutureWarning) -> None:
