@@ -10,11 +10,11 @@ Adding a trainer kind (e.g. ORPO):
 1. ``orpo.py`` here: a ``TrainerKind`` subclass with ``name``, ``trainer_class_name``, ``required_columns`` and
    only the hooks that differ from SFT's (``precheck``, ``trainer_kwargs``, ``building``, ``step_geometry``,
    ``plan_chunks``, ``warm_forbidden``), and its instance in ``_KINDS`` below;
-2. its TRL config class name, one line in ``rapidfire_nb.schema._TRAINER_CLASS_NAMES``;
+2. its facts, one ``TrainerKindFacts`` line in ``rapidfire_nb/schema/trainer_kinds.py`` (TRL config and trainer
+   class names, reward functions, reference model, ``compute_metrics``): the schema, the spec and the generation
+   checks read them there;
 3. the user's wrapper, ``class RFORPOConfig(RFWrappedConfig): _trainer_type = "ORPO"`` and its line in
-   ``rapidfire_nb.automl.configs.TRAINER_CONFIG_CLASSES`` (and the ``rapidfire_nb.automl`` export);
-4. if it takes a reference model or reward functions: ``rapidfire_nb.spec.REF_MODEL_TRAINERS`` /
-   ``REWARD_FUNCS_TRAINERS``.
+   ``rapidfire_nb.automl.configs.TRAINER_CONFIG_CLASSES`` (and the ``rapidfire_nb.automl`` export).
 
 ``tests/rapidfire_nb/training/test_kinds.py`` checks the registry and the schema name the same kinds.
 """
