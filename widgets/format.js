@@ -28,8 +28,16 @@ export function requestedText(kind, runId) {
   if (k) return k.requested.replace("{run_id}", String(runId));
   return `${kind} requested for run ${runId} — applies at the end of its current chunk`;
 }
-/** The metrics shown first (and in the two plots at start). */
+/** The metrics shown first (and in the two plots at start) for a snapshot that names none (SFT's; the kernel
+ * sends its trainer kind's as `panel_metrics`, `metric_columns` and `best_by`: rapidfire_nb.view.metrics_view). */
 export const DEFAULT_METRICS = ["loss", "eval_loss"];
+
+/** A metric column's title (rapidfire_nb.view.metrics_view.metric_title): Loss, Eval loss, Reward,
+ * Eval rewards/accuracies. @param {string} name */
+export function metricTitle(name) {
+  if (name.startsWith("eval_") && name.length > 5) return `Eval ${name.slice(5).replace(/_/g, " ")}`;
+  return name.charAt(0).toUpperCase() + name.slice(1).replace(/_/g, " ");
+}
 /** TensorBoard's default run palette, so that a run has one colour in the panel, the page, the static copy
  * (rapidfire_nb.panel.static.PALETTE) and TensorBoard (runs in creation order). Run n gets colour n-1. */
 export const PALETTE = ["#ff7043", "#0077bb", "#cc3311", "#33bbee", "#ee3377", "#009988", "#bbbbbb"];

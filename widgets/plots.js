@@ -10,7 +10,7 @@
 import { curve, duplicateCurves, integerDtick, parentSeries } from "./curves.js";
 import { h } from "./dom.js";
 import { DEFAULT_METRICS, runColor } from "./format.js";
-import { metricOrder } from "./state.js";
+import { metricOrder, plotMetrics } from "./state.js";
 
 export const PLOT_HEIGHT = 260;
 const PLOTLY_KEY = "__rapidfire_nb_plotly__";
@@ -21,7 +21,7 @@ const PLOT_CONFIG = { displaylogo: false, responsive: false, displayModeBar: "ho
  * @typedef {{promise: Promise<any>, resolve: (p: any) => void, reject: (e: any) => void,
  *   requestedAt: number, loading: boolean, done: boolean, askedBy: WeakSet<object>}} PlotlyLoader
  * @typedef {{metric: string, card: HTMLElement, div: HTMLElement, select: HTMLSelectElement,
- *   empty: HTMLElement, initialized: boolean}} PlotSlot
+ *   empty: HTMLElement, initialized: boolean, picked: string|null}} PlotSlot
  * @typedef {{xAxis: "step"|"samples"|"wall", showDeleted: boolean, hiddenRuns: Set<number>, themeKey: string,
  *   smoothing: number, logScale: boolean}} PlotView
  * @typedef {import("./state.js").State} State
@@ -101,8 +101,10 @@ export class PlotArea {
     const card = h("div", { class: "rf-card", "data-metric": metric },
       h("div", { class: "rf-card-head" }, select), h("div", { class: "rf-plot-box" }, div, empty));
     /** @type {PlotSlot} */
-    const slot = { metric, card, div, select, empty, initialized: false };
-    select.addEventListener("change", () => { slot.metric = select.value; card.dataset.metric = slot.metric; onChange(); });
+    const slot = { metric, card, div, select, empty, initialized: false, picked: null };
+    select.addEventListener("change", () => {
+      slot.metric = slot.picked = select.value; card.dataset.metric = slot.metric; onChange();
+    });
     this.el.append(card);
     return slot;
   }
@@ -111,6 +113,11 @@ export class PlotArea {
   invalidate() {}
 
   refreshMetricOptions() {
+    // a plot the user did not pick shows the trainer kind's default (GRPO: reward, eval_reward)
+    plotMetrics(this.state.snapshot, this.slots.map((p) => p.picked)).forEach((m, i) => {
+      const slot = this.slots[i];
+      if (slot.metric !== m) { slot.metric = m; slot.card.dataset.metric = m; }
+    });
     const names = metricOrder(this.state);
     for (const p of this.slots) {
       const current = [...p.select.options].map((o) => o.value).join("\u0000");

@@ -15,8 +15,8 @@ import { metricDirection } from "./curves.js";
 
 /** The latest finite value of `metric` for each run. ``loss`` and ``eval_loss`` are the run table's own columns:
  * their values are the snapshot's (what the table shows, so the best run's star, "stop all but best" and the
- * sort never disagree with the cells; a run whose latest value is NaN has none). Other metrics come from the
- * series store. @param {State} state @param {string} metric @returns {Map<number, number>} */
+ * sort never disagree with the cells; a run whose latest value is NaN has none); so are the trainer kind's
+ * metrics a run carries in ``metrics`` (GRPO's reward). Other metrics come from the series store. @param {State} state @param {string} metric @returns {Map<number, number>} */
 export function latestValues(state, metric) {
   /** @type {Map<number, number>} */ const out = new Map();
   if (metric === "loss" || metric === "eval_loss") {
@@ -31,6 +31,11 @@ export function latestValues(state, metric) {
       const v = s.value[i];
       if (v !== null && Number.isFinite(v)) { out.set(rid, v); break; }
     }
+  }
+  for (const r of state.snapshot?.runs || []) { // the trainer kind's metrics the table shows (run.metrics) win
+    if (!r.metrics || !(metric in r.metrics)) continue;
+    const v = r.metrics[metric];
+    if (typeof v === "number" && Number.isFinite(v)) out.set(r.run_id, v); else out.delete(r.run_id);
   }
   return out;
 }

@@ -13,7 +13,8 @@ import { DEFAULT_METRICS, requestedText as opRequestedText } from "./format.js";
 /**
  * @typedef {{run_id: number, status: string, on_device: boolean, device?: string|null, hparams: Record<string, any>,
  *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number, epoch?: number,
- *   samples_seen: number, loss: number|null, eval_loss: number|null, error: string|null, stop_reason?: string|null, pruned?: boolean,
+ *   samples_seen: number, loss: number|null, eval_loss: number|null, metrics?: Record<string, number|null>,
+ *   error: string|null, stop_reason?: string|null, pruned?: boolean,
  *   parent_id: number|null,
  *   warm_start: boolean, legal_ops: string[], op_hints?: Record<string, string>,
  *   editable?: Record<string, any>}} Run
@@ -23,7 +24,8 @@ import { DEFAULT_METRICS, requestedText as opRequestedText } from "./format.js";
  *   num_chunks: number, hparam_columns: string[], runs: Run[], ops: OpRecord[], metric_names: string[],
  *   device_status?: string, elapsed_s?: number, training?: boolean, ended?: boolean, writer_alive?: boolean,
  *   source?: string, stats?: Stats, early_stopping?: string|null, devices?: Device[],
- *   device_runs?: Record<string, number>}} Snapshot
+ *   device_runs?: Record<string, number>, panel_metrics?: string[], metric_columns?: string[],
+ *   best_by?: {metric: string, mode: string}}} Snapshot
  * @typedef {{name: string, state: string, run_id: number|null}} Device
  * @typedef {{name: string, text: string, state: string, runId: number|null, title: string}} DeviceChip
  * @typedef {{percent: number|null, steps_per_s: number|null, s_per_chunk: number|null, eta_s: number|null,
@@ -124,7 +126,7 @@ function applySnapshot(state, snap) {
   // the ops log is sent only when it changed: keep the last one
   const next = Array.isArray(snap.ops) ? snap : { ...snap, ops: prev ? prev.ops : [] };
   state.snapshot = next;
-  for (const m of next.metric_names || []) state.metricNames.add(m);
+  for (const m of [...(next.metric_names || []), ...(next.panel_metrics || [])]) state.metricNames.add(m);
   let notices = false;
   for (const op of next.ops) { // confirm ops whose click notice is shown
     const n = state.notices.get(op.op_id);
@@ -291,10 +293,38 @@ export function isActive(snap) {
     || (snap.runs || []).some((r) => r.status === "NEW" || r.status === "ONGOING");
 }
 
-/** Metric names, loss and eval_loss first, then alphabetical. @param {State} state @returns {string[]} */
+/**
+ * The metrics the kernel chose for the experiment's trainer kind (rapidfire_nb.view.metrics_view): the default
+ * plots (`panel_metrics`: GRPO reward / eval_reward), the table's metric columns (`metric_columns`: those zero or
+ * absent for every run left out) and the metric the runs are ranked by (`best_by`); SFT's for a snapshot without
+ * them. @param {Snapshot|null|undefined} snap @returns {{plots: string[], columns: string[], best: string}}
+ */
+export function kindMetrics(snap) {
+  const names = (/** @type {any} */ v) => (Array.isArray(v) ? v.filter((x) => typeof x === "string") : null);
+  const plots = names(snap?.panel_metrics);
+  return {
+    plots: plots && plots.length ? plots : DEFAULT_METRICS,
+    columns: names(snap?.metric_columns) || DEFAULT_METRICS,
+    best: typeof snap?.best_by?.metric === "string" ? snap.best_by.metric : "eval_loss",
+  };
+}
+
+/**
+ * The metric of each of `n` plots: the one the user picked, else the kind's default for that plot (SFT's loss /
+ * eval_loss when the kernel names none). @param {Snapshot|null|undefined} snap @param {(string|null)[]} picked
+ * @returns {string[]}
+ */
+export function plotMetrics(snap, picked) {
+  const plots = kindMetrics(snap).plots;
+  return picked.map((p, i) => p || plots[i] || DEFAULT_METRICS[i] || DEFAULT_METRICS[0]);
+}
+
+/** Metric names, the kind's plots and columns first (loss and eval_loss for SFT), then alphabetical.
+ * @param {State} state @returns {string[]} */
 export function metricOrder(state) {
+  const first = [...new Set([...kindMetrics(state.snapshot).plots, ...kindMetrics(state.snapshot).columns])];
   return [...state.metricNames].sort((a, b) => {
-    const ia = DEFAULT_METRICS.indexOf(a), ib = DEFAULT_METRICS.indexOf(b);
+    const ia = first.indexOf(a), ib = first.indexOf(b);
     if (ia !== -1 || ib !== -1) return (ia === -1 ? 99 : ia) - (ib === -1 ? 99 : ib);
     return a.localeCompare(b);
   });

@@ -14,9 +14,11 @@
  */
 
 import { h, setKids, setText } from "./dom.js";
-import { fmtHparam, fmtInt, fmtMetric, OP_LABEL, OP_TITLE, OPS, parseValue, runColor, shortHparam } from "./format.js";
+import {
+  DEFAULT_METRICS, fmtHparam, fmtInt, fmtMetric, metricTitle, OP_LABEL, OP_TITLE, OPS, parseValue, runColor, shortHparam,
+} from "./format.js";
 import { duplicateConfig, latestValues, sortRuns } from "./rank.js";
-import { hasDeviceColumn, isPending, visibleRuns } from "./state.js";
+import { hasDeviceColumn, isPending, kindMetrics, visibleRuns } from "./state.js";
 
 /**
  * @typedef {import("./state.js").State} State
@@ -49,10 +51,15 @@ const OP_ICON = {
   delete: svg('<path d="M3 4.5h10M6.5 4.5V3h3v1.5M4.5 4.5l.6 8.5h5.8l.6-8.5M7 7v4M9 7v4"/>'),
   clone: svg('<rect x="5.5" y="5.5" width="7.5" height="7.5" rx="1.3"/><path d="M10.5 3.5V3H3v7.5h.5"/>'),
 };
-/** Sortable columns after the hyperparameters: key, title, tooltip. */
-const TAIL_COLS = [["step", "Step", "completed / total optimizer steps"],
-  ["chunks", "Chunks", "chunks done / chunks in total (all epochs)"], ["loss", "Loss", "latest train loss"],
-  ["eval_loss", "Eval loss", "latest eval_loss"], ["samples", "Samples", "samples seen"]];
+/** The sort key of a metric column: the run's own `loss` / `eval_loss`, else `m:<metric>` (run.metrics). @param {string} m */
+const metricKey = (m) => (m === "loss" || m === "eval_loss" ? m : `m:${m}`);
+/** Sortable columns after the hyperparameters: key, title, tooltip; the metric columns are the trainer kind's
+ * (state.kindMetrics: SFT loss / eval_loss, GRPO reward / eval_reward; zero or absent for every run: not shown).
+ * @param {string[]} metrics */
+const tailCols = (metrics) => [["step", "Step", "completed / total optimizer steps"],
+  ["chunks", "Chunks", "chunks done / chunks in total (all epochs)"],
+  ...metrics.map((m) => [metricKey(m), metricTitle(m), m === "loss" ? "latest train loss" : `latest ${m}`]),
+  ["samples", "Samples", "samples seen"]];
 
 export class RunTable {
   /** @param {State} state @param {OpSender} ops @param {Host} host */
@@ -61,6 +68,7 @@ export class RunTable {
     this.ops = ops;
     this.host = host;
     /** @type {Map<number, Row>} */ this.rows = new Map();
+    /** @type {string[]} the metric columns shown */ this.metricCols = [...DEFAULT_METRICS];
     this.headKey = "";
     this.theadRow = h("tr");
     this.tbody = h("tbody");
@@ -69,13 +77,15 @@ export class RunTable {
   }
 
   colCount() {
-    return 8 + (this.state.snapshot?.hparam_columns?.length || 0) + (hasDeviceColumn(this.state.snapshot) ? 1 : 0);
+    return 6 + this.metricCols.length + (this.state.snapshot?.hparam_columns?.length || 0) +
+      (hasDeviceColumn(this.state.snapshot) ? 1 : 0);
   }
 
   render() {
     const snap = this.state.snapshot;
     const cols = snap?.hparam_columns || [];
     const device = hasDeviceColumn(snap);
+    this.metricCols = kindMetrics(snap).columns;
     this.renderHead(cols, device);
     const sort = this.host.sort;
     const metric = sort.key.startsWith("m:") ? latestValues(this.state, sort.key.slice(2)) : undefined;
@@ -107,7 +117,7 @@ export class RunTable {
   /** @param {string[]} cols @param {boolean} device whether the Device column shows */
   renderHead(cols, device) {
     const sort = this.host.sort;
-    const colsKey = `${cols.join("\u0000")}\u0001${device}`;
+    const colsKey = `${cols.join("\u0000")}\u0001${device}\u0001${this.metricCols.join("\u0000")}`;
     const key = `${colsKey}|${sort.key}|${sort.dir}`;
     if (key === this.headKey && this.theadRow.children.length) return;
     const colsChanged = this.headKey.split("|")[0] !== colsKey;
@@ -123,7 +133,7 @@ export class RunTable {
       th("run", "Run", "rf-col-run", "run id"), th("status", "Status", "rf-col-status", "status"),
       ...(device ? [th("device", "Device", "rf-col-device", "the device the run trains on (its worker process)")] : []),
       ...cols.map((c) => th(`hp:${c}`, shortHparam(c), "rf-num rf-col-hp", c)),
-      ...TAIL_COLS.map(([k, t, tip]) => th(k, t, `rf-num${k === "step" ? " rf-col-step" : ""}`, tip)),
+      ...tailCols(this.metricCols).map(([k, t, tip]) => th(k, t, `rf-num${k === "step" ? " rf-col-step" : ""}`, tip)),
       h("th", { class: "rf-col-actions" }));
     if (!colsChanged) return;
     for (const row of this.rows.values()) { row.tr.remove(); row.errorTr.remove(); row.formTr?.remove(); row.configTr?.remove(); }
@@ -138,7 +148,7 @@ export class RunTable {
     tr.append(td("run", "rf-col-run"), td("status", "rf-col-status"),
       ...(device ? [td("device", "rf-col-device")] : []),
       ...cols.map((c) => td(`hp:${c}`, "rf-num rf-col-hp")),
-      td("step", "rf-num rf-col-step"), td("chunks", "rf-num"), td("loss", "rf-num"), td("eval", "rf-num"),
+      td("step", "rf-num rf-col-step"), td("chunks", "rf-num"), ...this.metricCols.map((m) => td(`m:${m}`, "rf-num")),
       td("samples", "rf-num"), td("actions", "rf-col-actions"));
     /** @type {Record<string, HTMLButtonElement>} */ const buttons = {};
     for (const op of OPS) {
@@ -193,8 +203,9 @@ export class RunTable {
     cells.step.classList.toggle("rf-bar-done", run.status === "COMPLETED");
     const nTotal = run.num_segments || this.state.snapshot?.num_chunks;
     setText(cells.chunks, nTotal ? `${run.chunks_done}/${nTotal}` : String(run.chunks_done ?? "–"));
-    setText(cells.loss, fmtMetric(run.loss));
-    setText(cells.eval, fmtMetric(run.eval_loss));
+    for (const m of this.metricCols) {
+      if (cells[`m:${m}`]) setText(cells[`m:${m}`], fmtMetric(run.metrics && m in run.metrics ? run.metrics[m] : run[m]));
+    }
     setText(cells.samples, fmtInt(run.samples_seen));
     this.updateButtons(row, run);
     row.tr.toggleAttribute("data-pruned", Boolean(run.pruned && run.status === "STOPPED"));

@@ -25,7 +25,7 @@ import { fmtClock, fmtDuration, runColor, statsText, STATUSES } from "./format.j
 import { PlotArea } from "./plots.js";
 import { bestRun, nextSort, stopAllButBest } from "./rank.js";
 import {
-  deviceChips, earlyStoppingText, metricOrder, notice, noticesNewestFirst, statusCounts, visibleRuns,
+  deviceChips, earlyStoppingText, kindMetrics, metricOrder, notice, noticesNewestFirst, statusCounts, visibleRuns,
 } from "./state.js";
 import { RunTable } from "./table.js";
 
@@ -52,6 +52,8 @@ export class PanelView {
     this.smoothing = 0;
     this.logScale = false;
     this.bestMetric = "eval_loss";
+    /** the user picked the "best by" metric (else it follows the trainer kind's, the snapshot's best_by) */
+    this.bestPicked = false;
     /** @type {import("./rank.js").Sort} */ this.sort = { key: "run", dir: 1 };
     /** @type {number|null} */ this.bestRunId = null;
     /** @type {Set<number>} runs hidden from the curves by a click on their legend entry */
@@ -111,7 +113,9 @@ export class PanelView {
   buildCompareBar() {
     this.bestSelect = /** @type {HTMLSelectElement} */ (h("select", { class: "rf-select", "data-rf-best-by": "",
       title: "the metric that ranks the runs (losses: lowest is best; accuracies, rewards: highest)",
-      onchange: () => { this.bestMetric = this.bestSelect.value; this.compare.invalidate(); this.renderAll(); } }));
+      onchange: () => {
+        this.bestMetric = this.bestSelect.value; this.bestPicked = true; this.compare.invalidate(); this.renderAll();
+      } }));
     this.keepInput = /** @type {HTMLInputElement} */ (h("input", { type: "number", class: "rf-num-input", min: "1",
       value: "2", "data-rf-keep": "", "aria-label": "runs to keep" }));
     const stopBtn = h("button", { type: "button", class: "rf-btn", "data-rf-stop-all-but": "",
@@ -198,6 +202,9 @@ export class PanelView {
   }
 
   refreshBestOptions() {
+    const kind = kindMetrics(this.state.snapshot).best; // GRPO: eval_reward (highest first), DPO: reward accuracy
+    if (!this.bestPicked && kind !== this.bestMetric) { this.bestMetric = kind; this.compare.invalidate(); }
+    if (!this.state.metricNames.has(this.bestMetric)) this.state.metricNames.add(this.bestMetric);
     const names = metricOrder(this.state);
     if ([...this.bestSelect.options].map((o) => o.value).join("\u0000") !== names.join("\u0000")) {
       this.bestSelect.replaceChildren(...names.map((n) => h("option", { value: n, text: n })));
