@@ -204,7 +204,8 @@ class BaseModels(ModelProvider):
             base = SharedBase(key=key, model=model, tokenizer=tok)
             self._bases[key] = base
             quantized = quant.cpu_note(model)
-            if quantized is not None:
+            if quantized is not None:  # a 4-bit base trained on the CPU: evaluations must not repack it
+                quant.keep_cpu_weights_unpacked(model)
                 self._note(quantized)
             if own is not None:
                 self._note(f"{own}: such runs get their own base copy (create_model_fn is called for each)")

@@ -34,6 +34,7 @@ __all__ = [
     "input_grads_once",
     "is_quantized",
     "keep_adapter_dtypes_on_resume",
+    "keep_cpu_weights_unpacked",
     "kwargs_key",
     "refuse_full_finetune",
     "refuse_quantized_full_finetunes",
@@ -267,3 +268,37 @@ def input_grads_once(model: Any) -> bool:
 
 def _already_enabled() -> None:
     """``enable_input_require_grads`` on a model whose input embeddings carry the hook already: nothing to do."""
+
+
+def keep_cpu_weights_unpacked(model: Any) -> int:
+    """Keep a 4-bit base's weights in bitsandbytes' training layout on a CPU: no eval-time repacking.
+
+    bitsandbytes 0.50, on a CPU with AVX512-BF16, repacks a ``Linear4bit`` weight into an inference layout at its
+    first forward in eval mode (``Linear4bit.forward``: ``_convert_weight_packed_for_cpu``) and keeps it so: every
+    later forward, in training too, goes through ``gemv_4bit``, which has no autograd kernel (PyTorch warns "an
+    autograd kernel was not registered ... silently incorrect behavior"): no gradient flows back through the base
+    layers to the adapters below them. On a shared base one run's chunk-end evaluation (or generation eval) would
+    so change every run's training. Here the repacking is switched off on each ``Linear4bit`` (its
+    ``support_avx512bf16_for_cpu`` set False), and a weight already repacked is converted back: evaluations leave
+    the base as training needs it. On a GPU nothing changes.
+
+    Args:
+        model: the loaded base (a ``PreTrainedModel``; any ``nn.Module``).
+
+    Returns:
+        The number of ``Linear4bit`` layers switched.
+    """
+    switched = 0
+    for module in model.modules():
+        if not hasattr(module, "support_avx512bf16_for_cpu"):
+            continue
+        module.support_avx512bf16_for_cpu = False
+        state = getattr(module.weight, "quant_state", None)
+        if getattr(state, "packing_format_for_cpu", False):
+            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+
+            module.weight.data, module.weight.quant_state = _convert_weight_packed_for_cpu_inverse(
+                module.weight.data, state
+            )
+        switched += 1
+    return switched

@@ -50,13 +50,13 @@ def four_bit(tiny_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     from rapidfire_nb.spec.values import jsonable
 
     root = tmp_path_factory.mktemp("q4")
-    train = tiny_sft_dataset(16, seed=0)
+    train, evald = tiny_sft_dataset(16, seed=0), tiny_sft_dataset(4, seed=1)
     grp = group(tiny_dir, bits=4, steps=4)
     calls: list[dict[str, Any]] = []
     out = io.StringIO()
     exp = Experiment("q4", experiment_path=root)
     with contextlib.redirect_stdout(out):
-        exp.run_fit(grp, _counting(calls), train, num_chunks=4, seed=SEED, background=True)
+        exp.run_fit(grp, _counting(calls), train, evald, num_chunks=4, seed=SEED, background=True)
         assert exp.wait(timeout=120, chunks=1)
         warm = exp.clone_modify(1, {}, warm_start=True)
         cold = exp.clone_modify(2, {"model_kwargs.quantization_config": jsonable(bnb(4))})
@@ -72,6 +72,13 @@ def four_bit(tiny_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "adapters": sorted(base.model.peft_config),
         "layer": type(base.model.base_model.model.model.layers[0].self_attn.q_proj.base_layer).__name__,
         "dtypes": {str(p.dtype) for n, p in base.model.named_parameters() if "lora_" in n},
+        "packed": [
+            name
+            for name, m in base.model.named_modules()
+            if getattr(
+                getattr(getattr(m, "weight", None), "quant_state", None), "packing_format_for_cpu", False
+            )
+        ],
         "printed": out.getvalue(),
     }
     exp.end()
@@ -93,7 +100,11 @@ def test_lora_runs_share_one_4bit_base(four_bit: dict[str, Any]) -> None:
 
 
 def test_4bit_runs_equal_plain_trl_on_the_same_quantized_base(four_bit: dict[str, Any]) -> None:
+    """Chunk-end evaluations included: on a CPU with AVX512-BF16 bitsandbytes would repack the 4-bit weights at
+    the first eval and train through a kernel without autograd after it (measured without the fix: 1.5e-3 off)."""
     info = four_bit["info"]
+    assert four_bit["packed"] == []  # the evaluations left the base in the training layout
+    assert info.eval_loss.notna().all()
     assert list(info.status) == ["COMPLETED"] * 4, list(info.error)
     for rid, ref in four_bit["refs"].items():
         saved = adapter_from_folder(info.loc[rid, "checkpoint_dir"])
