@@ -1,8 +1,10 @@
-"""The house limits (docs/ARCHITECTURE.md, "Where the next things go"): sizes that keep each module one job.
+"""The house limits (docs/ARCHITECTURE.md, "Rooms"): sizes that keep each module one job.
 
-``kernel_scheduler/loop.py`` under 450 lines; no class over 450 lines in ``rapidfire_nb/`` and ``kernel_scheduler/``;
-no function with more than 10 parameters (``self``/``cls`` not counted) except the public ``Experiment.run_fit``
-and the config constructors in ``automl/`` that mirror TRL/PEFT.
+In ``rapidfire_nb/`` and ``kernel_scheduler/``: ``kernel_scheduler/loop.py`` under 450 lines; no module over 500
+lines; no class over 450 lines; no function over 60 lines (``def`` to its end, its docstring not counted); no
+function with more than 10 parameters (``self``/``cls`` not counted) except the public ``Experiment.run_fit`` and
+the config constructors in ``automl/`` that mirror TRL/PEFT. And no two test files share a basename (pytest
+imports them by it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ PACKAGES = ("rapidfire_nb", "kernel_scheduler")
 MAX_CLASS_LINES = 450
 MAX_LOOP_LINES = 450
 MAX_PARAMETERS = 10
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
 ALLOWED_WIDE = {("rapidfire_nb/experiment/facade.py", "run_fit")}  # the public drop-in signature
 
 
@@ -61,3 +65,47 @@ def test_no_function_with_more_than_ten_parameters() -> None:
             if count > MAX_PARAMETERS:
                 wide.append(f"{name}:{node.lineno} {node.name} ({count} parameters)")
     assert not wide, f"functions over {MAX_PARAMETERS} parameters (bundle them in a frozen dataclass): {wide}"
+
+
+def test_no_module_over_the_limit() -> None:
+    big = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            lines = path.read_text(encoding="utf-8").count("\n")
+            if lines > MAX_MODULE_LINES:
+                big.append(f"{path.relative_to(ROOT).as_posix()} ({lines} lines)")
+    assert not big, f"modules over {MAX_MODULE_LINES} lines (split by responsibility): {big}"
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines from ``def`` to the function's end, its docstring not counted."""
+    assert node.end_lineno is not None
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        assert first.end_lineno is not None
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def test_no_function_over_the_limit() -> None:
+    long = [
+        f"{name}:{node.lineno} {node.name} ({_body_lines(node)} lines)"
+        for name, tree in _sources()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and _body_lines(node) > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (docstring excluded): {long}"
+
+
+def test_test_files_have_unique_basenames() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
+    twins = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twins, f"test files sharing a basename (pytest's 'import file mismatch'): {twins}"
