@@ -9,7 +9,7 @@
  * the parallel-coordinates view (widgets/compare.js) and the ops log. When the experiment ends, the static copy
  * the kernel sends (`frozen`) replaces it all.
  *
- * Test hooks: data-rf-panel, [data-rf-elapsed][data-training], [data-rf-stats], [data-rf-early-stopping],
+ * Test hooks: data-rf-panel[data-closed] (no op applies here), [data-rf-elapsed][data-training], [data-rf-stats], [data-rf-early-stopping],
  * [data-rf-devices] > [data-rf-device][data-state][data-run-id],
  * [data-rf-plots][data-points],
  * button[data-x], input[data-rf-smoothing], input[data-rf-log], select[data-rf-best-by],
@@ -264,6 +264,11 @@ export class PanelView {
     this.statsText.textContent = statsText(stats) || "–";
     this.statsFill.style.width = `${Math.max(0, Math.min(100, stats?.percent ?? 0)).toFixed(1)}%`;
     this.statsEl.hidden = !stats;
+    // nothing here applies an op (ended, or read from the store with no kernel training it here): the notice
+    // line says so instead of "ops apply at the end of a chunk" (the header says how to continue)
+    const runs = snap?.runs || [];
+    const closed = !!snap && (snap.ended || snap.source === "store") && runs.every((r) => !(r.legal_ops || []).length);
+    this.root.dataset.closed = String(closed);
     const stopper = earlyStoppingText(snap);
     this.stopperEl.textContent = stopper;
     this.stopperEl.hidden = !stopper;

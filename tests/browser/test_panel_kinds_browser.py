@@ -91,6 +91,9 @@ def test_reopened_and_grpo_panels(lab: Any) -> None:
     lr = _column(reopened, "hp:learning_rate")
     assert [t for _, _, t in lr] == ["1e-3", "2e-4", "1e-3", "2e-4"] or len({t for _, _, t in lr}) == 2, lr
     assert reopened.locator("button[data-op]:enabled").count() == 0  # nothing here would apply an op
+    assert (
+        reopened.get_attribute("data-closed") == "true"
+    )  # its notice line says read-only, not "ops apply..."
     tip = reopened.locator('tr[data-run-id="1"] button[data-op="clone"]').get_attribute("title") or ""
     assert "the experiment was ended; to continue: Experiment(name), then run_fit" in tip, tip
     assert "experiment ended — 4/4 runs completed; re-run Experiment(...) and run_fit(...)" in (
@@ -109,6 +112,7 @@ def test_reopened_and_grpo_panels(lab: Any) -> None:
             return rows.length === 4 && [...rows].every(r => r.dataset.status === 'COMPLETED'); }""",
         timeout=180_000,
     )
+    assert grpo.get_attribute("data-closed") == "false"  # its kernel trains it: clones are legal
     cards = grpo.evaluate("el => [...el.querySelectorAll('.rf-card')].map(c => c.dataset.metric)")
     assert cards == ["reward", "eval_reward"], cards
     assert grpo.locator("select[data-rf-best-by]").input_value() == "eval_reward"
@@ -119,6 +123,9 @@ def test_reopened_and_grpo_panels(lab: Any) -> None:
         ".some(r => r.dataset.best === 'true')",
         timeout=10_000,
     )
+    deadline = time.monotonic() + 20  # the final eval's values reach the store a moment after COMPLETED
+    while any(t in ("–", "-") for _, _, t in _column(grpo, "m:eval_reward")) and time.monotonic() < deadline:
+        time.sleep(0.2)
     rows = _column(grpo, "m:eval_reward")
     values = {rid: float(t) for rid, _, t in rows}
     top = max(values.values())
