@@ -4,6 +4,8 @@
  * page alike). `runsCsv` / `metricsCsv` are pure (node-tested); `download` hands a text to the browser as a file.
  */
 
+import { kindMetrics } from "./state.js";
+
 /** @typedef {import("./state.js").State} State */
 
 /** One CSV field (RFC 4180: quoted when it holds a comma, a quote or a line break). @param {any} v */
@@ -20,7 +22,8 @@ function csv(rows) {
 
 /**
  * The runs table: one row per run (DELETED ones too, with their status; the device with several devices), every hyperparameter the snapshot
- * carries (the differing columns first), progress and the latest loss / eval_loss.
+ * carries (the differing columns first), progress, the latest loss / eval_loss and the trainer kind's other metric
+ * columns (state.kindMetrics: GRPO reward, eval_reward).
  * @param {State} state @returns {string}
  */
 export function runsCsv(state) {
@@ -31,12 +34,14 @@ export function runsCsv(state) {
     if (!cols.includes(k)) cols.push(k);
   }
   const device = runs.some((r) => typeof r.device === "string" && r.device !== ""); // several devices
+  const kind = kindMetrics(snap).columns.filter((m) => m !== "loss" && m !== "eval_loss"); // GRPO: reward...
   const head = ["run_id", "status", ...(device ? ["device"] : []), "parent_id", "warm_start", ...cols,
-    "completed_steps", "total_steps", "chunks_done", "samples_seen", "loss", "eval_loss", "error"];
+    "completed_steps", "total_steps", "chunks_done", "samples_seen", "loss", "eval_loss", ...kind, "error"];
   return csv([head, ...runs.map((r) => {
     const hp = { ...(r.editable || {}), ...(r.hparams || {}) };
     return [r.run_id, r.status, ...(device ? [r.device] : []), r.parent_id, r.warm_start, ...cols.map((c) => hp[c]),
-      r.completed_steps, r.total_steps, r.chunks_done, r.samples_seen, r.loss, r.eval_loss, r.error];
+      r.completed_steps, r.total_steps, r.chunks_done, r.samples_seen, r.loss, r.eval_loss,
+      ...kind.map((m) => (r.metrics || {})[m]), r.error];
   })]);
 }
 

@@ -4,6 +4,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
+import { runsCsv } from "../../../widgets/export.js";
 import { metricTitle } from "../../../widgets/format.js";
 import { bestRun, latestValues, nextSort } from "../../../widgets/rank.js";
 import { createState, kindMetrics, metricOrder, plotMetrics, reduce } from "../../../widgets/state.js";
@@ -63,4 +64,10 @@ test("DPO: one plot named, the second keeps SFT's default; titles read as words"
   assert.equal(kindMetrics(snap).best, "rewards/accuracies");
   assert.deepEqual(["loss", "eval_loss", "reward", "eval_rewards/accuracies"].map(metricTitle),
     ["Loss", "Eval loss", "Reward", "Eval rewards/accuracies"]);
+});
+
+test("the runs CSV carries the kind's metric columns", () => {
+  const lines = runsCsv(stateWith(grpoSnapshot())).split("\r\n");
+  assert.ok(lines[0].endsWith("loss,eval_loss,reward,eval_reward,error"), lines[0]);
+  assert.ok(lines[2].endsWith(",0,0,0.5,0.75,"), lines[2]);
 });
