@@ -138,7 +138,8 @@ def format_chunk_line(
         elapsed: training seconds (shown as ``h:mm:ss``).
 
     Returns:
-        E.g. ``[demo 0:01:23]  run 2  chunk 3/4  step 60/80  loss 0.8123  eval_loss 0.9012  lr=1e-4``.
+        E.g. ``[demo 0:01:23]  run 2  chunk 3/4  step 60/80  loss 0.8123  eval_loss 0.9012  lr=1e-4``; a run's
+        trainer-kind metrics (``run["metrics"]``: GRPO ``reward 0.75``) follow its losses.
     """
     prefix = experiment
     if elapsed is not None:
@@ -157,6 +158,10 @@ def format_chunk_line(
     if run.get("total_steps"):
         parts.append(f"step {run.get('completed_steps', 0)}/{run.get('total_steps')}")
     parts += [f"{key} {fmt_num(run.get(key))}" for key in _LATEST if run.get(key) is not None]
+    kind = run.get("metrics") if isinstance(run.get("metrics"), Mapping) else {}
+    parts += [
+        f"{k} {fmt_num(v)}" for k, v in kind.items() if k not in _LATEST and v is not None
+    ]  # GRPO: reward
     if run.get("samples_seen") is not None:
         parts.append(f"samples {run.get('samples_seen')}")
     hparams = run.get("hparams") or {}

@@ -126,3 +126,16 @@ def test_store_snapshot_and_summary_of_a_grpo_store() -> None:
     assert snap["best_by"]["metric"] == "eval_reward"
     assert "best eval_reward 0.7500 (run 2)" in final_summary(snap)
     assert "eval_loss" not in final_summary(snap) and not math.isnan(snap["runs"][0]["metrics"]["reward"])
+
+
+def test_text_progress_lines_carry_the_kinds_metrics() -> None:
+    from rapidfire_nb.view import format_chunk_line
+
+    run = {
+        "run_id": 2,
+        "status": "ONGOING",
+        "chunks_done": 1,
+        "loss": 0.0,
+        "metrics": {"loss": 0.0, "reward": 0.75},
+    }
+    assert format_chunk_line(run, num_chunks=2) == "run 2  chunk 1/2  loss 0  reward 0.75"
