@@ -76,7 +76,7 @@ def _finite(value: Any) -> bool:
 
 
 def resolve_metrics(
-    choice: MetricChoice, latest: Mapping[int, Mapping[str, Any]], logged: Iterable[str]
+    choice: MetricChoice, latest: Mapping[int, Mapping[str, Any]], logged: Iterable[str], settled: bool = True
 ) -> dict[str, Any]:
     """The choice met with the logged values.
 
@@ -84,13 +84,15 @@ def resolve_metrics(
         choice: :func:`metric_choice`.
         latest: run id -> metric name -> latest value (the store's).
         logged: every metric name the store holds (meta ``metric_names``).
+        settled: some run has ended a chunk (then evaluated): a metric still absent will not come. Before that, a
+            plot's column with no value yet keeps its place (no column appears and vanishes during chunk 1).
 
     Returns:
         ``{"panel_metrics": [plot 1, plot 2], "metric_columns": [...], "best_by": {"metric", "mode"}}``: each plot
         its first logged candidate (else its first); the columns with a finite value of at least 1e-6 in absolute
-        value for some run (GRPO's loss columns, 0 and ~1e-9, are left out; before
-        any candidate column has a value: the plots' columns, so a new panel does not start empty); ranking by the
-        first candidate some run has a finite value for (else the first), ``mode`` ``"max"`` or ``"min"``.
+        value for some run (GRPO's loss columns, 0 and ~1e-9, are left out), and until ``settled`` the plots'
+        columns without a value yet; ranking by the first candidate some run has a finite value for (else the
+        first), ``mode`` ``"max"`` or ``"min"``.
     """
     known = set(logged)
     plots = [next((n for n in cands if n in known), cands[0]) for cands in choice.plots]
@@ -99,13 +101,14 @@ def resolve_metrics(
     def some(name: str, nonzero: bool = False) -> bool:
         return any(_finite(row.get(name)) and (not nonzero or abs(row[name]) >= _ZERO) for row in values)
 
-    columns = [c for c in choice.columns if some(c, nonzero=True)]
-    if not columns and not any(some(c) for c in choice.columns):
-        columns = [c for c in choice.columns if c in plots] or list(choice.columns[:2])
+    waiting = not settled or not any(
+        some(c) for c in choice.columns
+    )  # nothing decided yet for absent columns
+    columns = [c for c in choice.columns if some(c, nonzero=True) or (waiting and c in plots and not some(c))]
     best = next((n for n in choice.best_by if some(n)), choice.best_by[0])
     return {
         "panel_metrics": plots,
-        "metric_columns": columns,
+        "metric_columns": columns or [c for c in choice.columns if c in plots],
         "best_by": {"metric": best, "mode": metric_mode(best)},
     }
 

@@ -313,7 +313,12 @@ def _common(
         "hparam_columns": list(columns),
         "ops": [{k: o.get(k) for k in OP_FIELDS} for o in rows.ops],
         "metric_names": list(rows.meta.get(meta_keys.METRIC_NAMES) or []),
-        **resolve_metrics(metric_choice(rows.meta), rows.latest, rows.meta.get(meta_keys.METRIC_NAMES) or ()),
+        **resolve_metrics(
+            metric_choice(rows.meta),
+            rows.latest,
+            rows.meta.get(meta_keys.METRIC_NAMES) or (),
+            settled=any(int(r.get("chunks_done") or 0) > 0 for r in rows.runs),
+        ),
     }
 
 

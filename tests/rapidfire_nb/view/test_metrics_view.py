@@ -139,3 +139,17 @@ def test_text_progress_lines_carry_the_kinds_metrics() -> None:
         "metrics": {"loss": 0.0, "reward": 0.75},
     }
     assert format_chunk_line(run, num_chunks=2) == "run 2  chunk 1/2  loss 0  reward 0.75"
+
+
+def test_a_plots_column_waits_for_the_first_chunk_before_it_is_dropped() -> None:
+    choice = metric_choice({"trainer_type": "SFT"})
+    early = resolve_metrics(choice, {1: {"loss": 2.0}}, ["loss"], settled=False)
+    assert early["metric_columns"] == [
+        "loss",
+        "eval_loss",
+    ]  # no eval yet in chunk 1: the column keeps its place
+    assert resolve_metrics(choice, {1: {"loss": 2.0}}, ["loss"], settled=True)["metric_columns"] == ["loss"]
+    grpo = resolve_metrics(
+        metric_choice({"trainer_type": "GRPO"}), {1: {"loss": 0.0, "reward": 1.0}}, [], False
+    )
+    assert grpo["metric_columns"] == ["reward", "eval_reward"]  # a zero loss goes at once, eval_reward waits
