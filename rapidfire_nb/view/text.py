@@ -158,7 +158,8 @@ def format_chunk_line(
     if run.get("total_steps"):
         parts.append(f"step {run.get('completed_steps', 0)}/{run.get('total_steps')}")
     parts += [f"{key} {fmt_num(run.get(key))}" for key in _LATEST if run.get(key) is not None]
-    kind = run.get("metrics") if isinstance(run.get("metrics"), Mapping) else {}
+    metrics = run.get("metrics")
+    kind: Mapping[str, Any] = metrics if isinstance(metrics, Mapping) else {}
     parts += [
         f"{k} {fmt_num(v)}" for k, v in kind.items() if k not in _LATEST and v is not None
     ]  # GRPO: reward
