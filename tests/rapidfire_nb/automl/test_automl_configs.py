@@ -99,7 +99,9 @@ def test_renamed_trainer_names_warn_and_map():
     with pytest.warns(FutureWarning) as record:
         cfg = RFSFTConfig(warmup_ratio=0.1, evaluation_strategy="steps", max_seq_length=256)
     assert cfg.kwargs == {"warmup_steps": 0.1, "eval_strategy": "steps", "max_length": 256}
-    ours = [w for w in record if issubclass(w.category, FutureWarning)]  # not torch.jit's, when TRL loads here
+    ours = [
+        w for w in record if issubclass(w.category, FutureWarning)
+    ]  # not torch.jit's, when TRL loads here
     texts = [str(w.message) for w in ours]
     assert len(texts) == 3
     assert "`warmup_ratio` no longer exists" in texts[0] and "`warmup_steps=0.1`" in texts[0]
