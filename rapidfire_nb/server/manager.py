@@ -34,6 +34,7 @@ from rapidfire_nb.paths import (
 )
 from rapidfire_nb.store import ExperimentEndedError, OpIdReusedError, SchemaVersionError, Store, StoreError
 from rapidfire_nb.view import StoreRows, editable_fields, reported_status, store_snapshot
+from rapidfire_nb.view.meta_check import UNKNOWN_END, checked_meta, meta_value
 from rapidfire_nb.view.wire import encode_points
 
 from .checks import (
@@ -109,12 +110,24 @@ class ExperimentsManager:
 
     def _alive(self, store: Store) -> bool:
         """A kernel holds the experiment: a fresh heartbeat, and it has not ended it (``experiment.end()``)."""
-        return store.writer_alive(stale_after=self.stale_after) and store.ended_at() is None
+        return store.writer_alive(stale_after=self.stale_after) and self._ended_at(store) is None
+
+    @staticmethod
+    def _ended_at(store: Store) -> float | None:
+        """Meta ``ended_at``, or None (never ended); a malformed value reads as ``UNKNOWN_END`` (0.0), as the
+        store takes no op while it is set."""
+        value = meta_value(meta_keys.ENDED_AT, store.get_meta(meta_keys.ENDED_AT))
+        return None if value is None else float(value)
 
     @staticmethod
     def _ended_message(name: str, ended_at: float) -> str:
+        when = (
+            "at an unknown time: its meta ended_at is malformed"
+            if ended_at == UNKNOWN_END
+            else f"{time.time() - ended_at:.0f} s ago"
+        )
         return (
-            f"experiment {name!r} has ended (experiment.end() ran in its kernel {time.time() - ended_at:.0f} s ago); "
+            f"experiment {name!r} has ended (experiment.end() ran in its kernel {when}); "
             "nothing applies ops to it now. To continue it, re-run the notebook's Experiment(...) and run_fit(...) "
             "cells (finished runs are not trained again), then send the op again."
         )
@@ -138,7 +151,7 @@ class ExperimentsManager:
 
     def _summary(self, name: str) -> dict[str, Any]:
         with self._open(name) as store:
-            meta = store.meta()
+            meta, warnings = checked_meta(store.meta())
             alive = self._alive(store)
             hb = store.heartbeat()
             runs = store.runs()
@@ -157,6 +170,7 @@ class ExperimentsManager:
             "writer_alive": alive,
             "ended": meta.get(meta_keys.ENDED_AT) is not None,
             "last_beat": hb["beat_at"] if hb else None,
+            **({"warnings": warnings} if warnings else {}),
         }
 
     # ------------------------------------------------------------------ GET runs
@@ -247,14 +261,19 @@ class ExperimentsManager:
         (only the kernel knows which run holds the device); ONGOING runs of a dead writer are INTERRUPTED;
         without a live writer ``legal_ops`` are empty (nothing would apply them); a run's ``num_segments`` is
         the one the kernel stored (None in a store written before schema v2). Extra keys: ``writer_alive``,
-        ``last_beat``, ``source: "store"`` and ``device_status`` (the header's device chip in place of the
-        kernel's "run N on device").
+        ``last_beat``, ``source: "store"``, ``device_status`` (the header's device chip in place of the
+        kernel's "run N on device") and, when a meta value has the wrong JSON type, ``warnings`` (one line per
+        key: the value is ignored, :func:`rapidfire_nb.view.meta_check.checked_meta`; so in summaries).
         """
         with self._open(name) as store:
-            rows = StoreRows.read(store)
+            rows = StoreRows.read(store)  # malformed meta values left out
+            warnings = checked_meta(store.meta())[1]
             alive = self._alive(store)
             hb = store.heartbeat()
-        return store_snapshot(name, rows, alive, hb["beat_at"] if hb else None)
+        snap = store_snapshot(name, rows, alive, hb["beat_at"] if hb else None)
+        if warnings:
+            snap["warnings"] = warnings
+        return snap
 
     # ------------------------------------------------------------------ POST ops
 
@@ -289,7 +308,7 @@ class ExperimentsManager:
             takes_changes = KIND_INFO[OpKind(kind)].takes_changes
             if takes_changes:
                 self._check_changes(store, run, changes)
-            ended_at = store.ended_at()
+            ended_at = self._ended_at(store)
             if ended_at is not None:
                 raise ApiError(409, self._ended_message(name, ended_at))
             if not self._alive(store):
@@ -310,7 +329,10 @@ class ExperimentsManager:
             try:
                 posted = store.post_inbox_op(op_id, kind, run_id, payload)
             except ExperimentEndedError:  # end() ran since the check above
-                raise ApiError(409, self._ended_message(name, store.ended_at() or time.time())) from None
+                raise ApiError(
+                    409,
+                    self._ended_message(name, time.time() if (at := self._ended_at(store)) is None else at),
+                ) from None
             except OpIdReusedError as exc:  # the kernel refuses the same case in the same words
                 raise ApiError(409, str(exc)) from None
         return {
@@ -330,7 +352,11 @@ class ExperimentsManager:
     def _check_changes(store: Store, run: dict[str, Any], changes: dict[str, Any]) -> None:
         """Every changed field must be editable for this run and its value of the stored JSON type."""
         run_id = run["run_id"]
-        fields = editable_fields(store.get_meta(meta_keys.EDITABLE_FIELDS), run_id, run.get("hparams"))
+        fields = editable_fields(
+            meta_value(meta_keys.EDITABLE_FIELDS, store.get_meta(meta_keys.EDITABLE_FIELDS)),
+            run_id,
+            run.get("hparams"),
+        )
         if fields is None:
             raise ApiError(400, f"run {run_id} has no editable fields recorded; clone it from its notebook")
         for key, value in changes.items():

@@ -30,6 +30,7 @@ from kernel_scheduler import RunSnapshot, RunStatus
 from .. import meta_keys
 from .clock import is_training, progress_stats, training_seconds
 from .devices_view import DEVICE_STATES, device_list, device_status, run_device, stored_devices
+from .meta_check import checked_meta
 from .metrics_view import metric_choice, resolve_metrics, run_value
 from .ops_view import (
     ELSEWHERE_HINT,
@@ -151,8 +152,9 @@ class StoreRows:
 
     @classmethod
     def read(cls, store: _Store) -> StoreRows:
-        """Read the rows a snapshot needs from ``store`` (a :class:`rapidfire_nb.store.Store`)."""
-        meta = store.meta()
+        """Read the rows a snapshot needs from ``store`` (a :class:`rapidfire_nb.store.Store`), malformed meta
+        values left out (:func:`rapidfire_nb.view.meta_check.checked_meta`)."""
+        meta = checked_meta(store.meta())[0]
         names = tuple(
             dict.fromkeys((*_LATEST, *metric_choice(meta).names))
         )  # the kind's metrics too (rewards, accuracies...)

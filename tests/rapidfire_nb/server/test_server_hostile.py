@@ -168,3 +168,54 @@ async def test_racing_posts_queue_each_op_once(jp_fetch: Any, writers: dict[str,
     assert not any(r["duplicate"] for r in distinct)
     taken = sorted(o["op_id"] for o in writers["live"].take_inbox_ops())
     assert taken == sorted(["same", *(f"op-{i}" for i in range(24))])
+
+
+BAD_META = [  # issue 34 item 9: each gave a bare "500 Unhandled error" from at least one endpoint
+    ("hparam_columns", 7),
+    ("metric_names", [{"a": 1}]),
+    ("num_chunks", "4"),
+    ("ended_at", "yesterday"),
+    ("panel_metrics", {"plots": 5}),
+    ("clock", "busy"),
+    ("devices", ["cpu"]),
+    ("editable_fields", "garbage"),
+    ("early_stopping", 3),
+]
+
+
+async def test_malformed_meta_values_are_ignored_with_a_warning(
+    jp_fetch: Any, writers: dict[str, Store]
+) -> None:
+    writers["live"].update_meta(dict(BAD_META))
+    for tail in ("", "/live", "/live/runs", "/live/metrics", "/live/snapshot"):
+        resp = await jp_fetch(*BASE.split("/"), *tail.split("/")[1:], raise_error=False)
+        assert resp.code == 200, (tail, resp.code, resp.body[:200])
+    snap = json.loads((await jp_fetch(*BASE.split("/"), "live", "snapshot")).body)
+    assert snap["hparam_columns"] == [] and snap["num_chunks"] == 0
+    assert sorted(w.split("'")[1] for w in snap["warnings"]) == sorted(k for k, _ in BAD_META)
+    assert "meta 'hparam_columns' holds a number, not a list of names; ignored" in snap["warnings"]
+    ended = "meta 'ended_at' holds a string, not a number (unix seconds); read as ended at an unknown time"
+    assert ended in snap["warnings"]
+    assert all(r["legal_ops"] == [] for r in snap["runs"])  # the store takes no op while ended_at is set
+    summary = json.loads((await jp_fetch(*BASE.split("/"), "live")).body)
+    assert summary["ended"] is True and summary["writer_alive"] is False
+    assert len(summary["warnings"]) == len(BAD_META)
+    stop = await jp_fetch(
+        *BASE.split("/"),
+        "live",
+        "ops",
+        method="POST",
+        body=b'{"kind": "stop", "run_id": 1}',
+        raise_error=False,
+    )
+    assert stop.code == 409 and "at an unknown time" in json.loads(stop.body)["message"]
+    writers["live"].update_meta({"ended_at": None})  # the others stay malformed: ops are taken again
+    clone = await jp_fetch(
+        *BASE.split("/"),
+        "live",
+        "ops",
+        method="POST",
+        body=b'{"kind": "clone", "run_id": 1, "changes": {"learning_rate": 0.1}}',
+    )
+    assert clone.code == 202  # editable_fields ignored: the run's stored hparams say what a clone may change
+    assert [o["kind"] for o in writers["live"].take_inbox_ops()] == ["clone"]
