@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 import platformdirs
@@ -91,7 +92,8 @@ def experiment_dir(root: str | os.PathLike[str], name: str) -> Path:
 
     Raises:
         ConfigError: ``name`` is invalid, or the folder or one of its :data:`STORE_SIDE_FILES` (symlinks followed)
-            is not inside ``root``.
+            is not inside ``root``, or one of those files has more than one hard link (another name, perhaps
+            outside ``root``, refers to the same file: what is written here would be written there too).
     """
     validate_experiment_name(name)
     base = Path(root).expanduser().resolve()
@@ -106,7 +108,31 @@ def experiment_dir(root: str | os.PathLike[str], name: str) -> Path:
                 f"{file} is a link to {file.resolve()}, outside the experiments root {base}; it is not opened. "
                 "Replace the link by the file itself (or move that experiment into the root)."
             )
+        _refuse_hard_links(file, base)
     return path
+
+
+def _refuse_hard_links(file: Path, base: Path) -> None:
+    """Raise ConfigError when ``file`` (symlinks followed) exists with ``st_nlink > 1``.
+
+    A hard link cannot be told from the file it links: the other name may lie anywhere on the same file system,
+    outside the experiments root (``os.link("/secret/store.sqlite", root / "evil" / "store.sqlite")``), so any
+    second name is refused, as a symlink leading out of the root is.
+    """
+    try:
+        st = file.stat()
+    except OSError:  # absent (the side files come and go), or unreadable: the store's own open says why
+        return
+    links = st.st_nlink
+    if (
+        stat.S_ISREG(st.st_mode) and links > 1
+    ):  # a folder's count is its subfolders (the store's open refuses it)
+        raise ConfigError(
+            f"{file} has {links} hard links: another name, perhaps outside the experiments root {base}, is the "
+            "same file, and what is written here would be written there; it is not opened. Give the experiment "
+            f"a copy of its own (cp {file.name} {file.name}.copy && mv {file.name}.copy {file.name}) or remove "
+            "the other name."
+        )
 
 
 def list_experiments(root: str | os.PathLike[str]) -> list[str]:

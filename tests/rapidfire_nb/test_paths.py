@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import platformdirs
@@ -77,3 +78,14 @@ def test_list_experiments_only_lists_folders_with_a_store(tmp_path):
     (tmp_path / "file.txt").write_text("x")
     assert list_experiments(tmp_path) == ["a", "b"]
     assert list_experiments(tmp_path / "missing") == []
+
+
+def test_a_hard_linked_store_is_refused_by_the_kernel_too(tmp_path):
+    root = tmp_path / "root"
+    (root / "evil").mkdir(parents=True)
+    (tmp_path / "secret.sqlite").write_bytes(b"")
+    os.link(tmp_path / "secret.sqlite", root / "evil" / STORE_FILENAME)
+    with pytest.raises(ConfigError, match=r"store.sqlite has 2 hard links: another name.*cp store.sqlite"):
+        experiment_dir(root, "evil")
+    os.unlink(tmp_path / "secret.sqlite")
+    assert experiment_dir(root, "evil") == (root / "evil").resolve()

@@ -44,6 +44,34 @@ def test_a_store_file_symlinked_out_of_the_root_is_neither_served_nor_written(
     assert os.path.islink(folder / linked)
 
 
+@pytest.mark.parametrize("linked", ["store.sqlite", "store.sqlite-wal", "writer.lock"])
+def test_a_store_file_hard_linked_out_of_the_root_is_neither_served_nor_written(
+    mgr: ExperimentsManager, rf_root: Path, tmp_path: Path, linked: str
+) -> None:
+    outside = make_experiment(tmp_path / "elsewhere", "secret")  # a live writer: ops would be accepted
+    outside.close()
+    folder = rf_root / "evil"
+    folder.mkdir()
+    if linked == "store.sqlite":
+        os.link(outside.path, folder / "store.sqlite")
+    else:
+        shutil.copy(outside.path, folder / "store.sqlite")
+        (tmp_path / "elsewhere" / "secret" / linked).write_bytes(b"")
+        os.link(tmp_path / "elsewhere" / "secret" / linked, folder / linked)
+    assert "evil" not in {x["name"] for x in mgr.list_experiments()["experiments"]}
+    for call in (mgr.runs, mgr.snapshot, mgr.experiment, mgr.metrics):
+        with pytest.raises(ApiError) as exc:
+            call("evil")
+        assert exc.value.status == 400 and f"{linked} has 2 hard links" in exc.value.message
+    with pytest.raises(ApiError) as exc:
+        mgr.post_op("evil", {"kind": "stop", "run_id": 1})
+    assert exc.value.status == 400
+    with Store(outside.path) as target:
+        assert target.take_inbox_ops() == []  # nothing was posted through the link
+    (tmp_path / "elsewhere" / "secret" / linked).unlink(missing_ok=True)  # (closing the store drops its WAL)
+    assert mgr.runs("evil")["runs"][0]["run_id"] == 1  # the last name: served again
+
+
 def test_a_symlinked_store_inside_the_root_is_served(mgr: ExperimentsManager, rf_root: Path) -> None:
     (rf_root / "alias").mkdir()
     (rf_root / "alias" / "store.sqlite").symlink_to(rf_root / "live" / "store.sqlite")
