@@ -51,6 +51,8 @@ const OP_ICON = {
   delete: svg('<path d="M3 4.5h10M6.5 4.5V3h3v1.5M4.5 4.5l.6 8.5h5.8l.6-8.5M7 7v4M9 7v4"/>'),
   clone: svg('<rect x="5.5" y="5.5" width="7.5" height="7.5" rx="1.3"/><path d="M10.5 3.5V3H3v7.5h.5"/>'),
 };
+/** "Continue…" (a finished run trained on): a step forward past a bar. */
+const CONTINUE_ICON = svg('<path d="M3 3.5v9l6-4.5z" fill="currentColor" stroke="none"/><path d="M11.5 3.5v9"/>');
 /** The sort key of a metric column: the run's own `loss` / `eval_loss`, else `m:<metric>` (run.metrics). @param {string} m */
 const metricKey = (m) => (m === "loss" || m === "eval_loss" ? m : `m:${m}`);
 /** Sortable columns after the hyperparameters: key, title, tooltip; the metric columns are the trainer kind's
@@ -162,11 +164,13 @@ export class RunTable {
         } }, icon, h("span", { class: "rf-op-label", text: OP_LABEL[op] })));
       cells.actions.append(buttons[op]);
     }
-    buttons.continue = /** @type {HTMLButtonElement} */ (h("button", { type: "button", class: "rf-btn rf-continue",
-      "data-op": "continue", "data-run-id": run.run_id, "aria-label": `Continue run ${run.run_id}`, text: "Continue…",
-      style: { marginLeft: "6px" },
+    const contIcon = h("span", { class: "rf-op-icon", "aria-hidden": "true" });
+    contIcon.innerHTML = CONTINUE_ICON; // an icon like the other ops (a label only where the panel is wide): no overflow
+    buttons.continue = /** @type {HTMLButtonElement} */ (h("button", { type: "button",
+      class: "rf-btn rf-op rf-op-continue", "data-op": "continue", "data-run-id": run.run_id,
+      "aria-label": `Continue run ${run.run_id}`,
       onclick: () => this.toggleCloneForm((this.state.snapshot?.runs || []).find((r) => r.run_id === run.run_id) || run,
-        true) }));
+        true) }, contIcon, h("span", { class: "rf-op-label", text: "Continue…" })));
     cells.actions.append(buttons.continue);
     const errorTr = h("tr", { class: "rf-error-row", "data-error-for": run.run_id }, h("td", { colspan: this.colCount() }));
     const stepText = h("span");
