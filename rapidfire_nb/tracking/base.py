@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -196,48 +197,66 @@ class BackendTracker:
 
 
 class HeldSteps:
-    """The points a backend already holds above a restart point, so that a continued run does not log them twice.
+    """The points a backend already holds, so that a continued run (or the store's points handed back after a
+    restart) does not log them twice.
 
     MLflow and Trackio cannot drop a point once logged. When a run continues from its checkpoint at step ``s``
     after a kernel died, the backend may hold points of steps above ``s`` that the dead kernel logged; the continued
-    run logs those steps again (the store dropped its own copies). A tracker records, per metric name, the highest
-    step it holds above ``s`` (:meth:`hold`) and skips points at or below it (:meth:`new_only`). The resume is exact
-    (TRL's ``resume_from_checkpoint``), so the points kept are the values the continued run computes again.
+    run logs those steps again (the store dropped its own copies), and the points of steps up to ``s`` that the
+    dead kernel never wrote are handed back from the store (:meth:`lacking`). The resume is exact (TRL's
+    ``resume_from_checkpoint``), so the points kept are the values the continued run computes again.
+
+    Two ways to say what the backend holds: :meth:`hold_points` (every point, per name its steps with repeats:
+    TRL logs ``epoch`` in the training log and again in the evaluation log of the same step, and the final
+    summary a third time) keeps each ``(name, step)`` at as many points as the uninterrupted run logged;
+    :meth:`hold` (per name its highest step) holds every point at or below it (a backend that cannot list its
+    points' steps cheaply).
     """
 
     def __init__(self) -> None:
-        self._held: dict[int, dict[str, int]] = {}
-        # every name's highest step, at or below the restart point too (lacking)
-        self._highest: dict[int, dict[str, int]] = {}
+        self._cover: dict[int, dict[str, int]] = {}  # run -> name -> every point at or below this step held
+        self._counts: dict[
+            int, dict[str, Counter[int]]
+        ] = {}  # run -> name -> step -> points held, not yet met
+        self._known: set[int] = set()
 
     def hold(self, run_id: int, from_step: int, steps_by_name: Mapping[str, int]) -> None:
         """Run ``run_id`` continues from ``from_step``; the backend holds ``{name: highest step}``."""
-        self._highest[run_id] = {k: int(v) for k, v in steps_by_name.items()}
-        held = {k: int(v) for k, v in steps_by_name.items() if int(v) > from_step}
-        if held:
-            self._held[run_id] = held
-        else:
-            self._held.pop(run_id, None)
+        self._known.add(run_id)
+        self._counts.pop(run_id, None)
+        self._cover[run_id] = {k: int(v) for k, v in steps_by_name.items()}
+
+    def hold_points(self, run_id: int, from_step: int, steps_by_name: Mapping[str, Iterable[int]]) -> None:
+        """Run ``run_id`` continues from ``from_step``; the backend holds ``{name: the step of each point}``."""
+        self._known.add(run_id)
+        self._cover.pop(run_id, None)
+        self._counts[run_id] = {k: Counter(int(s) for s in steps) for k, steps in steps_by_name.items()}
+
+    def _held(self, run_id: int, name: str, step: int) -> bool:
+        """Whether the backend holds a point of ``name`` at ``step`` not met yet (it is met now)."""
+        if step <= self._cover.get(run_id, {}).get(name, -1):
+            return True
+        counts = self._counts.get(run_id, {}).get(name)
+        if counts and counts[step] > 0:
+            counts[step] -= 1
+            return True
+        return False
 
     def new_only(self, run_id: int, step: int, scalars: Mapping[str, Any]) -> dict[str, Any]:
         """``scalars`` without the names the backend holds at ``step`` already."""
-        held = self._held.get(run_id)
-        if not held:
+        if run_id not in self._known:
             return dict(scalars)
-        kept = {k: v for k, v in scalars.items() if step > held.get(k, -1)}
-        if all(step > v for v in held.values()):
-            del self._held[run_id]  # past every held point: nothing to skip any more
-        return kept
+        return {k: v for k, v in scalars.items() if not self._held(run_id, k, step)}
 
     def knows(self, run_id: int) -> bool:
-        """Whether :meth:`hold` was told what the backend holds of ``run_id``."""
-        return run_id in self._highest
+        """Whether :meth:`hold` or :meth:`hold_points` was told what the backend holds of ``run_id``."""
+        return run_id in self._known
 
     def lacking(self, run_id: int, step: int, scalars: Mapping[str, Any]) -> dict[str, Any]:
         """Of a stored point at ``step`` (at or below the restart point), the names the backend lacks.
 
-        A dead kernel's points of one name reached the backend oldest first, and what it lost was the end it still
-        buffered (the write window); so the backend lacks a name's points above its highest step of that name.
+        With :meth:`hold`: a dead kernel's points of one name reached the backend oldest first, and what it lost
+        was the end it still buffered (the write window); so the backend lacks a name's points above its highest
+        step of that name. With :meth:`hold_points`: the points beyond the ones it holds at that step.
         """
-        highest = self._highest.get(run_id, {})
-        return {k: v for k, v in scalars.items() if step > highest.get(k, -1)}
+        return self.new_only(run_id, step, scalars)

@@ -311,17 +311,17 @@ class MlflowTracker(BackendTracker):
         if mid is None or run_id in self._deleted:
             return
         self._write(run_id)  # what it buffered before the rewind is in MLflow, so it is held like the rest
-        self._held.hold(run_id, step, self._held_steps(mid))
+        self._held.hold_points(run_id, step, self._held_steps(mid))
         self._client.set_tag(mid, "rapidfire.continued_from_step", str(step))
 
-    def _held_steps(self, mid: str) -> dict[str, int]:
-        """``{metric key: highest step}`` of what MLflow holds of the run ``mid``."""
-        held: dict[str, int] = {}
-        for key in self._client.get_run(mid).data.metrics:
-            steps = [m.step for m in self._client.get_metric_history(mid, key)]
-            if steps:
-                held[key] = max(steps)
-        return held
+    def _held_steps(self, mid: str) -> dict[str, list[int]]:
+        """``{metric key: the step of each point}`` of what MLflow holds of the run ``mid`` (a step repeats when
+        several log calls of one step carry the key: TRL's ``epoch`` is in the training log, the evaluation log
+        and the final summary of a step)."""
+        return {
+            key: [int(m.step) for m in self._client.get_metric_history(mid, key)]
+            for key in self._client.get_run(mid).data.metrics
+        }
 
     def restore_points(
         self, run_id: int, step: int, points: Sequence[tuple[int, Mapping[str, Any], float | None]]
@@ -337,7 +337,7 @@ class MlflowTracker(BackendTracker):
             return
         if not self._held.knows(run_id):  # a run that ended in the dead kernel: not continued
             self._write(run_id)
-            self._held.hold(run_id, step, self._held_steps(self._runs[run_id]))
+            self._held.hold_points(run_id, step, self._held_steps(self._runs[run_id]))
         pending = self._pending.setdefault(run_id, [])
         for at, scalars, wall_time in points:
             if at > step:
@@ -358,8 +358,9 @@ class MlflowTracker(BackendTracker):
             return
         stamp = int((time.time() if wall_time is None else wall_time) * 1000)
         points = self._pending.setdefault(run_id, [])
-        for key, value in self._held.new_only(run_id, step, scalars).items():
-            points.append(self._Metric(_key(key), float(value), stamp, int(step)))
+        keyed = {_key(k): v for k, v in scalars.items()}  # as MLflow holds them (continue_from)
+        for key, value in self._held.new_only(run_id, step, keyed).items():
+            points.append(self._Metric(key, float(value), stamp, int(step)))
 
     def end_batch(self) -> None:
         """Write every run's buffered points: one ``log_batch`` per run (its cost is mostly fixed, ~10 ms of CPU

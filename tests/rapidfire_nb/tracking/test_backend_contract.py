@@ -304,3 +304,40 @@ def test_a_kernel_killed_within_a_write_window_gets_its_unwritten_points_back_fr
     assert reader.history(1, "loss") == [(s, LOSS[s]) for s in range(1, 9)]
     assert reader.history(1, "eval_loss") == [(4, 3.5)]
     assert reader.history(2, "loss") == [(s, LOSS[s] + 0.5) for s in range(1, 5)]
+
+
+def test_mlflow_keeps_each_repeated_point_of_a_step_after_a_restart(mlflow_dir: Path) -> None:
+    """TRL logs ``epoch`` in the training log and again in the evaluation log of a chunk's last step. The first
+    kernel wrote steps 1..4 and the training logs of steps 5 and 6, then was killed with step 4's and step 6's
+    evaluation logs still buffered (run 1's checkpoint at step 4). The second kernel hands back the stored points
+    up to step 4 and logs steps 5..8 again: MLflow's history equals the uninterrupted run's, ``epoch`` twice at
+    each evaluated step (was: once at steps 4 and 6, the held step taken for every point of it)."""
+    calls = {s: [{"loss": LOSS[s], "epoch": s / 8}] for s in range(1, 9)}
+    for s in (4, 6, 8):
+        calls[s].append({"eval_loss": LOSS[s] / 2, "epoch": s / 8})
+    state: dict[str, Any] = {}
+    first = _tracker("mlflow", mlflow_dir, "repeat", state)
+    first.start_run(TrackedRun(1, {"learning_rate": 1e-3}, {}, "SFT"), "ONGOING")
+    for step in range(1, 7):
+        first.log_metrics(1, step, calls[step][0], 1000.0 + step)
+        first.flush()
+    for step in (4, 6):  # buffered, never written: the kernel is killed (no close)
+        first.log_metrics(1, step, calls[step][1], 1000.5 + step)
+    stored = [(s, c, 1000.0 + s + 0.5 * i) for s in range(1, 5) for i, c in enumerate(calls[s])]
+
+    second = _tracker("mlflow", mlflow_dir, "repeat", state)
+    second.start_run(TrackedRun(1, {"learning_rate": 1e-3}, {}, "SFT"), "INTERRUPTED")
+    second.continue_from(1, 4)
+    second.restore_points(1, 4, stored)
+    second.set_status(1, "ONGOING")
+    for step in range(5, 9):
+        for i, c in enumerate(calls[step]):  # (MLflow keeps one of two equal points with the same time)
+            second.log_metrics(1, step, c, 1000.0 + step + 0.5 * i)
+        second.end_batch()
+    second.set_status(1, "COMPLETED")
+    second.close()
+    reader = _Reader("mlflow", mlflow_dir, "repeat", state)
+    uninterrupted = sorted((s, c["epoch"]) for s in range(1, 9) for c in calls[s])
+    assert sorted(reader.history(1, "epoch")) == uninterrupted
+    assert reader.history(1, "eval_loss") == [(s, LOSS[s] / 2) for s in (4, 6, 8)]
+    assert reader.history(1, "loss") == [(s, LOSS[s]) for s in range(1, 9)]

@@ -185,6 +185,19 @@ def test_held_steps_skip_what_the_backend_holds_above_the_restart_point() -> Non
     assert held.new_only(3, 9, {"loss": 1.0}) == {"loss": 1.0}
 
 
+def test_held_points_count_each_point_of_a_step() -> None:
+    """TRL's ``epoch`` is in the training and the evaluation log of one step: holding one of the two points of
+    step 6 keeps the other (the highest step alone would skip both), and a stored point is handed back only as
+    often as the backend lacks it."""
+    held = HeldSteps()
+    held.hold_points(1, 4, {"epoch": [3, 4, 5, 6], "eval_loss": []})
+    assert held.lacking(1, 4, {"eval_loss": 3.0, "epoch": 0.5}) == {"eval_loss": 3.0}  # the training log's
+    assert held.lacking(1, 4, {"epoch": 0.5}) == {"epoch": 0.5}  # the evaluation log's: not held
+    assert held.new_only(1, 6, {"loss": 1.0, "epoch": 0.75}) == {"loss": 1.0}
+    assert held.new_only(1, 6, {"eval_loss": 2.0, "epoch": 0.75}) == {"eval_loss": 2.0, "epoch": 0.75}
+    assert held.knows(1) and not held.knows(2)
+
+
 # ============================================================================================ W&B (a fake wandb)
 class _FakeWandbRun:
     def __init__(self, **kwargs: Any) -> None:
