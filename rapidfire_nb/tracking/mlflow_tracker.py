@@ -158,6 +158,7 @@ class MlflowTracker(BackendTracker):
         self._pending: dict[int, list[Any]] = {}
         self._waiting: dict[int, TrackedRun] = {}  # NEW runs not created in MLflow yet
         self._held = HeldSteps()
+        self._stamps: dict[tuple[int, str], int] = {}  # (run, key) -> its last point's timestamp (_stamp)
         self._deleted: set[int] = set()
 
     def _save(self) -> None:
@@ -342,10 +343,9 @@ class MlflowTracker(BackendTracker):
         for at, scalars, wall_time in points:
             if at > step:
                 continue
-            stamp = int((time.time() if wall_time is None else wall_time) * 1000)
             keyed = {_key(k): v for k, v in scalars.items()}  # as MLflow holds them (continue_from)
             for key, value in self._held.lacking(run_id, at, keyed).items():
-                pending.append(self._Metric(key, float(value), stamp, int(at)))
+                pending.append(self._Metric(key, float(value), self._stamp(run_id, key, wall_time), int(at)))
 
     # ------------------------------------------------------------------ metrics
     def log_scalars(
@@ -356,11 +356,25 @@ class MlflowTracker(BackendTracker):
         self._create_if_waiting(run_id, "ONGOING")  # a run that logs trains
         if run_id not in self._runs or run_id in self._deleted:
             return
-        stamp = int((time.time() if wall_time is None else wall_time) * 1000)
         points = self._pending.setdefault(run_id, [])
         keyed = {_key(k): v for k, v in scalars.items()}  # as MLflow holds them (continue_from)
         for key, value in self._held.new_only(run_id, step, keyed).items():
-            points.append(self._Metric(key, float(value), stamp, int(step)))
+            points.append(self._Metric(key, float(value), self._stamp(run_id, key, wall_time), int(step)))
+
+    def _stamp(self, run_id: int, key: str, wall_time: float | None) -> int:
+        """The point's MLflow timestamp (ms): its wall time, else now; later than the key's previous point.
+
+        MLflow's SQL store keeps one row of equal (key, timestamp, step, value): TRL's evaluation log and final
+        summary of a run's last step both carry ``epoch`` and often come within one millisecond, so the second
+        would be lost at random (one ``epoch`` point more or less than a run logged the same way: after a
+        restart, "one extra identical point"). Each key's timestamps increase by at least 1 ms instead.
+        """
+        stamp = int((time.time() if wall_time is None else wall_time) * 1000)
+        last = self._stamps.get((run_id, key))
+        if last is not None and stamp <= last:
+            stamp = last + 1
+        self._stamps[(run_id, key)] = stamp
+        return stamp
 
     def end_batch(self) -> None:
         """Write every run's buffered points: one ``log_batch`` per run (its cost is mostly fixed, ~10 ms of CPU
