@@ -90,12 +90,16 @@ def test_checkpoints_every_second_chunk_and_warm_clones_still_work(
         _group((1e-3,)), tiny_create_model, qa_dataset(16), None, num_chunks=4, seed=3, checkpoint_every=2
     )
     assert written == [(1, 2)], "boundaries at steps 1, 2, 3: only chunk 2 is a multiple of 2 (4 is the end)"
-    # the warm start comes from the in-memory snapshot of the last boundary (step 3), which was never written
-    child = exp.clone_modify(1, {"learning_rate": 5e-4}, warm_start=True)
+    # the warm start comes from the in-memory snapshot of run 1's final state (step 4), which was never written:
+    # a warm clone of a COMPLETED run continues it, to its own larger max_steps
+    child = exp.clone_modify(1, {"learning_rate": 5e-4, "max_steps": 6}, warm_start=True)
     exp.wait()
     snap = exp.run_snapshot(child)
-    assert (snap.status.value, snap.step) == ("COMPLETED", 4)
-    assert exp.get_results().query(f"run_id == {child}")["step"].tolist() == [4]
+    assert (snap.status.value, snap.step) == ("COMPLETED", 6)
+    assert exp.get_results().query(f"run_id == {child}")["step"].tolist() == [
+        5,
+        6,
+    ]  # its own chunk ends, after 4
     exp.end()
 
 
@@ -109,7 +113,8 @@ def test_checkpoint_every_is_checked(tmp_path: Any) -> None:
 
 
 def test_the_cached_adapter_tensors_follow_training(tmp_path: Any) -> None:
-    """The snapshot reuses which tensors make up the adapter; its values are the live ones at each boundary."""
+    """The snapshot reuses which tensors make up the adapter; its values are the live ones when it is taken."""
+    import torch
     from peft import get_peft_model_state_dict
 
     from rapidfire_nb import Experiment
@@ -125,9 +130,19 @@ def test_the_cached_adapter_tensors_follow_training(tmp_path: Any) -> None:
         k: v.detach().clone()
         for k, v in get_peft_model_state_dict(run.base.model, adapter_name=run.adapter).items()
     }
-    assert run.last is not None and run.last.step == 3  # the last boundary before the end
+    assert run.last is not None and run.last.step == 4  # the final state (a warm clone continues from it)
+    assert max_abs_diff(run.last.weights, fresh) == 0.0
+    live = dict(run.base.model.named_parameters())
+    name = next(k for k in live if "lora_B" in k and run.adapter in k)
+    with torch.no_grad():
+        live[name].add_(1.0)  # the adapter changes after the snapshot, as training would
+    changed = {
+        k: v.detach().clone()
+        for k, v in get_peft_model_state_dict(run.base.model, adapter_name=run.adapter).items()
+    }
     later = run.snapshotter.take(run.last.rng)
-    assert max_abs_diff(later.weights, fresh) == 0.0
-    assert max_abs_diff(run.last.weights, fresh) > 0.0, "training after step 3 changed the adapter"
+    assert max_abs_diff(later.weights, changed) == 0.0, "the cached tensors are the live ones"
+    assert max_abs_diff(run.last.weights, fresh) == 0.0, "an earlier snapshot is a copy, not the live tensors"
+    assert max_abs_diff(later.weights, fresh) > 0.0
     assert adapter_state(run.base.model, adapter_name=run.adapter).keys()
     exp.end()
