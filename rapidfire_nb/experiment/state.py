@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..panel.progress import PanelSource
-from . import registry
-
 if TYPE_CHECKING:
+    from kernel_scheduler import OpAck
+
     from .._writer_lock import WriterLock
     from ..store import Store
     from .reporter import Reporter
@@ -60,7 +59,34 @@ class ExperimentState:
         self.reporter.say(text)
 
 
-class Owner(registry.Experiment, PanelSource, Protocol):
+class Owner(Protocol):
     """The facade as :mod:`.lifecycle` and :mod:`.panel_source` see it: what the registry keeps (the current
-    experiment, :class:`.registry.Experiment`) and what the panel reads and calls
-    (:class:`rapidfire_nb.panel.progress.PanelSource`)."""
+    experiment) and what the panel reads and calls (``rapidfire_nb.panel.progress.PanelSource``)."""
+
+    @property
+    def experiment_name(self) -> str: ...
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    @property
+    def training(self) -> bool: ...
+
+    def end(self) -> None: ...
+
+    def panel_snapshot(self) -> dict[str, Any]: ...
+
+    def metrics_since(self, cursor: int) -> tuple[list[dict[str, Any]], int]: ...
+
+    def submit_op(
+        self,
+        kind: str,
+        run_id: int,
+        op_id: str | None = None,
+        changes: dict[str, Any] | None = None,
+        warm_start: bool = False,
+        source: str = "api",
+    ) -> OpAck: ...
