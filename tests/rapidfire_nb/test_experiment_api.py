@@ -254,6 +254,20 @@ def test_rerunning_a_finished_experiment_trains_nothing_and_says_so(done: dict[s
     exp.end()
 
 
+def test_import_does_not_load_the_panel() -> None:
+    """``import rapidfire_nb`` stays cheap: the live panel (anywidget) loads when a panel is shown."""
+    code = "import sys, rapidfire_nb; print('anywidget' in sys.modules); sys.exit(1 if 'anywidget' in sys.modules else 0)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_import_does_not_import_torch() -> None:
     code = (
         "import sys, rapidfire_nb, kernel_scheduler, rapidfire_nb.automl, rapidfire_nb.testing; "
