@@ -62,6 +62,17 @@ export function curve(s, { xAxis, weight = 0, log = false, parent = null }) {
     raw, joined };
 }
 
+/**
+ * Where a pruned run's curve ends: its last plotted point (x, y as drawn, smoothed or not, and the step), for the
+ * ✂ marker; null for a run early stopping did not prune (state.isPruned) or a curve without points.
+ * @param {Curve} c @param {Run|undefined} run @returns {{x: number, y: number, step: number}|null}
+ */
+export function pruneMarker(c, run) {
+  if (!run || run.status !== "STOPPED" || !run.pruned || !c.x.length) return null;
+  const i = c.x.length - 1;
+  return { x: c.x[i], y: c.y[i], step: c.step[i] };
+}
+
 /** The parent series a warm clone's curve joins, or null. @param {Run|undefined} run
  * @param {Map<number, Series>} byRun */
 export function parentSeries(run, byRun) {

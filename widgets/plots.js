@@ -4,12 +4,12 @@
  * and the plot cards of one view, drawn from the model's series store (widgets/state.js) through the pure
  * trace data of widgets/curves.js: x axis step / samples seen / wall time, EMA smoothing (the raw curve stays,
  * faint, as in TensorBoard), log scale, a warm clone joined to its parent, identical curves dashed, whole-number
- * step ticks, and the value of every run at the hovered step.
+ * step ticks, the value of every run at the hovered step, and a ✂ marker where early stopping cut a pruned run.
  */
 
-import { curve, duplicateCurves, integerDtick, parentSeries } from "./curves.js";
+import { curve, duplicateCurves, integerDtick, parentSeries, pruneMarker } from "./curves.js";
 import { h } from "./dom.js";
-import { DEFAULT_METRICS, runColor } from "./format.js";
+import { DEFAULT_METRICS, plotlyText, runColor } from "./format.js";
 import { metricOrder, plotMetrics } from "./state.js";
 
 export const PLOT_HEIGHT = 260;
@@ -81,7 +81,16 @@ function themeColors(root) {
     bg: v("--rf-bg", "#fff"), border: v("--rf-border", "#ddd"), font: v("--rf-font", "sans-serif") };
 }
 
-/** The plot cards of one view (two metric pickers over the model's series store). */
+/** The ✂ marker at the last point of a pruned run's curve (its hover says why).
+ * @param {{x: number, y: number, step: number}} cut @param {number} id @param {string|null|undefined} reason */
+function pruneTrace(cut, id, reason) {
+  const why = plotlyText(reason || "pruned by early stopping");
+  return { type: "scatter", mode: "markers", x: [cut.x], y: [cut.y], name: `run ${id} pruned`, showlegend: false,
+    marker: { symbol: "x-thin-open", size: 11, color: runColor(id), line: { width: 2.5, color: runColor(id) } },
+    meta: { run: id, pruned: true },
+    hovertemplate: `<b>run ${id}</b> ✂ pruned at step ${cut.step}: ${why}<extra></extra>` };
+}
+
 /** The plot cards of one view (two metric pickers over the model's series store). */
 export class PlotArea {
   /** @param {State} state @param {() => void} onChange called when a picker changes */
@@ -149,24 +158,26 @@ export class PlotArea {
       curves.set(id, curve(byRun.get(id), { xAxis: view.xAxis, weight: view.smoothing, log: view.logScale,
         parent: parentSeries(runInfo.get(id), byRun) }));
     }
-    return { curves, deleted };
+    return { curves, deleted, runInfo };
   }
 
   /** @param {PlotSlot} slot @param {PlotView} view @returns {number} points plotted in this slot */
   drawSlot(slot, view) {
-    const { curves, deleted } = this.curves(slot, view);
+    const { curves, deleted, runInfo } = this.curves(slot, view);
     const dups = duplicateCurves(curves);
     let total = 0;
-    /** @type {any[]} */ const raw = [], data = [];
+    /** @type {any[]} */ const raw = [], data = [], marks = [];
     for (const [id, c] of curves) {
       total += c.raw.length - (c.joined ? 1 : 0);
       if (view.smoothing > 0) raw.push(this.rawTrace(c, id));
       data.push(this.trace(slot, c, id, deleted(id), dups.get(id), view));
+      const cut = pruneMarker(c, runInfo.get(id));
+      if (cut) marks.push(pruneTrace(cut, id, runInfo.get(id)?.stop_reason));
     }
     slot.empty.textContent = `no ${slot.metric} points yet`;
     slot.empty.hidden = total > 0;
     slot.card.dataset.smoothed = String(view.smoothing > 0);
-    this.Plotly.react(slot.div, [...raw, ...data], this.layout(slot.metric, view, curves, total > 0), PLOT_CONFIG);
+    this.Plotly.react(slot.div, [...raw, ...data, ...marks], this.layout(slot.metric, view, curves, total > 0), PLOT_CONFIG);
     slot.initialized = true;
     return total;
   }

@@ -235,11 +235,57 @@ export function visibleRuns(state, showDeleted) {
   return showDeleted ? runs : runs.filter((r) => r.status !== "DELETED");
 }
 
-/** Status -> number of runs. @param {State} state @returns {Record<string, number>} */
+/** Status -> number of runs; a pruned run (STOPPED by the early-stopping policy) counts as PRUNED, apart from
+ * the user's stops. @param {State} state @returns {Record<string, number>} */
 export function statusCounts(state) {
   /** @type {Record<string, number>} */ const counts = {};
-  for (const r of state.snapshot?.runs || []) counts[r.status] = (counts[r.status] || 0) + 1;
+  for (const r of state.snapshot?.runs || []) {
+    const key = isPruned(r) ? "PRUNED" : r.status;
+    counts[key] = (counts[key] || 0) + 1;
+  }
   return counts;
+}
+
+/** Whether early stopping pruned `run` (it keeps its STOPPED status; PRUNED is a mark). @param {Run} run */
+export function isPruned(run) {
+  return run.status === "STOPPED" && !!run.pruned;
+}
+
+/** The first `n` words of a text, "…" after them when cut. @param {string} text @param {number} [n] */
+export function firstWords(text, n = 4) {
+  const words = String(text || "").trim().split(/\s+/).filter(Boolean);
+  return words.length > n ? `${words.slice(0, n).join(" ")}…` : words.join(" ");
+}
+
+/**
+ * What a run's Status cell shows in place of its status badge: ✂ PRUNED for a run the early-stopping policy
+ * stopped (the reason's first words inline, all of it in the tooltip), STOPPING… while a stop waits in the ops
+ * log (`state` "queued") for the run's chunk boundary, and WAITING "for run N" (its chunk boundary) for a warm clone
+ * not built yet (its parent's clone op queued); null: the status itself. `why` is shown inline after the badge
+ * (cut with an ellipsis), `title` on hover.
+ * @param {Snapshot|null|undefined} snap @param {Run} run
+ * @returns {{key: string, text: string, title: string, why: string}|null} key: "pruned" | "stopping" | "waiting"
+ */
+export function runMark(snap, run) {
+  if (isPruned(run)) {
+    const reason = run.stop_reason || "pruned by early stopping";
+    return { key: "pruned", text: "✂ PRUNED", title: `run ${run.run_id} ✂ pruned by early stopping: ${reason}`,
+      why: run.stop_reason ? firstWords(run.stop_reason) : "" };
+  }
+  const queued = (snap?.ops || []).filter((o) => o.state === "queued");
+  if ((run.status === "ONGOING" || run.status === "NEW") &&
+    queued.some((o) => o.kind === "stop" && o.run_id === run.run_id)) {
+    return { key: "stopping", text: "STOPPING…", why: "",
+      title: `run ${run.run_id}: a stop is queued; it applies at the end of the run's current chunk (Resume cancels it)` };
+  }
+  const parent = run.parent_id;
+  if (run.status === "NEW" && run.warm_start && parent !== null && parent !== undefined && !run.completed_steps &&
+    queued.some((o) => o.kind === "clone" && o.run_id === parent)) {
+    return { key: "waiting", text: "WAITING", why: `for run ${parent}`,
+      title: `run ${run.run_id} waits for run ${parent}'s chunk boundary: a warm clone, built from run ${parent}'s ` +
+        "state at the end of its current chunk" };
+  }
+  return null;
 }
 
 /**

@@ -5,8 +5,10 @@
  * metric highlighted, each run's full config on demand, and the clone form (it warns when the clone would
  * repeat an existing run's config). Keeps its DOM nodes across redraws (focus in a clone form survives).
  *
- * Test hooks: tr[data-run-id][data-status][data-on-device][data-best][data-pruned], tr[data-error-for] (a failure
- * or, with class rf-pruned-row, why early stopping pruned the run), tr[data-config-for],
+ * Test hooks: tr[data-run-id][data-status][data-on-device][data-best][data-pruned], tr[data-error-for] (a failure),
+ * the Status cell's [data-badge] (a status, or PRUNED / STOPPING / WAITING: state.runMark) and
+ * [data-rf-mark-why="pruned"|"waiting"] (why early stopping pruned the run: its first words, all of it in the
+ * title; whose chunk boundary a warm clone waits for), tr[data-config-for],
  * th[data-sort-key][aria-sort], button[data-op] (button[data-op="continue"]: a COMPLETED or STOPPED run's
  * "Continue…", the clone form with warm start on and its max_steps ready), button[data-config], form[data-clone-form],
  * [data-clone-warning], td[data-rf-device-cell] (the Device column: only when some run has a device, i.e. the
@@ -18,7 +20,7 @@ import {
   DEFAULT_METRICS, fmtHparam, fmtInt, fmtMetric, metricTitle, OP_LABEL, OP_TITLE, OPS, parseValue, runColor, shortHparam,
 } from "./format.js";
 import { duplicateConfig, latestValues, sortRuns } from "./rank.js";
-import { hasDeviceColumn, isPending, kindMetrics, visibleRuns } from "./state.js";
+import { hasDeviceColumn, isPending, isPruned, kindMetrics, runMark, visibleRuns } from "./state.js";
 
 /**
  * @typedef {import("./state.js").State} State
@@ -33,14 +35,12 @@ import { hasDeviceColumn, isPending, kindMetrics, visibleRuns } from "./state.js
  */
 
 /**
- * The line under a run's row: why it failed, or why early stopping pruned it (a distinct style), else null.
+ * The line under a run's row: why it failed, else null (why early stopping pruned a run stays inline in its
+ * Status cell, the full text on hover: no row pushes the rows below down during training).
  * @param {Run} run @returns {{label: string, text: string, pruned: boolean}|null}
  */
 function noteOf(run) {
   if (run.status === "FAILED" && run.error) return { label: `run ${run.run_id} failed: `, text: run.error, pruned: false };
-  if (run.status === "STOPPED" && run.pruned && run.stop_reason) {
-    return { label: `run ${run.run_id} ✂ early stopping: `, text: run.stop_reason, pruned: true };
-  }
   return null;
 }
 const svg = (/** @type {string} */ body) => `<svg viewBox="0 0 16 16" width="13" height="13" fill="none" ` +
@@ -212,7 +212,7 @@ export class RunTable {
     }
     setText(cells.samples, fmtInt(run.samples_seen));
     this.updateButtons(row, run);
-    row.tr.toggleAttribute("data-pruned", Boolean(run.pruned && run.status === "STOPPED"));
+    row.tr.toggleAttribute("data-pruned", isPruned(run));
     const note = noteOf(run);
     if (note) {
       const cell = /** @type {HTMLElement} */ (row.errorTr.firstElementChild);
@@ -230,13 +230,15 @@ export class RunTable {
   updateButtons(row, run) {
     const legal = new Set(run.legal_ops || []);
     const hints = run.op_hints || {};
+    const stopping = runMark(this.state.snapshot, run)?.key === "stopping";
     for (const op of OPS) {
       const pending = isPending(this.state, op, run.run_id);
       const b = row.buttons[op];
       b.disabled = !legal.has(op) || pending;
       const why = pending ? "waiting for the kernel's answer to your click"
         : !legal.has(op) ? (hints[op] || `not possible for a ${run.status} run`) : "";
-      const title = `${OP_LABEL[op]} run ${run.run_id}: ${why ? `unavailable — ${why}` : OP_TITLE[op]}`;
+      const what = op === "resume" && stopping ? "cancel the pending stop (it waits for the chunk boundary)" : OP_TITLE[op];
+      const title = `${OP_LABEL[op]} run ${run.run_id}: ${why ? `unavailable — ${why}` : what}`;
       if (b.title !== title) b.title = title;
       b.classList.toggle("rf-pending", pending);
       b.classList.toggle("rf-open", op === "clone" && !!row.formTr);
@@ -266,11 +268,16 @@ export class RunTable {
           onclick: () => this.toggleConfig(run.run_id) }),
         best ? h("span", { class: "rf-best-mark", title: `best ${this.host.bestMetric}`, text: "★" }) : null, origin);
     }
-    const statusKey = `${run.status}|${!!run.on_device}|${run.device || ""}`;
+    const mark = runMark(this.state.snapshot, run); // ✂ PRUNED, STOPPING…, a warm clone's wait
+    const statusKey = `${run.status}|${!!run.on_device}|${run.device || ""}|${JSON.stringify(mark)}`;
     if (row.statusKey !== statusKey) {
       row.statusKey = statusKey;
-      setKids(row.cells.status,
-        h("span", { class: `rf-badge rf-st-${run.status.toLowerCase()}`, "data-badge": run.status, text: run.status }),
+      const badge = mark ? h("span", { class: `rf-badge rf-st-${mark.key}`, "data-badge": mark.key.toUpperCase(),
+        title: mark.title, text: mark.text })
+        : h("span", { class: `rf-badge rf-st-${run.status.toLowerCase()}`, "data-badge": run.status, text: run.status });
+      setKids(row.cells.status, badge,
+        mark?.why ? h("span", { class: "rf-mark-why", "data-rf-mark-why": mark.key, title: mark.title, text: mark.why })
+          : null,
         run.on_device ? h("span", { class: "rf-badge rf-on-device", "data-badge": "on-device",
           text: run.device ? `on ${run.device}` : "on device" })
           : null);

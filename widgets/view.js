@@ -9,7 +9,8 @@
  * the parallel-coordinates view (widgets/compare.js) and the ops log. When the experiment ends, the static copy
  * the kernel sends (`frozen`) replaces it all.
  *
- * Test hooks: data-rf-panel[data-closed] (no op applies here), [data-rf-elapsed][data-training], [data-rf-stats], [data-rf-early-stopping],
+ * Test hooks: data-rf-panel[data-closed] (no op applies here), [data-rf-elapsed][data-training], [data-rf-stats],
+ * [data-rf-count] (the header's counts: "2 stopped", "2 pruned" apart), [data-rf-early-stopping],
  * [data-rf-devices] > [data-rf-device][data-state][data-run-id],
  * [data-rf-plots][data-points],
  * button[data-x], input[data-rf-smoothing], input[data-rf-log], select[data-rf-best-by],
@@ -38,6 +39,8 @@ import { RunTable } from "./table.js";
 
 const CLOCK_SVG = '<svg viewBox="0 0 16 16" width="12" height="12" fill="none" stroke="currentColor" ' +
   'stroke-width="1.6" stroke-linecap="round"><circle cx="8" cy="8" r="6.2"/><path d="M8 4.6V8l2.3 1.5"/></svg>';
+/** The header's counts, in this order: a pruned run (STOPPED by early stopping) counts apart from the user's stops. */
+const COUNTED = STATUSES.flatMap((s) => (s === "STOPPED" ? [s, "PRUNED"] : [s]));
 const X_AXES = /** @type {const} */ ([["step", "step"], ["samples", "samples seen"], ["wall", "wall time"]]);
 
 export class PanelView {
@@ -222,8 +225,10 @@ export class PanelView {
     const counts = statusCounts(this.state);
     const total = (this.state.snapshot?.runs || []).length;
     this.countsEl.replaceChildren(h("span", { class: "rf-count-total", text: `${total} run${total === 1 ? "" : "s"}` }),
-      ...STATUSES.filter((s) => counts[s]).map((s) =>
-        h("span", { class: `rf-count rf-st-${s.toLowerCase()}`, text: `${counts[s]} ${s.toLowerCase()}` })));
+      ...COUNTED.filter((s) => counts[s]).map((s) =>
+        h("span", { class: `rf-count rf-st-${s.toLowerCase()}`, "data-rf-count": s.toLowerCase(),
+          title: s === "PRUNED" ? "stopped by the early-stopping policy (their status is STOPPED)" : null,
+          text: `${counts[s]} ${s.toLowerCase()}` })));
     const nDeleted = counts.DELETED || 0;
     this.deletedLabel.textContent = nDeleted ? `show deleted (${nDeleted})` : "show deleted";
   }

@@ -24,6 +24,7 @@ from typing import Any
 from ..view import fmt_metric, fmt_num
 from ..view.clock import fmt_duration, stats_text
 from ..view.metrics_view import metric_title, run_value, snapshot_best
+from ..view.text import PRUNED, status_counts, status_label
 
 __all__ = [
     "PALETTE",
@@ -48,6 +49,7 @@ _STATUS = {
     "FAILED": "#dc2626",
     "DELETED": "#6b7280",
     "INTERRUPTED": "#9333ea",
+    PRUNED: "#b45309",  # a mark: the run's status stays STOPPED (view.text.status_label)
 }
 _MUTED = "#8a8f98"  # readable on light and dark backgrounds
 _LINE = "#8885"  # grey at 1/3 opacity: visible on light and dark backgrounds
@@ -304,11 +306,13 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
     rows = []
     for run in runs:
         status = str(run.get("status"))
+        label = status_label(run)  # ✂ PRUNED for a run early stopping stopped
         hl = ";background-color:rgba(234,179,8,0.16)" if run["run_id"] == best else ""
         total = run.get("num_segments") or snapshot.get("num_chunks") or "-"
         cells = [
             f'<td style="{_TD}">{_run_cell(run, run["run_id"] == best)}</td>',
-            f'<td style="{_TD}">{_badge(status, _STATUS.get(status, _MUTED))}</td>',
+            f'<td style="{_TD}" data-rf-status="{_e(label)}">'
+            f"{_badge('✂ PRUNED' if label == PRUNED else label, _STATUS.get(label, _MUTED))}</td>",
             *(
                 [f'<td style="{_TD}" data-rf-device-cell="">{_e(run.get("device") or "-")}</td>']
                 if device
@@ -330,7 +334,7 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
                 f'<tr><td colspan="{len(heads)}" style="{_TD};white-space:normal;color:{_STATUS["FAILED"]}">'
                 f"run {_e(run['run_id'])} failed: {_e(run['error'])}</td></tr>"
             )
-        elif status == "STOPPED" and run.get("pruned") and run.get("stop_reason"):
+        elif label == PRUNED and run.get("stop_reason"):
             rows.append(
                 f'<tr data-pruned-for="{_e(run["run_id"])}"><td colspan="{len(heads)}" style="{_TD};'
                 f'white-space:normal;color:{_MUTED}">run {_e(run["run_id"])} ✂ early stopping: '
@@ -353,9 +357,7 @@ def _device_chips(snapshot: Mapping[str, Any]) -> list[str]:
 
 
 def _header(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], note: str) -> str:
-    counts: dict[str, int] = {}
-    for run in runs:
-        counts[str(run.get("status"))] = counts.get(str(run.get("status")), 0) + 1
+    counts = status_counts(runs)  # "2 pruned" apart from "1 stopped"
     chips = [
         f"training time {fmt_duration(snapshot.get('elapsed_s'))}",
         str(snapshot.get("progress") or ""),
@@ -438,7 +440,7 @@ def render_text(snapshot: Mapping[str, Any]) -> str:
         if run.get("status") == "DELETED":
             continue
         lines.append(
-            f"  run {run['run_id']}  {run.get('status')}{'  ' + run['device'] if run.get('device') else ''}  step {run.get('completed_steps') or 0}/"
+            f"  run {run['run_id']}  {status_label(run)}{'  ' + run['device'] if run.get('device') else ''}  step {run.get('completed_steps') or 0}/"
             f"{run.get('total_steps') or 0}  "
             + "  ".join(f"{m} {fmt_metric(run_value(run, m))}" for m in _metric_columns(snapshot))
         )

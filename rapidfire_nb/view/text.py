@@ -26,6 +26,8 @@ __all__ = [
     "fmt_num",
     "format_chunk_line",
     "position_text",
+    "status_counts",
+    "status_label",
 ]
 
 _LATEST = ("loss", "eval_loss")
@@ -151,7 +153,7 @@ def format_chunk_line(
         parts.append(f"FAILED: {run.get('error') or 'unknown error'}")
         return "  ".join(p for p in parts if p)
     if status not in (RunStatus.ONGOING.value, RunStatus.NEW.value, None):
-        parts.append(str(status))
+        parts.append(status_label(run))  # a pruned run: PRUNED
     chunks = run.get("chunks_done")
     if chunks is not None:
         parts.append(f"chunk {chunks}/{num_chunks}" if num_chunks else f"chunks {chunks}")
@@ -168,6 +170,31 @@ def format_chunk_line(
     hparams = run.get("hparams") or {}
     parts += [f"{_short_col(col)}={fmt_num(hparams[col])}" for col in hparam_columns if col in hparams]
     return "  ".join(p for p in parts if p)
+
+
+#: The mark a pruned run wears in place of its status (it keeps the status STOPPED, source ``early_stopping``).
+PRUNED = "PRUNED"
+#: The order of the counts ("3 completed, 1 stopped, 2 pruned"): a pruned run counts apart from the user's stops.
+_COUNT_ORDER = (*(s.value for s in RunStatus if s is not RunStatus.STOPPED), RunStatus.STOPPED.value, PRUNED)
+
+
+def status_label(run: Mapping[str, Any]) -> str:
+    """What a snapshot run's status reads as: ``"PRUNED"`` for a STOPPED run the early-stopping policy stopped
+    (``run["pruned"]``), else its status (``"STOPPED"`` for a user's stop). The panel's ``runMark``
+    (widgets/state.js) shows the same ✂ PRUNED badge."""
+    status = str(run.get("status"))
+    return PRUNED if status == RunStatus.STOPPED.value and run.get("pruned") else status
+
+
+def status_counts(runs: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Label (:func:`status_label`) -> number of runs, most first (ties: the order of the statuses, PRUNED after
+    STOPPED); e.g. ``{"COMPLETED": 3, "PRUNED": 2, "STOPPED": 1}``."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        label = status_label(run)
+        counts[label] = counts.get(label, 0) + 1
+    rank = {s: i for i, s in enumerate(_COUNT_ORDER)}
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], rank.get(kv[0], len(rank)))))
 
 
 def _count(value: Any) -> int | None:
@@ -216,14 +243,11 @@ def early_stopping_text(
 
 
 def final_summary(snapshot: Mapping[str, Any]) -> str:
-    """The line printed when an experiment ends, e.g. ``experiment 'sft' ended: 4 runs (3 completed, 1 stopped);
+    """The line printed when an experiment ends, e.g. ``experiment 'sft' ended: 4 runs (3 completed, 1 pruned);
     best eval_loss 0.8123 (run 2); training time 1:23``: the best run by the snapshot's ``best_by`` (its trainer
     kind's metric, e.g. ``best eval_reward 0.7500 (run 2)`` for GRPO; :mod:`rapidfire_nb.view.metrics_view`)."""
     runs = [r for r in snapshot.get("runs") or [] if r.get("status") != RunStatus.DELETED.value]
-    counts: dict[str, int] = {}
-    for run in runs:
-        counts[str(run.get("status"))] = counts.get(str(run.get("status")), 0) + 1
-    parts = ", ".join(f"{n} {st.lower()}" for st, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    parts = ", ".join(f"{n} {st.lower()}" for st, n in status_counts(runs).items())
     text = (
         f"experiment {snapshot.get('experiment', '')!r} ended: {len(runs)} run{'' if len(runs) == 1 else 's'}"
     )

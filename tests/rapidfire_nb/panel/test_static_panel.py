@@ -224,3 +224,22 @@ def test_several_devices_a_device_column_and_a_chip_per_device() -> None:
     assert "run 2  ONGOING  cpu:1  step" in bundle["text/plain"]
     one = static_bundle(_snapshot([_run(1, device=None)]), [])["text/html"]  # one device: nothing new
     assert "Device</th>" not in one and "data-rf-device-cell" not in one
+
+
+def test_a_pruned_run_wears_the_pruned_badge_and_counts_apart_from_the_stopped() -> None:
+    reason = "eval_loss 2.71 not in the best 2 of 4 at this rung (cutoff 2.43)"
+    runs = [
+        _run(1),
+        _run(2, "STOPPED", pruned=True, stop_reason=reason),
+        _run(3, "STOPPED", pruned=True, stop_reason=reason),
+        _run(4, "STOPPED", pruned=False, stop_reason="stopped by the user (panel)"),
+    ]
+    bundle = static_bundle(_snapshot(runs), [])
+    html = bundle["text/html"]
+    assert re.findall(r'data-rf-status="([A-Z]+)"', html) == ["COMPLETED", "PRUNED", "PRUNED", "STOPPED"]
+    assert html.count("✂ PRUNED</span>") == 2
+    assert "2 pruned" in html and "1 stopped" in html and "1 completed" in html
+    assert re.findall(r'data-pruned-for="(\d+)"', html) == ["2", "3"]  # the reasons stay in the record
+    assert html.count(reason) == 2 and "stopped by the user" not in html
+    lines = bundle["text/plain"].splitlines()
+    assert "run 2  PRUNED  step" in lines[2] and "run 4  STOPPED  step" in lines[4]
