@@ -184,9 +184,10 @@ class OpApplier:
 
 
 def _after_stop(run: Run, op: Op) -> str:
-    """A stopped run remembers who stopped it and why; returns the early-stopping policy's reason, if any."""
+    """A stopped run remembers who stopped it and why; returns the stop's own reason (the early-stopping policy's,
+    or a bulk stop's: ``"stop all but best 2 by eval_loss"``), if any."""
     by_policy = op.source == EARLY_STOPPING
-    why = str(op.payload.get("reason") or "") if by_policy else ""
+    why = str(op.payload.get("reason") or "")
     run.pruned = by_policy
     run.stop_reason = why or (
         "stopped by early stopping" if by_policy else f"stopped by the user ({op.source})"

@@ -88,8 +88,8 @@ function jupyterBaseUrl() {
  * The op sender of one widget model.
  * @param {Sender} model @param {import("./state.js").State} state
  * @param {(change: import("./state.js").Change) => void} changed called after each state change
- * @returns {{send: (kind: string, runId: number, changes?: Record<string, any>, warm?: boolean) => void,
- *   dispose: () => void}}
+ * @returns {{send: (kind: string, runId: number, changes?: Record<string, any>, warm?: boolean, reason?: string)
+ *   => void, dispose: () => void}}
  */
 export function createOpSender(model, state, changed) {
   /** @type {Set<any>} */ const timers = new Set();
@@ -110,10 +110,12 @@ export function createOpSender(model, state, changed) {
       /* server extension not reachable: the comm message is still queued in the kernel */
     }
   };
-  const send = (/** @type {string} */ kind, /** @type {number} */ runId, changes = {}, warm = false) => {
+  const send = (/** @type {string} */ kind, /** @type {number} */ runId, changes = {}, warm = false, reason = "") => {
     const op = { op_id: newOpId(), kind, run_id: runId, changes, warm_start: warm }; // once per click
     clickSent(state, kind, runId, op.op_id);
-    if (!safeSend(model, { type: "op", ...op })) {
+    // a stop's own reason ("stop all but best 2 by eval_loss") goes with the comm message (the server's inbox takes
+    // none: an op posted there after 2.5 s is recorded as the user's stop)
+    if (!safeSend(model, { type: "op", ...op, ...(reason ? { reason } : {}) })) {
       clickFailed(state, kind, runId, op.op_id);
       changed({ notices: true, table: true });
       return;

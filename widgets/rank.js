@@ -114,6 +114,12 @@ export function stopAllButBest(state, metric, k) {
   return { stop: ranked.slice(keep.length), keep, unranked: active.filter((r) => !values.has(r.run_id)).map((r) => r.run_id) };
 }
 
+/** The reason a "stop all but the best k" stop records (its ops log message, the run's stop_reason), e.g.
+ * "stop all but best 2 by eval_loss". @param {number} k @param {string} metric @returns {string} */
+export function bulkStopReason(k, metric) {
+  return `stop all but best ${k} by ${metric}`;
+}
+
 /**
  * The first run (not DELETED) whose editable config equals the parent's with `changes` (a clone without
  * changes repeats its parent), or null. @param {State} state @param {Run} parent

@@ -26,7 +26,8 @@ import { hasDeviceColumn, isPending, isPruned, kindMetrics, runMark, visibleRuns
  * @typedef {import("./state.js").State} State
  * @typedef {import("./state.js").Run} Run
  * @typedef {import("./rank.js").Sort} Sort
- * @typedef {{send: (kind: string, runId: number, changes?: Record<string, any>, warm?: boolean) => void}} OpSender
+ * @typedef {{send: (kind: string, runId: number, changes?: Record<string, any>, warm?: boolean, reason?: string)
+ *   => void}} OpSender
  * @typedef {{showDeleted: boolean, sort: Sort, bestRunId: number|null, bestMetric: string,
  *   onSort: (key: string) => void, onCounts: () => void}} Host
  * @typedef {{tr: HTMLElement, cells: Record<string, HTMLElement>, buttons: Record<string, HTMLButtonElement>,

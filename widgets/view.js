@@ -24,7 +24,7 @@ import { h } from "./dom.js";
 import { csvName, download, metricsCsv, runsCsv } from "./export.js";
 import { fmtClock, fmtDuration, runColor, statsText, STATUSES } from "./format.js";
 import { PlotArea } from "./plots.js";
-import { bestRun, nextSort, stopAllButBest } from "./rank.js";
+import { bestRun, bulkStopReason, nextSort, stopAllButBest } from "./rank.js";
 import {
   deviceChips, earlyStoppingText, kindMetrics, metricOrder, notice, noticesNewestFirst, statusCounts, visibleRuns,
 } from "./state.js";
@@ -34,7 +34,8 @@ import { RunTable } from "./table.js";
  * @typedef {import("./state.js").State} State
  * @typedef {import("./state.js").Change} Change
  * @typedef {{get: (k: string) => any}} Model
- * @typedef {{send: (kind: string, runId: number, changes?: Record<string, any>, warm?: boolean) => void}} OpSender
+ * @typedef {{send: (kind: string, runId: number, changes?: Record<string, any>, warm?: boolean, reason?: string)
+ *   => void}} OpSender
  */
 
 const CLOCK_SVG = '<svg viewBox="0 0 16 16" width="12" height="12" fill="none" stroke="currentColor" ' +
@@ -236,7 +237,8 @@ export class PanelView {
   stopAllButBest() {
     const k = Math.max(1, Math.floor(Number(this.keepInput.value) || 1));
     const { stop, keep, unranked } = stopAllButBest(this.state, this.bestMetric, k);
-    for (const rid of stop) this.ops.send("stop", rid);
+    const reason = bulkStopReason(k, this.bestMetric); // recorded as the runs' stop reason, not "by the user"
+    for (const rid of stop) this.ops.send("stop", rid, {}, false, reason);
     if (!stop.length) {
       const text = `nothing to stop: ${keep.length ? `runs ${keep.join(", ")} are the best ${k} by ${this.bestMetric}` :
         `no run still training has a ${this.bestMetric} value`}` + (unranked.length ? `; runs ${unranked.join(", ")} have no value yet` : "");

@@ -378,8 +378,10 @@ class Experiment:
         changes: dict[str, Any] | None = None,
         warm_start: bool = False,
         source: str = "api",
+        reason: str | None = None,
     ) -> OpAck:
-        """The one command path used by the API, the panel, the magic and the ops inbox.
+        """The one command path used by the API, the panel, the magic and the ops inbox (a stop's own ``reason``:
+        :meth:`Session.submit <rapidfire_nb.experiment.session.Session.submit>`).
 
         Raises:
             ExperimentError: nothing trains in this process (it says what to do), or the experiment was ended.
@@ -389,7 +391,7 @@ class Experiment:
         run_id = check_run_id(run_id)
         check_flag(warm_start, "warm_start")
         return self._require_session().submit(
-            kind, run_id, op_id=op_id, changes=changes, warm_start=warm_start, source=source
+            kind, run_id, op_id=op_id, changes=changes, warm_start=warm_start, source=source, reason=reason
         )
 
     def _ops(self, kind: OpKind, run_id: int | Iterable[int]) -> OpAck | list[OpAck]:

@@ -135,8 +135,11 @@ class FitSession:
         changes: Mapping[str, Any] | None = None,
         warm_start: bool = False,
         source: str = "api",
+        reason: str | None = None,
     ) -> OpAck:
-        """Check an op and hand it to the scheduler; returns its acknowledgement at once.
+        """Check an op and hand it to the scheduler; returns its acknowledgement at once. A stop may name its own
+        ``reason`` (at most 200 characters, e.g. the panel's ``"stop all but best 2 by eval_loss"``): the run's
+        ``stop_reason`` and the ops log's payload and message say it instead of ``stopped by the user (panel)``.
 
         Raises:
             OpError: unknown op kind, unknown parent run, a change a warm start cannot take, an ``op_id`` that is
@@ -149,10 +152,17 @@ class FitSession:
             kind_e = OpKind(kind)
         except ValueError:
             raise OpError(f"unknown op {kind!r}; use stop, resume, delete or clone") from None
+        if reason is not None and (
+            kind_e is not OpKind.STOP or not isinstance(reason, str) or len(reason) > 200
+        ):
+            raise OpError(f"reason: only a stop names one, a text of at most 200 characters; got {reason!r}")
         if op_id is not None:
             self._check_op_id(op_id, kind_e, int(run_id), source)
         if kind_e is not OpKind.CLONE:
-            return self.scheduler.submit(Op(kind_e, int(run_id), op_id=op_id or new_op_id(), source=source))
+            payload = {"reason": reason} if reason else {}
+            return self.scheduler.submit(
+                Op(kind_e, int(run_id), op_id=op_id or new_op_id(), payload=payload, source=source)
+            )
         # a finished parent's step: the floor of a continuation's max_steps
         parent_run = self.scheduler.run_snapshot(int(run_id))
         spec = parent_run.spec if parent_run is not None else None

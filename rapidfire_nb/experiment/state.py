@@ -89,4 +89,5 @@ class Owner(Protocol):
         changes: dict[str, Any] | None = None,
         warm_start: bool = False,
         source: str = "api",
+        reason: str | None = None,
     ) -> OpAck: ...

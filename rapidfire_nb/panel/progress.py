@@ -47,6 +47,7 @@ class PanelSource(Protocol):
         changes: dict[str, Any] | None = None,
         warm_start: bool = False,
         source: str = "panel",
+        reason: str | None = None,
     ) -> Any: ...
 
 

@@ -125,6 +125,12 @@ def _ack_dict(ack: Any) -> dict[str, Any]:
     return dict(vars(ack))
 
 
+def _reason(cmd: Mapping[str, Any]) -> dict[str, Any]:
+    """A stop's own reason from the front end ("stop all but best 2 by eval_loss"), as ``submit_op`` keywords."""
+    reason = cmd.get("reason")
+    return {"reason": reason} if isinstance(reason, str) and reason else {}
+
+
 def _summary(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     """The small header state kept in a synced trait (saved with the notebook's widget state)."""
     runs = snapshot.get("runs") or []
@@ -265,6 +271,7 @@ class RunPanel(anywidget.AnyWidget):
                         changes=cmd.get("changes") or None,
                         warm_start=bool(cmd.get("warm_start", False)),
                         source="panel",
+                        **_reason(cmd),
                     )
                 )
             )

@@ -185,13 +185,15 @@ class FakeSource:
         changes: dict[str, Any] | None = None,
         warm_start: bool = False,
         source: str = "panel",
+        reason: str | None = None,
     ) -> OpAck:
-        """Submit an op to the scheduler (a clone gets the parent's hyperparameters with ``changes``)."""
+        """Submit an op to the scheduler (a clone gets the parent's hyperparameters with ``changes``; a stop may name
+        its ``reason``)."""
         try:
             okind = OpKind(kind)
         except ValueError:
             return OpAck(op_id or new_op_id(), run_id, kind, "rejected", f"unknown op {kind!r}")
-        payload: dict[str, Any] = {}
+        payload: dict[str, Any] = {"reason": reason} if reason and okind is OpKind.STOP else {}
         parent = self._sched.run_snapshot(int(run_id))
         if okind is OpKind.CLONE and parent is not None:
             payload = {

@@ -35,8 +35,8 @@ def stop_history(ops: Iterable[Mapping[str, Any]]) -> dict[int, StopInfo]:
             if by_policy:
                 chunk_of[run_id] = int(payload.get("chunk") or 0)
                 reason = str(payload.get("reason") or "stopped by early stopping")
-            else:
-                reason = f"stopped by the user ({op.get('source')})"
+            else:  # a bulk stop names its own reason ("stop all but best 2 by eval_loss")
+                reason = str(payload.get("reason") or f"stopped by the user ({op.get('source')})")
             out[run_id] = StopInfo(reason, by_policy, prev.exempt_through)
         elif prev.pruned and not by_policy:
             out[run_id] = StopInfo(None, False, max(prev.exempt_through, chunk_of.get(run_id, 0)))

@@ -94,3 +94,17 @@ test("first words and the curve's ✂ marker at a pruned run's last point", () =
   assert.equal(pruneMarker({ ...c, x: [], y: [], step: [] }, pruned(1)), null);
   assert.equal(pruneMarker(c, undefined), null);
 });
+
+test("'stop all but best k' sends its own reason with each stop; the server's inbox body never carries it", async () => {
+  const { bulkStopReason } = await import("../../../widgets/rank.js");
+  const { createOpSender, opBody } = await import("../../../widgets/ops.js");
+  assert.equal(bulkStopReason(2, "eval_loss"), "stop all but best 2 by eval_loss");
+  const sent = [];
+  const sender = createOpSender({ send: (c) => sent.push(c) }, createState(), () => {});
+  sender.send("stop", 3, {}, false, bulkStopReason(2, "eval_loss"));
+  sender.send("stop", 4);
+  sender.dispose();
+  assert.equal(sent[0].reason, "stop all but best 2 by eval_loss");
+  assert.equal("reason" in sent[1], false); // a plain click: the user's stop
+  assert.deepEqual(Object.keys(opBody(sent[0])).sort(), ["kind", "op_id", "run_id"]);
+});
