@@ -344,6 +344,13 @@ def _check_stop_all_but_best_and_frozen_clock(page: Any, panel: Any) -> None:
             10,
             f"run {rid}'s stop",
         )
+    stopped = [
+        i for i in active if panel.locator(f'tr[data-run-id="{i}"]').get_attribute("data-status") == "STOPPED"
+    ]
+    if stopped:  # the bulk stop records its own reason, not "stopped by the user (panel)"
+        panel.locator('.rf-op-item[data-state="applied"]', has_text="stop all but best 1 by").first.wait_for(
+            timeout=5_000
+        )
     left = [
         i
         for i in active
