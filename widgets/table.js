@@ -202,7 +202,8 @@ export class RunTable {
       setText(cells[`hp:${c}`], fmtHparam(v), `${c} = ${typeof v === "string" ? v : JSON.stringify(v)}`);
     }
     const frac = run.total_steps ? Math.min(1, run.completed_steps / run.total_steps) : 0;
-    setText(row.stepText, `${fmtInt(run.completed_steps)}/${fmtInt(run.total_steps)}`);
+    const waiting = runMark(this.state.snapshot, run)?.key === "waiting"; // a warm clone not built: no budget yet
+    setText(row.stepText, waiting ? "–" : `${fmtInt(run.completed_steps)}/${fmtInt(run.total_steps)}`);
     row.stepFill.style.width = `${(frac * 100).toFixed(1)}%`;
     cells.step.classList.toggle("rf-bar-failed", run.status === "FAILED");
     cells.step.classList.toggle("rf-bar-done", run.status === "COMPLETED");

@@ -171,8 +171,21 @@ def _axis_text(value: float, integer: bool) -> str:
     return f"{int(round(value)):,}" if integer else fmt_num(value)
 
 
-def _curve_svg(metric: str, series: Mapping[int, list[tuple[float, float]]], width: int, height: int) -> str:
-    """One metric's curves (one polyline per run; a lone point as a dot) as an SVG document."""
+def _cross(x: float, y: float, color: str, run_id: int) -> str:
+    """The ✂ mark at the last point of a pruned run's curve (an x, as the live panel's marker)."""
+    d = f"M{x - 5:.0f},{y - 5:.0f}L{x + 5:.0f},{y + 5:.0f}M{x - 5:.0f},{y + 5:.0f}L{x + 5:.0f},{y - 5:.0f}"
+    return f'<path data-rf-pruned="{run_id}" d="{d}" stroke="{color}" stroke-width="2.4" stroke-linecap="round"/>'
+
+
+def _curve_svg(
+    metric: str,
+    series: Mapping[int, list[tuple[float, float]]],
+    width: int,
+    height: int,
+    pruned: frozenset[int] = frozenset(),
+) -> str:
+    """One metric's curves (one polyline per run; a lone point as a dot) as an SVG document; the curve of a run in
+    ``pruned`` (run ids early stopping pruned) ends in a cross."""
     left, right, top, bottom = 54, 12, 22, 34
     xs = [x for pts in series.values() for x, _ in pts]
     ys = [y for pts in series.values() for _, y in pts]
@@ -211,21 +224,25 @@ def _curve_svg(metric: str, series: Mapping[int, list[tuple[float, float]]], wid
         "optimizer step</text>"
     )
     for rid in sorted(series):
-        pts = _thin(series[rid])
-        color = run_color(rid)
-        if len(pts) == 1:
-            parts.append(f'<circle cx="{px(pts[0][0]):.0f}" cy="{py(pts[0][1]):.0f}" r="3" fill="{color}"/>')
-            continue
-        coords = " ".join(f"{px(x):.0f},{py(y):.0f}" for x, y in pts)
-        dots = len(pts) <= 12  # sparse series (eval points): markers too
-        parts.append(
-            f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.8" '
-            'stroke-linejoin="round" stroke-linecap="round"/>'
-        )
-        if dots:
-            parts += [f'<circle cx="{px(x):.0f}" cy="{py(y):.0f}" r="2.4" fill="{color}"/>' for x, y in pts]
+        parts += _run_curve(rid, _thin(series[rid]), px, py, rid in pruned)
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _run_curve(rid: int, pts: list[tuple[float, float]], px: Any, py: Any, pruned: bool) -> list[str]:
+    """One run's polyline (a lone point: a dot; sparse points: dots too), a cross at its end when pruned."""
+    color = run_color(rid)
+    parts = [_cross(px(pts[-1][0]), py(pts[-1][1]), color, rid)] if pruned else []
+    if len(pts) == 1:
+        return [*parts, f'<circle cx="{px(pts[0][0]):.0f}" cy="{py(pts[0][1]):.0f}" r="3" fill="{color}"/>']
+    coords = " ".join(f"{px(x):.0f},{py(y):.0f}" for x, y in pts)
+    parts.append(
+        f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.8" '
+        'stroke-linejoin="round" stroke-linecap="round"/>'
+    )
+    if len(pts) <= 12:  # sparse series (eval points): markers too
+        parts += [f'<circle cx="{px(x):.0f}" cy="{py(y):.0f}" r="2.4" fill="{color}"/>' for x, y in pts]
+    return parts
 
 
 def _svg_img(svg: str, alt: str, width: int, height: int) -> str:
@@ -382,9 +399,11 @@ def _curves(
     points: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]], metrics: Sequence[str]
 ) -> str:
     imgs = []
+    pruned = frozenset(int(r["run_id"]) for r in runs if status_label(r) == PRUNED)
     for metric in metrics:
         series = curve_series(points, runs, metric)
-        imgs.append(_svg_img(_curve_svg(metric, series, 460, 230), f"{metric} by optimizer step", 460, 230))
+        svg = _curve_svg(metric, series, 460, 230, pruned)
+        imgs.append(_svg_img(svg, f"{metric} by optimizer step", 460, 230))
     legend = "".join(
         f'<span style="margin-right:12px;white-space:nowrap">{_swatch(r["run_id"])}run {_e(r["run_id"])}</span>'
         for r in runs

@@ -77,7 +77,9 @@ test("a warm clone waiting for its parent's chunk boundary says so, not NEW", ()
   const mark = runMark(s.snapshot, clone);
   assert.equal(mark.key, "waiting");
   assert.match(mark.title, /waits for run 1's chunk boundary/);
-  const cell = table(s).rows.get(3).cells.status;
+  const t = table(s);
+  const cell = t.rows.get(3).cells.status;
+  assert.equal(t.rows.get(3).stepText.textContent, "–"); // not "0/0": its budget comes with its build
   assert.equal(cell.querySelector("span[data-badge]").textContent, "WAITING");
   assert.equal(cell.querySelector("span[data-rf-mark-why]").textContent, "for run 1");
   // built (its clone op applied): NEW as any other run; a cold clone never waits

@@ -234,8 +234,11 @@ def test_a_pruned_run_wears_the_pruned_badge_and_counts_apart_from_the_stopped()
         _run(3, "STOPPED", pruned=True, stop_reason=reason),
         _run(4, "STOPPED", pruned=False, stop_reason="stopped by the user (panel)"),
     ]
-    bundle = static_bundle(_snapshot(runs), [])
+    points = [p for rid in (1, 2, 4) for p in _points(rid, range(1, 5))]
+    bundle = static_bundle(_snapshot(runs), points)
     html = bundle["text/html"]
+    loss_svg = _svgs(html)[0]
+    assert re.findall(r'data-rf-pruned="(\d+)"', loss_svg) == ["2"]  # a cross where run 2 was cut; none for 4
     assert re.findall(r'data-rf-status="([A-Z]+)"', html) == ["COMPLETED", "PRUNED", "PRUNED", "STOPPED"]
     assert html.count("✂ PRUNED</span>") == 2
     assert "2 pruned" in html and "1 stopped" in html and "1 completed" in html
