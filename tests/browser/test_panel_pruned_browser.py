@@ -1,6 +1,7 @@
 """The panel in a real JupyterLab + Chromium for issue 37: runs pruned by early stopping wear a ✂ PRUNED badge
 (their status stays STOPPED), the header counts them apart from the user's stops, the reason sits inline in the
-Status cell (no reason row: the rows below do not move), and each pruned curve ends in a ✂ marker.
+Status cell (no reason row: the rows below do not move), and each pruned curve ends in a ✂ marker. A stop queued
+for the training run shows STOPPING… until it applies, and Resume (its tooltip: "cancel the pending stop") cancels it.
 
 Fed by the fake source (its stops from source ``early_stopping`` are the policy's). Screenshots go to
 ``artifacts/browser/``; with ``RF_UPDATE_SCREENSHOTS=1`` also to ``docs/screenshots/panel-pruned.png``.
@@ -34,11 +35,15 @@ for rid in (2, 3):  # what the early-stopping policy submits at a rung
     source.submit_op("stop", rid, source="early_stopping", reason={REASON!r})
 source.submit_op("stop", 4)  # the user's own stop
 """
+SLOW_CELL = """\
+slow = FakeSource(2, total_steps=4000, num_chunks=2, steps_per_tick=1, tick_s=0.01, experiment="sft-slow")
+RunPanel(slow)
+"""
 
 
 def test_pruned_runs_are_marked_and_nothing_moves(lab: Any) -> None:
     page = lab.page
-    lab.open_notebook("pruned_demo.ipynb", [CELL, PRUNE_CELL])
+    lab.open_notebook("pruned_demo.ipynb", [CELL, PRUNE_CELL, SLOW_CELL])
     lab.run_cell(0)
     panel = page.locator("[data-rf-panel]")
     panel.wait_for(timeout=30_000)
@@ -72,6 +77,25 @@ def test_pruned_runs_are_marked_and_nothing_moves(lab: Any) -> None:
     )
     time.sleep(1.0)  # plotly draws on the next frames
     page.mouse.move(2, 2)
-    shot = lab.screenshot("panel_pruned.png", panel)
+    shot = lab.screenshot("panel_pruned.png", panel.first)
     if os.environ.get("RF_UPDATE_SCREENSHOTS") == "1":
         shutil.copyfile(shot, REPO / "docs" / "screenshots" / "panel-pruned.png")
+
+    # a stop queued for the training run (its chunk lasts ~20 s): STOPPING… until it applies; Resume cancels it
+    lab.run_cell(2)
+    page.wait_for_function("() => document.querySelectorAll('[data-rf-panel]').length === 2", timeout=30_000)
+    slow = panel.nth(1)
+    row = slow.locator('tr[data-run-id="1"][data-on-device="true"]')
+    row.wait_for(timeout=30_000)
+    row.locator('button[data-op="stop"]').click()
+    row.locator('[data-badge="STOPPING"]').wait_for(timeout=10_000)
+    resume = row.locator('button[data-op="resume"]')
+    page.wait_for_function(
+        """() => { const b = document.querySelectorAll('[data-rf-panel]')[1]
+            .querySelector('tr[data-run-id="1"] button[data-op="resume"]');
+            return !b.disabled && b.title.includes('cancel the pending stop'); }""",
+        timeout=10_000,
+    )
+    resume.click()
+    row.locator('[data-badge="ONGOING"]').wait_for(timeout=10_000)  # cancelled: it trains on
+    assert row.get_attribute("data-status") == "ONGOING"
