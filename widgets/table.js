@@ -38,10 +38,10 @@ import { hasDeviceColumn, isPending, isPruned, kindMetrics, runMark, visibleRuns
 /**
  * The line under a run's row: why it failed, else null (why early stopping pruned a run stays inline in its
  * Status cell, the full text on hover: no row pushes the rows below down during training).
- * @param {Run} run @returns {{label: string, text: string, pruned: boolean}|null}
+ * @param {Run} run @returns {{label: string, text: string}|null}
  */
 function noteOf(run) {
-  if (run.status === "FAILED" && run.error) return { label: `run ${run.run_id} failed: `, text: run.error, pruned: false };
+  if (run.status === "FAILED" && run.error) return { label: `run ${run.run_id} failed: `, text: run.error };
   return null;
 }
 const svg = (/** @type {string} */ body) => `<svg viewBox="0 0 16 16" width="13" height="13" fill="none" ` +
@@ -219,7 +219,6 @@ export class RunTable {
     if (note) {
       const cell = /** @type {HTMLElement} */ (row.errorTr.firstElementChild);
       cell.setAttribute("colspan", String(this.colCount()));
-      row.errorTr.classList.toggle("rf-pruned-row", note.pruned);
       if (cell.textContent !== note.label + note.text) {
         setKids(cell, h("span", { class: "rf-error-label", text: note.label }),
           h("span", { class: "rf-error-text", text: note.text }));
