@@ -127,7 +127,8 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
     A trial that asks for exactly the config of an earlier trial (Optuna's samplers may: optuna/optuna#2021) is
     not trained twice: it is told the earlier trial's result (or PRUNED, or FAIL while that one still trains), a
     note says so, and the next trial is asked; it counts against the budget. After 20 such trials in a row the
-    search stops asking (the space looks exhausted; a note says so).
+    search stops asking (the space looks exhausted; a note says so). Among the ``n_initial`` trials asked at the
+    start, a repeat trains (none has a result yet) and a note says so.
 
     Raises:
         ConfigError: a bad argument, or Optuna is not installed.
@@ -165,6 +166,7 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
         # trial number -> its state's name (RUNNING, PRUNED, ...), for progress()
         self._states: dict[int, str] = {}
         self._run_of: dict[int, int] = {}  # trial number -> its run id (for the notes)
+        self._notes: list[str] = []  # notes from expand(), given with the first decisions
 
     # ------------------------------------------------------------------ config group
     def bind(self, folder: Path, num_chunks: int) -> None:
@@ -201,6 +203,13 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
             self._states[trial.number] = "RUNNING"
             self._trials[i + 1] = trial
             leaves.append(self._leaf(trial))
+            earlier = self._same_config(trial)
+            if earlier is not None:  # both start now: neither has a result to give the other
+                self._notes.append(
+                    f"RFOptuna: trial {trial.number} (run {i + 1}) asked for the config of trial {earlier.number} "
+                    f"(run {earlier.number + 1}) again; both train (n_initial={self.n_initial} trials start at "
+                    "once; a smaller n_initial or a wider search space avoids it)"
+                )
         self._run_of.update({t.number: i + 1 for i, t in enumerate(stored[: self.n_initial])})
         self._run_of.update({trial.number: run_id for run_id, trial in self._trials.items()})
         return leaves
@@ -279,6 +288,14 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
 
     # ------------------------------------------------------------------ early-stopping policy
     def on_chunk(self, result: ChunkResult, runs: Sequence[RunState]) -> Decisions:
+        return self._pending() + self._on_chunk(result, runs)
+
+    def _pending(self) -> Decisions:
+        """The notes expand() left, once."""
+        notes, self._notes = tuple(self._notes), []
+        return Decisions(notes=notes)
+
+    def _on_chunk(self, result: ChunkResult, runs: Sequence[RunState]) -> Decisions:
         trial = self._trials.get(result.run_id)
         values = [result.value(m) for _, m in self.objectives]
         if trial is None or any(v is None for v in values):
@@ -304,7 +321,7 @@ class RFOptuna(_Search, EarlyStoppingPolicy):
         return Decisions(stops=(EarlyStop(result.run_id, result.chunk, reason),)) + self._replace()
 
     def on_change(self, runs: Sequence[RunState], changed: Sequence[RunState]) -> Decisions:
-        out = Decisions()
+        out = self._pending()
         for s in changed:
             if s.run_id in self._trials and s.status in (
                 RunStatus.FAILED,

@@ -109,17 +109,27 @@ def continued_total(child: Any, changes: Mapping[str, Any], parent_run: Any) -> 
 
 
 def check_continuation(child: Any, run_id: int, changes: Mapping[str, Any], parent_run: Any) -> None:
-    """Refuse a warm clone of a finished (COMPLETED or STOPPED) run that would not train past the parent's step.
+    """Refuse a warm clone that would start at its parent's end and not train past it.
 
-    Such a clone continues the parent from its final state until its ``completed_steps`` (the parent's steps
-    included) reach its total, so the total must exceed the parent's step.
+    A warm clone of a finished (COMPLETED or STOPPED) run continues it from its final state; one asked for while
+    the parent trains its last chunk waits for that chunk's end, which is the parent's end too. Either way it
+    trains until its ``completed_steps`` (the parent's steps included) reach its total, so the total must exceed
+    the step it starts at.
 
     Raises:
         OpError: naming ``max_steps`` and the fix (more epochs: ``max_steps`` = epochs x steps per epoch).
     """
     status = getattr(parent_run.status, "value", parent_run.status)
     step = int(parent_run.step)
-    if status not in ("COMPLETED", "STOPPED") or step < 1:
+    last_chunk = (
+        status == "ONGOING"
+        and bool(parent_run.on_device)
+        and int(parent_run.num_segments) > 0
+        and int(parent_run.segments_done) >= int(parent_run.num_segments) - 1
+    )
+    if last_chunk:
+        status, step = "in its last chunk: a warm clone starts where it ends,", int(parent_run.total_steps)
+    elif status not in ("COMPLETED", "STOPPED") or step < 1:
         return
     total = continued_total(child, changes, parent_run)
     if total is None or total > step:
@@ -132,7 +142,7 @@ def check_continuation(child: Any, run_id: int, changes: Mapping[str, Any], pare
     raise OpError(
         f"{given} does not continue run {run_id}: it is {status} at step {step}, and a warm clone trains until "
         f"its completed_steps (run {run_id}'s {step} included) reach max_steps; set max_steps above {step}, "
-        f"e.g. max_steps={2 * step}"
+        f"e.g. max_steps={2 * step}" + (", or clone it cold (warm_start=False)" if last_chunk else "")
     )
 
 

@@ -25,6 +25,7 @@ __all__ = ["park_at_exit", "watch"]
 
 _WATCHED: list[weakref.ref[Any]] = []  # the background sessions of this process (FitSession), held weakly
 _REGISTERED = False
+_REASON = "the script ended while it trained in the background"  # the runs' stop_reason
 
 
 def watch(session: Any) -> None:
@@ -69,7 +70,7 @@ def park_at_exit(session: Any) -> list[int]:
             "current chunk (call experiment.wait() or end() before the script's last line to let them finish)"
         )
         for rid in active:
-            session.scheduler.submit(Op(OpKind.STOP, rid, source="api"))
+            session.scheduler.submit(Op(OpKind.STOP, rid, payload={"reason": _REASON}, source="api"))
     try:
         session.scheduler.wait()
         session.recorder.flush()

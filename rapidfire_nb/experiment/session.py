@@ -70,6 +70,9 @@ class FitSession:
     continued: dict[int, int] = field(default_factory=dict)
     stops: dict[int, Any] = field(default_factory=dict)
     closed: bool = False  # close() was called: nothing trains or writes any more
+    finished_before: dict[int, int] = field(
+        default_factory=dict
+    )  # run id -> its step, finished before run_fit
     _halt_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -142,7 +145,8 @@ class FitSession:
         ``stop_reason`` and the ops log's payload and message say it instead of ``stopped by the user (panel)``.
 
         Raises:
-            OpError: unknown op kind, unknown parent run, a change a warm start cannot take, an ``op_id`` that is
+            OpError: unknown op kind, unknown parent run, a change a warm start cannot take, a warm clone of a run
+                that finished before this ``run_fit`` (its final state is not kept), an ``op_id`` that is
                 not a non-empty string, or one already used by another request (another kind or run; the same
                 request again gets its ack, also one answered by an earlier kernel: the ops log).
             ConfigError: a clone whose changes are invalid, or whose run would not fit the disk or the device
@@ -165,6 +169,8 @@ class FitSession:
             )
         # a finished parent's step: the floor of a continuation's max_steps
         parent_run = self.scheduler.run_snapshot(int(run_id))
+        if warm_start and parent_run is not None:
+            self._check_state_kept(parent_run)
         spec = parent_run.spec if parent_run is not None else None
         request = prepare_clone(spec, int(run_id), changes, warm_start, source, parent_run)
         check_clone_fits(request.spec, self.store, getattr(self.inputs, "devices", None), int(run_id))
@@ -174,6 +180,22 @@ class FitSession:
             self.recorder.record_clone(ack.new_run_id, int(run_id), request)
             self.recorder.record_editable(self.specs())
         return ack
+
+    def _check_state_kept(self, parent: RunSnapshot) -> None:
+        """Refuse a warm clone of a run that finished before this ``run_fit`` and has not trained since: its final
+        state (adapter, optimizer, step) is kept only by the kernel session that trained it."""
+        step = self.finished_before.get(parent.run_id)
+        if (
+            step is None
+            or step != parent.step
+            or parent.status not in (RunStatus.COMPLETED, RunStatus.STOPPED)
+        ):
+            return
+        raise OpError(
+            f"run {parent.run_id} finished before this run_fit (at step {step}), and a warm clone continues a run "
+            "from its final state, which only the run_fit session that trained it keeps; clone it cold "
+            "(warm_start=False) with the same changes, or continue a run that finishes in this session"
+        )
 
     def _check_op_id(self, op_id: Any, kind: OpKind, run_id: int, source: str) -> None:
         """Raise OpError when ``op_id`` is not a non-empty string, or names another request: one this kernel (or an

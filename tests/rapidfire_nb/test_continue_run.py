@@ -221,12 +221,23 @@ def test_a_continuation_without_more_steps_is_refused_before_it_gets_an_id(cont:
 
 
 # ================================================================== the budget check alone (no training)
-def _parent(status: str, step: int, total: int) -> Any:
+def _parent(
+    status: str, step: int, total: int, on_device: bool = False, segments: tuple[int, int] = (0, 4)
+) -> Any:
     from types import SimpleNamespace
 
     from kernel_scheduler import RunStatus
 
-    return SimpleNamespace(status=RunStatus(status), step=step, total_steps=total, steps_per_epoch=8)
+    done, num = segments
+    return SimpleNamespace(
+        status=RunStatus(status),
+        step=step,
+        total_steps=total,
+        steps_per_epoch=8,
+        on_device=on_device,
+        segments_done=done,
+        num_segments=num,
+    )
 
 
 def _child(max_steps: int) -> Any:
@@ -293,3 +304,29 @@ def test_max_steps_is_editable_over_rest_also_for_a_run_by_epochs() -> None:
     assert editable_fields({7: spec}) == {
         "7": {"max_steps": "int", "model_name": "str", "num_train_epochs": "int", "learning_rate": "float"}
     }
+
+
+@pytest.mark.parametrize(
+    ("on_device", "segments", "max_steps", "refused"),
+    [
+        (True, (3, 4), 8, True),  # training its last chunk: the clone would start at its end, step 8
+        (True, (3, 4), 12, False),  # ... and continues it to 12
+        (True, (2, 4), 8, False),  # training chunk 3 of 4: the clone starts at that chunk's end
+        (False, (3, 4), 8, False),  # parked before its last chunk: the clone starts from that boundary
+    ],
+)
+def test_a_warm_clone_asked_during_the_parents_last_chunk_must_train_past_its_end(
+    on_device: bool, segments: tuple[int, int], max_steps: int, refused: bool
+) -> None:
+    """A fresh-user pass: a warm clone asked for while run 1 trained its last chunk got an id, then FAILED ("the
+    clone's total steps (8) must exceed the parent's position (step 8)"). Now it is refused at once, saying why."""
+    from rapidfire_nb.errors import OpError
+    from rapidfire_nb.experiment.clones import check_continuation
+
+    parent = _parent("ONGOING", 6, 8, on_device=on_device, segments=segments)
+    err = _catch(lambda: check_continuation(_child(max_steps), 1, {"learning_rate": 1e-3}, parent))
+    assert (err is not None) == refused, err
+    if refused:
+        assert isinstance(err, OpError)
+        assert "it is in its last chunk: a warm clone starts where it ends, at step 8" in str(err)
+        assert "set max_steps above 8, e.g. max_steps=16, or clone it cold (warm_start=False)" in str(err)

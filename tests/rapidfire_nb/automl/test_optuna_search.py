@@ -175,3 +175,25 @@ def test_a_trial_that_repeats_a_tried_config_is_not_trained_again_and_says_so(tm
         f"RFOptuna: trial {repeats[0]} asked for the config of trial " in note and "not trained twice" in note
         for note in notes
     ), notes
+
+
+def test_initial_trials_that_repeat_a_config_train_and_a_note_says_so(tmp_path: Path) -> None:
+    """A fresh-user pass: with 2 configs and n_initial=4, runs 2 and 3 trained the same config with no word."""
+    config = RFModelConfig(
+        model_name="tiny", training_args=RFSFTConfig(learning_rate=List([1e-4, 1e-3]), max_steps=8)
+    )
+    search = RFOptuna(config, "SFT", n_initial=4, budget=6, sampler="random", pruner=None, seed=0)
+    search.bind(tmp_path, num_chunks=4)
+    leaves = search.expand(42)
+    lrs = [leaf.hparams()["learning_rate"] for leaf in leaves]
+    assert len(lrs) == 4 and len(set(lrs)) < 4  # 2 configs, 4 trials: repeats
+    runs = [RunState(r, ON, 0, 4) for r in range(1, 5)]
+    notes = list(search.on_change(runs, runs).notes)
+    repeats = [i for i in range(1, 4) if lrs[i] in lrs[:i]]
+    assert len(notes) == len(repeats), notes
+    first = lrs.index(lrs[repeats[0]])
+    assert notes[0].startswith(
+        f"RFOptuna: trial {repeats[0]} (run {repeats[0] + 1}) asked for the config of trial {first} "
+        f"(run {first + 1}) again; both train"
+    ), notes
+    assert not search.on_change(runs, runs).notes  # said once
