@@ -156,7 +156,9 @@ def test_delete(shell: Any, in_root: Any, capsys: pytest.CaptureFixture[str]) ->
 def test_clone_warm_and_cold(shell: Any, in_root: Any, capsys: pytest.CaptureFixture[str]) -> None:
     exp = in_root
     before = {s.run_id for s in exp.run_snapshots()}
-    _magic(shell, "clone 1 --warm learning_rate=5e-5")
+    # past run 1's end: whether it is training, in its last chunk or COMPLETED by now, the warm clone trains on
+    total = exp.run_snapshot(1).total_steps
+    _magic(shell, f"clone 1 --warm learning_rate=5e-5 max_steps={total + 4}")
     _magic(shell, "clone 1 lora.r=16")
     out = capsys.readouterr().out
     after = {s.run_id for s in exp.run_snapshots()}
