@@ -188,9 +188,8 @@ def cpu_note(model: Any) -> str | None:
     return (
         "the base is loaded quantized on the CPU: bitsandbytes dequantizes the weights at every forward, so a step "
         "is slower than in full precision here (benchmarks/quantized.py); the memory saving is what it is for, on "
-        f"a GPU. A bitsandbytes line '{HUB_KERNEL_LINE} ...' means only that its optional fused CPU kernel could "
-        "not be fetched from the Hugging Face Hub (offline or not trusted): it uses its built-in kernels, with the "
-        "same results"
+        "a GPU. bitsandbytes' optional fused CPU kernel, fetched from the Hugging Face Hub, is not used offline "
+        f"(its line '{HUB_KERNEL_LINE} ...' is hidden): its built-in kernels give the same results"
     )
 
 
