@@ -20,7 +20,7 @@ from kernel_scheduler import EarlyStoppingPolicy
 from .. import meta_keys, schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
-from ..schema.trainer_kinds import check_metric_choice
+from ..schema.trainer_kinds import check_metric_choice, check_metric_name
 from ..training.quantization import refuse_quantized_full_finetunes
 from .resources import check_group_fits
 
@@ -197,10 +197,17 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         policy = check_early_stopping(param_config, eval_dataset, copy=False)
         if exp_dir is not None and hasattr(param_config, "bind"):
             param_config.bind(exp_dir, args.num_chunks)  # its study lives in the experiment folder
-    plots, best_by = check_metric_choice(param_config.trainer_type, args.panel_metrics, args.best_by)
+    # names checked before a search asks its trials; an eval_<name> only with a compute_metrics, after the expansion
+    check_metric_choice(param_config.trainer_type, args.panel_metrics, args.best_by)
     specs = tuple(param_config.expand(args.seed))
     if not specs:
         raise ConfigError("the config group expands to no run")
+    user_metrics = any(getattr(spec, "compute_metrics", None) is not None for spec in specs)
+    plots, best_by = check_metric_choice(
+        param_config.trainer_type, args.panel_metrics, args.best_by, user_metrics
+    )
+    if policy is not None and isinstance(getattr(policy, "metric", None), str):
+        check_metric_name(param_config.trainer_type, policy.metric, "early_stopping's metric", user_metrics)
     check_group_fits(specs, exp_dir, plan)  # the runs fit the disk and the device
     refuse_quantized_full_finetunes(specs)  # full fine-tuning of a quantized base: before anything loads
     return FitInputs(

@@ -24,6 +24,7 @@ __all__ = [
     "KindMetrics",
     "TrainerKindFacts",
     "check_metric_choice",
+    "check_metric_name",
     "metric_mode",
     "trainer_kind",
 ]
@@ -185,19 +186,44 @@ def metric_mode(name: str) -> str:
     return "max" if _HIGHER.search(low) else "min"
 
 
-def _known_metric(facts: TrainerKindFacts, name: str) -> bool:
-    """A name the kind's TRL trainer logs (``eval_`` + one too; GRPO's ``rewards/<func>/mean|std``), or for a kind
-    that takes ``compute_metrics`` any ``eval_<name>`` (the user's metrics are named by the user)."""
+def _known_metric(facts: TrainerKindFacts, name: str, user_metrics: bool) -> bool:
+    """A name the kind's TRL trainer logs (``eval_`` + one too; GRPO's ``rewards/<func>/mean|std``), or, when some
+    run of the group has a ``compute_metrics`` (``user_metrics``; the kind takes one), any ``eval_<name>``: the
+    user's metrics are named by the user."""
     base = name[len("eval_") :] if name.startswith("eval_") else name
     if base in TRAINER_METRICS or base in facts.metrics.logged:
         return True
     if facts.takes_reward_funcs and re.fullmatch(r"rewards/[^/]+/(mean|std)", base):
         return True
-    return name.startswith("eval_") and len(name) > len("eval_") and facts.takes_compute_metrics
+    return (
+        name.startswith("eval_") and len(name) > len("eval_") and facts.takes_compute_metrics and user_metrics
+    )
+
+
+def check_metric_name(trainer_type: object, name: object, field: str, user_metrics: bool = True) -> None:
+    """Refuse a metric name runs of ``trainer_type`` never log (see :func:`check_metric_choice`).
+
+    Args:
+        trainer_type: the group's trainer type.
+        name: the metric name given (``panel_metrics``' entries, ``best_by``, an early-stopping policy's metric).
+        field: what the user set, for the message.
+        user_metrics: some run of the group has a ``compute_metrics``, so any ``eval_<name>`` may be one of its.
+
+    Raises:
+        ConfigError: not a string, or a name the kind never logs, naming ``field`` and examples.
+    """
+    facts = trainer_kind(trainer_type)
+    if isinstance(name, str) and _known_metric(facts, name, user_metrics):
+        return
+    sample = ", ".join(repr(n) for n in dict.fromkeys((*facts.metrics.columns, *facts.metrics.logged[:4])))
+    raise ConfigError(
+        f"{field}: {name!r} is not a metric a {facts.name} run logs; e.g. {sample} (eval_ + a name at evaluation"
+        + (", or one your compute_metrics returns)" if facts.takes_compute_metrics else ")")
+    )
 
 
 def check_metric_choice(
-    trainer_type: object, panel_metrics: object, best_by: object
+    trainer_type: object, panel_metrics: object, best_by: object, user_metrics: bool = True
 ) -> tuple[tuple[str, ...] | None, str | None]:
     """``run_fit``'s ``panel_metrics`` / ``best_by``, checked against what the kind's TRL trainer logs.
 
@@ -205,6 +231,7 @@ def check_metric_choice(
         trainer_type: the group's trainer type.
         panel_metrics: None (the kind's defaults) or 1-2 metric names for the panel's default plots.
         best_by: None (the kind's default) or the metric runs are ranked by (direction: :func:`metric_mode`).
+        user_metrics: some run of the group has a ``compute_metrics``, so any ``eval_<name>`` may be one of its.
 
     Returns:
         ``(plots, best_by)``: the plots as a tuple (None kept), ``best_by`` as given.
@@ -212,7 +239,7 @@ def check_metric_choice(
     Raises:
         ConfigError: a value of the wrong type or a name the kind never logs, naming the field and the choices.
     """
-    facts = trainer_kind(trainer_type)
+    trainer_kind(trainer_type)  # an unknown kind: its ConfigError first
     if panel_metrics is not None:
         if isinstance(panel_metrics, str) or not isinstance(panel_metrics, (list, tuple)):
             raise ConfigError(
@@ -228,10 +255,5 @@ def check_metric_choice(
         ("best_by", () if best_by is None else (best_by,)),
     ):
         for name in names:
-            if not isinstance(name, str) or not _known_metric(facts, name):
-                sample = ", ".join(repr(n) for n in (*facts.metrics.columns, *facts.metrics.logged[:4]))
-                raise ConfigError(
-                    f"{field}: {name!r} is not a metric a {facts.name} run logs; e.g. {sample} (eval_ + a name at "
-                    "evaluation)"
-                )
+            check_metric_name(trainer_type, name, field, user_metrics)
     return (tuple(panel_metrics) if panel_metrics is not None else None), best_by  # type: ignore[return-value]

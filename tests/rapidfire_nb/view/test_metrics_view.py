@@ -153,3 +153,49 @@ def test_a_plots_column_waits_for_the_first_chunk_before_it_is_dropped() -> None
         metric_choice({"trainer_type": "GRPO"}), {1: {"loss": 0.0, "reward": 1.0}}, [], False
     )
     assert grpo["metric_columns"] == ["reward", "eval_reward"]  # a zero loss goes at once, eval_reward waits
+
+
+def test_an_eval_name_without_a_compute_metrics_is_refused() -> None:
+    """A fresh-user pass: ``best_by="eval_los"`` on SFT runs without ``compute_metrics`` was accepted, and end()
+    silently dropped its "best ..." part. Any ``eval_<name>`` is taken only when a run has a compute_metrics."""
+    from rapidfire_nb.errors import ConfigError
+    from rapidfire_nb.schema.trainer_kinds import check_metric_choice
+
+    with pytest.raises(ConfigError, match=r"best_by: 'eval_los' is not a metric a SFT run logs"):
+        check_metric_choice("SFT", None, "eval_los", user_metrics=False)
+    assert check_metric_choice("SFT", None, "eval_rougeL", user_metrics=True) == (None, "eval_rougeL")
+    assert (
+        check_metric_choice("SFT", ["loss", "eval_loss"], "eval_loss", user_metrics=False)[1] == "eval_loss"
+    )
+
+
+def test_an_early_stopping_metric_the_runs_never_log_is_refused_before_training(tmp_path: Any) -> None:
+    """A fresh-user pass: SuccessiveHalving(metric="eval_los") was accepted; training then only noted that no run
+    logged it, and nothing was pruned."""
+    from rapidfire_nb import ConfigError, Experiment
+    from rapidfire_nb.automl import RFGridSearch, RFModelConfig, RFSFTConfig, SuccessiveHalving
+    from rapidfire_nb.testing import tiny_create_model
+    from tests.helpers import qa_dataset, qa_to_chat
+
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            formatting_func=qa_to_chat,
+            training_args=RFSFTConfig(per_device_train_batch_size=2, max_steps=4, max_length=32),
+        ),
+        "SFT",
+    )
+    built: list[int] = []
+
+    def create(config: Any) -> Any:
+        built.append(1)
+        return tiny_create_model(config)
+
+    exp = Experiment("es-typo", experiment_path=tmp_path, quiet=True)
+    with pytest.raises(
+        ConfigError, match=r"early_stopping's metric: 'eval_los' is not a metric a SFT run logs"
+    ):
+        exp.run_fit(
+            group, create, qa_dataset(16), qa_dataset(4), early_stopping=SuccessiveHalving(metric="eval_los")
+        )
+    assert built == []
