@@ -55,6 +55,8 @@ export class PanelView {
     this.showDeleted = false;
     this.smoothing = 0;
     this.logScale = false;
+    /** runs' status and pruned marks at the last plot: a change redraws the curves (their ✂ markers) */
+    this.marksKey = "";
     this.bestMetric = "eval_loss";
     /** the user picked the "best by" metric (else it follows the trainer kind's, the snapshot's best_by) */
     this.bestPicked = false;
@@ -170,9 +172,20 @@ export class PanelView {
       this.statusLine.hidden = true;
       this.renderAll(change.full);
     } else {
-      if (change.table) this.table.render();
+      if (change.table) {
+        this.table.render();
+        if (this.marksChanged()) this.schedulePlot(); // a ✂ marker comes with a prune, not with new points
+      }
       if (change.points) { this.updateBest(); this.schedulePlot(); }
     }
+  }
+
+  /** Whether a run's status or pruned mark changed since the last call (the curves draw both). */
+  marksChanged() {
+    const key = (this.state.snapshot?.runs || []).map((r) => `${r.run_id}:${r.status}:${r.pruned ? 1 : 0}`).join();
+    if (key === this.marksKey) return false;
+    this.marksKey = key;
+    return true;
   }
 
   /** The experiment ended: its static copy (HTML drawn and escaped by the kernel) replaces the live view. */

@@ -50,6 +50,12 @@ def test_pruned_runs_are_marked_and_nothing_moves(lab: Any) -> None:
     page.wait_for_function(
         "() => Number(document.querySelector('[data-rf-plots]').dataset.points) > 20", timeout=30_000
     )
+    # run 2 has a curve before it is pruned (its ✂ marker ends it): the fake source trains runs chunk by chunk
+    page.wait_for_function(
+        """() => { const c = document.querySelector('[data-rf-panel] tr[data-run-id="2"] .rf-col-step');
+                   return !!c && !c.textContent.trim().startsWith('0/'); }""",
+        timeout=30_000,
+    )
     row1 = panel.locator('tr[data-run-id="1"]')
     heights = panel.evaluate("el => [...el.querySelectorAll('tr.rf-run-row')].map(r => r.offsetHeight)")
     lab.run_cell(1)
