@@ -535,7 +535,14 @@ def test_kernel_death_restart_redraws_history_and_resumes(lab: Any, rf_home: Pat
 # polls; the run stops while the cell still runs, and the late comm message is not applied a second time.
 
 FALLBACK_EXPERIMENT = "browser-fallback"
-FALLBACK_FIT_CELL = SETUP_CELL.replace(RESTART_EXPERIMENT, FALLBACK_EXPERIMENT) + RESUME_FIT_CELL
+# long enough that run 2 still trains when the op posted through the server arrives (~1-3 s after the click):
+# on a quiet machine 3 epochs ended first and the stop was rejected ("run 2 is COMPLETED")
+FALLBACK_FIT_CELL = (
+    SETUP_CELL.replace(RESTART_EXPERIMENT, FALLBACK_EXPERIMENT).replace(
+        "num_train_epochs=3", "num_train_epochs=30"
+    )
+    + RESUME_FIT_CELL
+)
 BUSY_CELL = "import time\nprint('SLEEPING', flush=True)\ntime.sleep(300)\nprint('SLEPT')\n"
 
 
