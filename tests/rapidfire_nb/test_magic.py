@@ -190,13 +190,21 @@ def test_values_are_literals_never_evaluated(
     shell: Any, in_root: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import os
+    import threading
 
     from IPython.core.error import UsageError
 
     from rapidfire_nb.magic import parse_changes
 
     calls: list[int] = []
-    monkeypatch.setattr(os, "getpid", lambda: calls.append(1) or 12345)
+    real_getpid = os.getpid
+
+    def getpid() -> int:  # counted on this thread only: the recorder's heartbeat asks for the pid every 2 s
+        if threading.current_thread() is threading.main_thread():
+            calls.append(1)
+        return real_getpid()
+
+    monkeypatch.setattr(os, "getpid", getpid)
     exp = in_root
     ids = {s.run_id for s in exp.run_snapshots()}
     n_ops = len(exp.ops())
