@@ -14,7 +14,8 @@ export const COMM_ACK_TIMEOUT_MS = 2500;
 /** Milliseconds after which a click's buttons stop waiting for its answer. */
 export const PENDING_TIMEOUT_MS = 15000;
 
-/** @typedef {{op_id: string, kind: string, run_id: number, changes: Record<string, any>, warm_start: boolean}} OpRequest */
+/** @typedef {{op_id: string, kind: string, run_id: number, changes: Record<string, any>, warm_start: boolean,
+ *   reason?: string}} OpRequest */
 /** @typedef {{send: (content: any, callbacks?: any, buffers?: any[]) => void}} Sender */
 
 /** A fresh op id (a uuid4). */
@@ -28,14 +29,14 @@ export function newOpId() {
   return `${x.slice(0, 8)}-${x.slice(8, 12)}-${x.slice(12, 16)}-${x.slice(16, 20)}-${x.slice(20)}`;
 }
 
-/** The JSON body of an op for the server's inbox (only a clone carries changes and warm_start).
- * @param {OpRequest} op */
+/** The JSON body of an op for the server's inbox (only a clone carries changes and warm_start; a stop its own
+ * reason, when it has one). @param {OpRequest} op */
 export function opBody(op) {
   if (takesChanges(op.kind)) {
     return { op_id: op.op_id, kind: op.kind, run_id: op.run_id, changes: op.changes || {},
       warm_start: !!op.warm_start };
   }
-  return { op_id: op.op_id, kind: op.kind, run_id: op.run_id };
+  return { op_id: op.op_id, kind: op.kind, run_id: op.run_id, ...(op.reason ? { reason: op.reason } : {}) };
 }
 
 /** The inbox path under the server's `rapidfire/api/`. @param {string} name the experiment */
@@ -111,11 +112,11 @@ export function createOpSender(model, state, changed) {
     }
   };
   const send = (/** @type {string} */ kind, /** @type {number} */ runId, changes = {}, warm = false, reason = "") => {
-    const op = { op_id: newOpId(), kind, run_id: runId, changes, warm_start: warm }; // once per click
+    // once per click; a stop's own reason ("stop all but best 2 by eval_loss") goes with the comm message and with
+    // the same op posted to the server's inbox after 2.5 s
+    const op = { op_id: newOpId(), kind, run_id: runId, changes, warm_start: warm, ...(reason ? { reason } : {}) };
     clickSent(state, kind, runId, op.op_id);
-    // a stop's own reason ("stop all but best 2 by eval_loss") goes with the comm message (the server's inbox takes
-    // none: an op posted there after 2.5 s is recorded as the user's stop)
-    if (!safeSend(model, { type: "op", ...op, ...(reason ? { reason } : {}) })) {
+    if (!safeSend(model, { type: "op", ...op })) {
       clickFailed(state, kind, runId, op.op_id);
       changed({ notices: true, table: true });
       return;

@@ -240,8 +240,12 @@ class FitSession:
                         warm_start=bool(payload.get("warm_start")),
                         source="inbox",
                     )
-                else:
-                    ops.append(Op(OpKind(kind), int(row["run_id"]), op_id=row["op_id"], source="inbox"))
+                else:  # a stop's own reason, checked by the server as submit checks one from the comm
+                    reason = payload.get("reason") if kind == "stop" else None
+                    own = {"reason": reason} if isinstance(reason, str) and 0 < len(reason) <= 200 else {}
+                    ops.append(
+                        Op(OpKind(kind), int(row["run_id"]), op_id=row["op_id"], payload=own, source="inbox")
+                    )
             except Exception as exc:
                 self.store.add_op(
                     row["op_id"],

@@ -1,7 +1,8 @@
 """What an op request may hold, checked before anything is read or written: its bytes, its JSON, its fields.
 
 :func:`parse_op_body` turns a POST body into JSON (size, UTF-8, nesting depth, no NaN/Infinity) and
-:func:`parse_op` into ``(op_id, kind, run_id, changes, warm_start)``; :func:`check_change` checks one changed field
+:func:`parse_op` into ``(op_id, kind, run_id, changes, warm_start)``, :func:`parse_reason` reads a stop's own
+``reason``; :func:`check_change` checks one changed field
 against the JSON type the kernel stored for it. The op kinds and which of them take ``changes`` and ``warm_start``
 are :data:`kernel_scheduler.op_kinds.OP_KINDS`'s. Every refusal is an :class:`ApiError` with an HTTP status and a
 message meant for the user. Standard library + :mod:`kernel_scheduler` + :mod:`rapidfire_nb.redact` only.
@@ -34,6 +35,7 @@ __all__ = [
     "json_text_depth",
     "parse_op",
     "parse_op_body",
+    "parse_reason",
 ]
 
 MAX_BODY_BYTES = 64 * 1024
@@ -48,6 +50,8 @@ _FIELD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,199}")
 _MAX_STR = 10_000
 _MAX_LIST = 1_000
 _MAX_CHANGES = 100
+MAX_REASON_CHARS = 200
+"""Longest stop ``reason`` (the kernel's limit for one sent over the comm: ``FitSession.submit``)."""
 _INT_MAX = 2**63 - 1
 
 MAX_JSON_DEPTH = 16
@@ -55,7 +59,7 @@ MAX_JSON_DEPTH = 16
 
 _TOO_DEEP = (
     f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays/objects); "
-    "an op is {op_id, kind, run_id, changes?, warm_start?}"
+    "an op is {op_id, kind, run_id, changes?, warm_start?, reason?}"
 )
 
 
@@ -177,21 +181,23 @@ def parse_op(body: Any) -> tuple[str, str, int, dict[str, Any], bool]:
     """An op request's ``(op_id, kind, run_id, changes, warm_start)``, checked field by field.
 
     Raises:
-        ApiError: 400 for anything but ``{"op_id"?, "kind", "run_id", "changes"?, "warm_start"?}`` with valid
-            values (only a clone takes ``changes`` and ``warm_start``).
+        ApiError: 400 for anything but ``{"op_id"?, "kind", "run_id", "changes"?, "warm_start"?, "reason"?}``
+            with valid values (only a clone takes ``changes`` and ``warm_start``; a stop's ``reason`` is read by
+            :func:`parse_reason`).
     """
     if not isinstance(body, dict):
         raise ApiError(
-            400, "the request body must be a JSON object {op_id, kind, run_id, changes?, warm_start?}"
+            400,
+            "the request body must be a JSON object {op_id, kind, run_id, changes?, warm_start?, reason?}",
         )
     if json_depth(body) > MAX_JSON_DEPTH:
         raise ApiError(400, _TOO_DEEP)
-    unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start"})
+    unknown = sorted(set(body) - {"op_id", "kind", "run_id", "changes", "warm_start", "reason"})
     if unknown:
         raise ApiError(
             400,
             f"unknown key(s) {', '.join(map(repr, unknown))}; an op has op_id, kind, "
-            "run_id, changes, warm_start",
+            "run_id, changes, warm_start, reason",
         )
     op_id = body.get("op_id")
     if op_id is None:
@@ -207,6 +213,27 @@ def parse_op(body: Any) -> tuple[str, str, int, dict[str, Any], bool]:
     if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id <= _INT_MAX:
         raise ApiError(400, f"run_id must be a positive integer, got {describe(run_id)}")
     return op_id, kind, run_id, *_clone_fields(kind, body)
+
+
+def parse_reason(kind: str, body: Any) -> str | None:
+    """A stop's own ``reason`` in an op request (the panel's "stop all but best 2 by eval_loss"), checked as the
+    kernel checks one sent over the comm (``FitSession.submit``): only a stop names one, a string of at most
+    :data:`MAX_REASON_CHARS` characters. None when the body has none (or an empty one): the stop is recorded as
+    the user's.
+
+    Raises:
+        ApiError: 400 for a reason that is not a string, is longer, or goes with another kind than stop.
+    """
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if reason is None or reason == "":
+        return None
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+        raise ApiError(
+            400, f"reason must be a text of at most {MAX_REASON_CHARS} characters, got {describe(reason)}"
+        )
+    if kind != OpKind.STOP.value:
+        raise ApiError(400, f"a {kind} op takes no reason (only stop names one)")
+    return reason
 
 
 def _clone_fields(kind: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:

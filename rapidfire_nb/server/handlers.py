@@ -147,7 +147,8 @@ class SnapshotHandler(_ApiBase):
 
 
 class OpsHandler(_ApiBase):
-    """``POST rapidfire/api/experiments/<name>/ops`` — queue an IC Op in the experiment's inbox (202)."""
+    """``POST rapidfire/api/experiments/<name>/ops`` — queue an IC Op in the experiment's inbox (202); the body is
+    ``{op_id?, kind, run_id, changes?, warm_start?, reason?}`` (``reason``: a stop's own, e.g. the panel's bulk stop)."""
 
     @web.authenticated
     @authorized

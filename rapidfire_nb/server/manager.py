@@ -48,6 +48,7 @@ from .checks import (
     json_text_depth,
     parse_op,
     parse_op_body,
+    parse_reason,
 )
 
 __all__ = [
@@ -290,7 +291,9 @@ class ExperimentsManager:
         """Validate an op request and leave it in the experiment's inbox for its kernel (idempotent on op_id).
 
         Args:
-            body: the decoded JSON request ``{"op_id"?, "kind", "run_id", "changes"?, "warm_start"?}``.
+            body: the decoded JSON request ``{"op_id"?, "kind", "run_id", "changes"?, "warm_start"?, "reason"?}``
+                (``reason``: a stop's own, at most 200 characters, e.g. ``"stop all but best 2 by eval_loss"``;
+                the kernel records it as the run's ``stop_reason``, as for one sent over the comm).
 
         Returns:
             ``{"op_id", "kind", "run_id", "state": "queued", "duplicate", "message"}`` (``duplicate``: an op
@@ -301,6 +304,7 @@ class ExperimentsManager:
                 (the message says how to continue), or ``op_id`` was used before by an op of another kind or run.
         """
         op_id, kind, run_id, changes, warm = parse_op(body)
+        reason = parse_reason(kind, body)
         with self._open(name) as store:
             run = store.get_run(run_id)
             if run is None:
@@ -324,7 +328,13 @@ class ExperimentsManager:
                     "kernel that trains it. Re-run its notebook cells (Experiment(...) then "
                     "run_fit(...)) and try again.",
                 )
-            payload = {"changes": changes, "warm_start": warm} if takes_changes else None
+            payload = (
+                {"changes": changes, "warm_start": warm}
+                if takes_changes
+                else {"reason": reason}
+                if reason
+                else None
+            )
             # the one write: post_inbox_op opens its own short-lived read-write connection
             try:
                 posted = store.post_inbox_op(op_id, kind, run_id, payload)

@@ -97,7 +97,7 @@ test("first words and the curve's ✂ marker at a pruned run's last point", () =
   assert.equal(pruneMarker(c, undefined), null);
 });
 
-test("'stop all but best k' sends its own reason with each stop; the server's inbox body never carries it", async () => {
+test("'stop all but best k' sends its own reason with each stop, over the comm and in the server's inbox body", async () => {
   const { bulkStopReason } = await import("../../../widgets/rank.js");
   const { createOpSender, opBody } = await import("../../../widgets/ops.js");
   assert.equal(bulkStopReason(2, "eval_loss"), "stop all but best 2 by eval_loss");
@@ -108,5 +108,6 @@ test("'stop all but best k' sends its own reason with each stop; the server's in
   sender.dispose();
   assert.equal(sent[0].reason, "stop all but best 2 by eval_loss");
   assert.equal("reason" in sent[1], false); // a plain click: the user's stop
-  assert.deepEqual(Object.keys(opBody(sent[0])).sort(), ["kind", "op_id", "run_id"]);
+  assert.equal(opBody(sent[0]).reason, "stop all but best 2 by eval_loss"); // the HTTP fallback keeps it
+  assert.deepEqual(Object.keys(opBody(sent[1])).sort(), ["kind", "op_id", "run_id"]);
 });
