@@ -118,3 +118,65 @@ export function metricDirection(name) {
   if (n.includes("loss") || n.includes("perplexity") || n.includes("error")) return "min";
   return /acc|reward|margin|f1|bleu|rouge|precision|recall|score|auc|win/.test(n) ? "max" : "min";
 }
+
+/** A plot's y range spans more than this factor (largest / smallest value): "auto" draws it on a log scale. */
+export const AUTO_LOG_SPAN = 10;
+
+/**
+ * The y scale of one plot. "log" and "linear" are the user's explicit choice and win; "auto" (the default) picks a
+ * log scale when every value is positive and the largest is more than {@link AUTO_LOG_SPAN} times the smallest
+ * (DPO's `ipo` loss ≈ 25 beside sigmoid's ≈ 0.7); where a log scale cannot show the values (zero or negative:
+ * rewards, margins), it ignores outliers in the range as TensorBoard's "Ignore outliers in chart scaling" does: the
+ * range is the 5th to 95th percentile of the values, padded by 5 % of that span on each side, when the full range is
+ * more than 10 times wider. `auto` says the scale or the range was chosen here (the plot shows a cue), `span` the
+ * largest / smallest value (log) and `clipped` how many values lie outside the range.
+ * @param {(number|null)[][]} valueLists the raw values of each curve drawn (non-finite ones are ignored)
+ * @param {"auto"|"linear"|"log"} choice
+ * @returns {{type: "log"|"linear", auto: boolean, span: number|null, range: [number, number]|null, clipped: number}}
+ */
+export function yScale(valueLists, choice) {
+  const none = { span: null, range: null, clipped: 0 };
+  if (choice === "log" || choice === "linear") return { type: choice, auto: false, ...none };
+  const vs = valueLists.flat().filter((v) => typeof v === "number" && Number.isFinite(v)).sort((a, b) => a - b);
+  if (vs.length < 2) return { type: "linear", auto: false, ...none };
+  const lo = vs[0], hi = vs[vs.length - 1];
+  if (lo > 0 && hi / lo > AUTO_LOG_SPAN) return { type: "log", auto: true, ...none, span: hi / lo };
+  const q05 = quantile(vs, 0.05), q95 = quantile(vs, 0.95);
+  if (!(q95 > q05) || hi - lo <= 10 * (q95 - q05)) return { type: "linear", auto: false, ...none };
+  const pad = 0.05 * (q95 - q05);
+  const range = /** @type {[number, number]} */ ([q05 - pad, q95 + pad]);
+  return { type: "linear", auto: true, span: null, range, clipped: vs.filter((v) => v < range[0] || v > range[1]).length };
+}
+
+/** The `q` quantile of sorted values, interpolated linearly (d3.quantile's). @param {number[]} sorted @param {number} q */
+export function quantile(sorted, q) {
+  const i = (sorted.length - 1) * q, lo = Math.floor(i);
+  return lo + 1 < sorted.length ? sorted[lo] + (sorted[lo + 1] - sorted[lo]) * (i - lo) : sorted[lo];
+}
+
+/**
+ * One x range for every plot of a view (the union of their curves' x values), padded by 2 % of its span so that
+ * the end markers are not cut: a loss logged every step and an eval loss logged every 50 steps line up. Null
+ * without two distinct finite x values (plotly's own autorange then).
+ * @param {Curve[]} curves every curve of every plot @returns {[number, number]|null}
+ */
+export function sharedXRange(curves) {
+  let lo = Infinity, hi = -Infinity;
+  for (const c of curves) for (const x of c.x) if (Number.isFinite(x)) { lo = Math.min(lo, x); hi = Math.max(hi, x); }
+  if (!(hi > lo)) return null;
+  const pad = 0.02 * (hi - lo);
+  return [lo - pad, hi + pad];
+}
+
+/**
+ * The cue a plot shows while its y axis is not the plain linear one: "log scale" (the user's choice), "log scale ·
+ * auto (values span 36×)", or "outliers clipped · auto (3 points off the range)"; "" for a plain linear axis.
+ * @param {ReturnType<typeof yScale>} scale @returns {string}
+ */
+export function scaleCue(scale) {
+  if (scale.type === "log") {
+    return scale.auto ? `log scale · auto (values span ${Math.round(/** @type {number} */ (scale.span))}×)` : "log scale";
+  }
+  if (scale.range) return `outliers clipped · auto (${scale.clipped} point${scale.clipped === 1 ? "" : "s"} off the range)`;
+  return "";
+}

@@ -5,9 +5,16 @@
  * trace data of widgets/curves.js: x axis step / samples seen / wall time, EMA smoothing (the raw curve stays,
  * faint, as in TensorBoard), log scale, a warm clone joined to its parent, identical curves dashed, whole-number
  * step ticks, the value of every run at the hovered step, and a ✂ marker where early stopping cut a pruned run.
+ * Every plot of a view has the same x range (a user's zoom on one is kept); the y scale is the user's (linear or log)
+ * or, by default, chosen per plot (curves.yScale: a log scale when the values span more than 10×, outliers left out
+ * of the range where a log scale cannot show them), with a cue in the card's head whenever it is not plain linear.
+ *
+ * Test hooks: .rf-card[data-metric][data-scale][data-scale-auto], [data-rf-scale-cue].
  */
 
-import { curve, duplicateCurves, integerDtick, parentSeries, pruneMarker } from "./curves.js";
+import {
+  curve, duplicateCurves, integerDtick, parentSeries, pruneMarker, scaleCue, sharedXRange, yScale,
+} from "./curves.js";
 import { h } from "./dom.js";
 import { DEFAULT_METRICS, plotlyText, runColor } from "./format.js";
 import { metricOrder, plotMetrics } from "./state.js";
@@ -21,9 +28,10 @@ const PLOT_CONFIG = { displaylogo: false, responsive: false, displayModeBar: "ho
  * @typedef {{promise: Promise<any>, resolve: (p: any) => void, reject: (e: any) => void,
  *   requestedAt: number, loading: boolean, done: boolean, askedBy: WeakSet<object>}} PlotlyLoader
  * @typedef {{metric: string, card: HTMLElement, div: HTMLElement, select: HTMLSelectElement,
- *   empty: HTMLElement, initialized: boolean, picked: string|null}} PlotSlot
+ *   empty: HTMLElement, cue: HTMLElement, initialized: boolean, picked: string|null, zoomed: boolean,
+ *   xRange: [number, number]|null, xKey: string}} PlotSlot
  * @typedef {{xAxis: "step"|"samples"|"wall", showDeleted: boolean, hiddenRuns: Set<number>, themeKey: string,
- *   smoothing: number, logScale: boolean}} PlotView
+ *   smoothing: number, yScale: "auto"|"linear"|"log"}} PlotView
  * @typedef {import("./state.js").State} State
  * @typedef {import("./state.js").Series} Series
  */
@@ -107,10 +115,12 @@ export class PlotArea {
       "aria-label": "metric" }));
     const div = h("div", { class: "rf-plot", style: { height: `${PLOT_HEIGHT}px` } });
     const empty = h("div", { class: "rf-plot-empty", text: "loading plotly.js…" });
+    const cue = h("span", { class: "rf-scale-cue", "data-rf-scale-cue": "", hidden: true });
     const card = h("div", { class: "rf-card", "data-metric": metric },
-      h("div", { class: "rf-card-head" }, select), h("div", { class: "rf-plot-box" }, div, empty));
+      h("div", { class: "rf-card-head" }, select, cue), h("div", { class: "rf-plot-box" }, div, empty));
     /** @type {PlotSlot} */
-    const slot = { metric, card, div, select, empty, initialized: false, picked: null };
+    const slot = { metric, card, div, select, empty, cue, initialized: false, picked: null, zoomed: false, xRange: null,
+      xKey: "" };
     select.addEventListener("change", () => {
       slot.metric = slot.picked = select.value; card.dataset.metric = slot.metric; onChange();
     });
@@ -142,28 +152,33 @@ export class PlotArea {
     this.refreshMetricOptions();
     if (!this.Plotly) return;
     let total = 0;
-    for (const slot of this.slots) total += this.drawSlot(slot, view);
+    const drawn = this.slots.map((slot) => ({ slot, ...this.curves(slot, view) }));
+    const xRange = view.xAxis === "wall" ? null : sharedXRange(drawn.flatMap((d) => [...d.curves.values()]));
+    for (const d of drawn) total += this.drawSlot(d, view, xRange);
     this.el.dataset.points = String(total);
   }
 
-  /** The curves of one card. @param {PlotSlot} slot @param {PlotView} view */
+  /** The curves of one card and its y scale. @param {PlotSlot} slot @param {PlotView} view */
   curves(slot, view) {
     const byRun = this.state.series.get(slot.metric) || new Map();
     const runInfo = new Map((this.state.snapshot?.runs || []).map((r) => [r.run_id, r]));
     const deleted = (/** @type {number} */ id) => runInfo.get(id)?.status === "DELETED";
     const ids = [...byRun.keys()].filter((id) => (view.showDeleted || !deleted(id)) && !view.hiddenRuns.has(id))
       .sort((a, b) => a - b);
+    const scale = yScale(ids.map((id) => /** @type {Series} */ (byRun.get(id)).value), view.yScale);
     /** @type {Map<number, import("./curves.js").Curve>} */ const curves = new Map();
     for (const id of ids) {
-      curves.set(id, curve(byRun.get(id), { xAxis: view.xAxis, weight: view.smoothing, log: view.logScale,
+      curves.set(id, curve(byRun.get(id), { xAxis: view.xAxis, weight: view.smoothing, log: scale.type === "log",
         parent: parentSeries(runInfo.get(id), byRun) }));
     }
-    return { curves, deleted, runInfo };
+    return { curves, deleted, runInfo, scale };
   }
 
-  /** @param {PlotSlot} slot @param {PlotView} view @returns {number} points plotted in this slot */
-  drawSlot(slot, view) {
-    const { curves, deleted, runInfo } = this.curves(slot, view);
+  /** @param {{slot: PlotSlot, curves: Map<number, import("./curves.js").Curve>, deleted: (id: number) => boolean,
+   *   runInfo: Map<number, any>, scale: ReturnType<typeof yScale>}} drawn
+   * @param {PlotView} view @param {[number, number]|null} xRange the views' shared x range
+   * @returns {number} points plotted in this slot */
+  drawSlot({ slot, curves, deleted, runInfo, scale }, view, xRange) {
     const dups = duplicateCurves(curves);
     let total = 0;
     /** @type {any[]} */ const raw = [], data = [], marks = [];
@@ -177,9 +192,43 @@ export class PlotArea {
     slot.empty.textContent = `no ${slot.metric} points yet`;
     slot.empty.hidden = total > 0;
     slot.card.dataset.smoothed = String(view.smoothing > 0);
-    this.Plotly.react(slot.div, [...raw, ...data, ...marks], this.layout(slot.metric, view, curves, total > 0), PLOT_CONFIG);
+    this.showScale(slot, scale, total > 0);
+    if (slot.xKey !== `${slot.metric}|${view.xAxis}`) { slot.zoomed = false; slot.xKey = `${slot.metric}|${view.xAxis}`; }
+    if (!slot.zoomed) slot.xRange = xRange; // a user's zoom keeps the range plotly was last given (uirevision)
+    const layout = this.layout(slot.metric, view, curves, total > 0, scale);
+    if (slot.xRange) layout.xaxis = { ...layout.xaxis, range: slot.xRange, autorange: false };
+    this.Plotly.react(slot.div, [...raw, ...data, ...marks], layout, PLOT_CONFIG);
+    if (!slot.initialized) this.watchZoom(slot);
     slot.initialized = true;
     return total;
+  }
+
+  /** The card's scale cue: "log scale", "log scale · auto (values span 36×)", "outliers clipped · auto (…)".
+   * @param {PlotSlot} slot @param {ReturnType<typeof yScale>} scale @param {boolean} hasData */
+  showScale(slot, scale, hasData) {
+    const text = hasData ? scaleCue(scale) : "";
+    slot.card.dataset.scale = scale.type;
+    slot.card.dataset.scaleAuto = String(scale.auto);
+    if (slot.cue.textContent !== text) slot.cue.textContent = text;
+    slot.cue.hidden = !text;
+    slot.cue.title = scale.auto ? "chosen because the values span a wide range; pick linear or log above to override"
+      : "the y scale you picked (auto chooses by the values' range)";
+  }
+
+  /** Follow the user's zoom on the x axis of a card (a double click, autorange, gives it back to the shared range).
+   * @param {PlotSlot} slot */
+  watchZoom(slot) {
+    const div = /** @type {any} */ (slot.div);
+    if (typeof div.on !== "function") return;
+    div.on("plotly_relayout", (/** @type {any} */ e) => {
+      if (!e) return;
+      if (e["xaxis.autorange"]) { slot.zoomed = false; return; }
+      if (e["xaxis.range[0]"] !== undefined || e["xaxis.range"]) {
+        const r = (e["xaxis.range"] || [e["xaxis.range[0]"], e["xaxis.range[1]"]]).map(Number);
+        slot.zoomed = r.every(Number.isFinite); // a date axis (wall time) keeps plotly's own zoom
+        if (slot.zoomed) slot.xRange = [r[0], r[1]];
+      }
+    });
   }
 
   /** The faint unsmoothed curve under a smoothed one. @param {import("./curves.js").Curve} c @param {number} id */
@@ -217,8 +266,9 @@ export class PlotArea {
   }
 
   /** The layout of a card (Plotly.react keeps zoom through uirevision). @param {string} metric
-   * @param {PlotView} view @param {Map<number, any>} curves @param {boolean} hasData */
-  layout(metric, view, curves, hasData) {
+   * @param {PlotView} view @param {Map<number, any>} curves @param {boolean} hasData
+   * @param {ReturnType<typeof yScale>} scale @returns {any} */
+  layout(metric, view, curves, hasData, scale) {
     const t = themeColors(this.el);
     const lr = metric === "learning_rate";
     return {
@@ -227,10 +277,11 @@ export class PlotArea {
       font: { family: t.font, size: 11, color: t.fg },
       xaxis: { ...this.xaxis(view, curves, t), visible: hasData },
       yaxis: { gridcolor: t.grid, zeroline: false, linecolor: t.border, automargin: true, visible: hasData,
-        type: view.logScale ? "log" : "linear", exponentformat: lr ? "e" : "B", tickformat: lr ? "" : undefined },
+        type: scale.type, exponentformat: lr ? "e" : "B", tickformat: lr ? "" : undefined,
+        ...(scale.range ? { range: scale.range, autorange: false } : {}) },
       showlegend: false, hovermode: "x unified",
       hoverlabel: { bgcolor: t.bg, bordercolor: t.border, font: { color: t.fg, family: t.font, size: 11 } },
-      uirevision: `${metric}|${view.xAxis}|${view.logScale}`,
+      uirevision: `${metric}|${view.xAxis}|${scale.type}|${scale.range ? "clip" : ""}`,
     };
   }
 

@@ -5,7 +5,7 @@
  * time left; the early-stopping line: trials asked / budget, pruned runs; the run on the device, or with several
  * devices one chip per device: "cpu:0 · run 3", "cpu:1 · idle", "cuda:2 · lost"), one reserved line for op notices (nothing below moves), the compare bar
  * (best run by a metric, "stop all but the best k", CSV export), the run table (widgets/table.js), the curve
- * controls (x axis step / samples / wall time, smoothing, log scale), the legend, the curves (widgets/plots.js),
+ * controls (x axis step / samples / wall time, smoothing, y scale auto / linear / log), the legend, the curves (widgets/plots.js),
  * the parallel-coordinates view (widgets/compare.js) and the ops log. When the experiment ends, the static copy
  * the kernel sends (`frozen`) replaces it all.
  *
@@ -13,7 +13,7 @@
  * [data-rf-count] (the header's counts: "2 stopped", "2 pruned" apart), [data-rf-early-stopping],
  * [data-rf-devices] > [data-rf-device][data-state][data-run-id],
  * [data-rf-plots][data-points],
- * button[data-x], input[data-rf-smoothing], input[data-rf-log], select[data-rf-best-by],
+ * button[data-x], input[data-rf-smoothing], button[data-y] (auto / linear / log), select[data-rf-best-by],
  * input[data-rf-keep] + button[data-rf-stop-all-but], button[data-rf-export], input[data-rf-show-deleted],
  * .rf-legend-item[data-run-id], .rf-op-item[data-state], .rf-notice[data-state], [data-rf-frozen], and the
  * table's (widgets/table.js).
@@ -43,6 +43,10 @@ const CLOCK_SVG = '<svg viewBox="0 0 16 16" width="12" height="12" fill="none" s
 /** The header's counts, in this order: a pruned run (STOPPED by early stopping) counts apart from the user's stops. */
 const COUNTED = STATUSES.flatMap((s) => (s === "STOPPED" ? [s, "PRUNED"] : [s]));
 const X_AXES = /** @type {const} */ ([["step", "step"], ["samples", "samples seen"], ["wall", "wall time"]]);
+const Y_SCALES = /** @type {const} */ ([
+  ["auto", "a log scale when a plot's values span more than 10×, else linear with outliers left out of the range " +
+    "when they would flatten the rest (a cue on the plot says so)"],
+  ["linear", "linear y axis, every value in range"], ["log", "log y axis (values <= 0 are not drawn)"]]);
 
 export class PanelView {
   /** @param {Model} model @param {HTMLElement} el @param {State} state @param {OpSender} ops */
@@ -54,7 +58,8 @@ export class PanelView {
     this.xAxis = /** @type {"step"|"samples"|"wall"} */ ("step");
     this.showDeleted = false;
     this.smoothing = 0;
-    this.logScale = false;
+    /** the y scale: "auto" (each plot's own, widgets/curves.yScale) until the user picks linear or log */
+    this.yScale = /** @type {"auto"|"linear"|"log"} */ ("auto");
     /** runs' status and pruned marks at the last plot: a change redraws the curves (their ✂ markers) */
     this.marksKey = "";
     this.bestMetric = "eval_loss";
@@ -152,14 +157,18 @@ export class PanelView {
     const slider = /** @type {HTMLInputElement} */ (h("input", { type: "range", min: "0", max: "0.99", step: "0.01",
       value: "0", "data-rf-smoothing": "", "aria-label": "smoothing",
       oninput: () => { this.smoothing = Number(slider.value); this.smoothValue.textContent = slider.value; this.schedulePlot(); } }));
-    const log = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox", "data-rf-log": "",
-      onchange: () => { this.logScale = log.checked; this.schedulePlot(); } }));
+    /** @type {Record<string, HTMLElement>} */ this.yButtons = {};
+    for (const [y, title] of Y_SCALES) {
+      this.yButtons[y] = h("button", { type: "button", class: `rf-seg-btn${y === this.yScale ? " rf-on" : ""}`,
+        "data-y": y, text: y, title, onclick: () => this.setYScale(y) });
+    }
     return h("div", { class: "rf-toolbar rf-curve-bar" },
       h("div", { class: "rf-seg", role: "group", "aria-label": "x axis" },
         h("span", { class: "rf-seg-label", text: "x axis" }), ...Object.values(this.xButtons)),
       h("label", { class: "rf-inline", title: "exponential moving average, as TensorBoard's smoothing (the raw curve stays, faint)" },
         h("span", { class: "rf-seg-label", text: "smoothing" }), slider, this.smoothValue),
-      h("label", { class: "rf-check", title: "log scale on the y axis" }, log, h("span", { text: "log scale" })));
+      h("div", { class: "rf-seg", role: "group", "aria-label": "y scale" },
+        h("span", { class: "rf-seg-label", text: "y scale" }), ...Object.values(this.yButtons)));
   }
 
   /** Redraw what a state change touched. @param {Change} change */
@@ -393,6 +402,14 @@ export class PanelView {
     if (x === this.xAxis) return;
     this.xAxis = x;
     for (const [k, b] of Object.entries(this.xButtons)) b.classList.toggle("rf-on", k === x);
+    this.schedulePlot();
+  }
+
+  /** The user's y scale (wins over the automatic one). @param {"auto"|"linear"|"log"} y */
+  setYScale(y) {
+    if (y === this.yScale) return;
+    this.yScale = y;
+    for (const [k, b] of Object.entries(this.yButtons)) b.classList.toggle("rf-on", k === y);
     this.schedulePlot();
   }
 

@@ -2,7 +2,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { curve, duplicateCurves, integerDtick, metricDirection, parentSeries, smooth } from "../../../widgets/curves.js";
+import {
+  curve, duplicateCurves, integerDtick, metricDirection, parentSeries, quantile, scaleCue, sharedXRange, smooth, yScale,
+} from "../../../widgets/curves.js";
 
 const series = (steps, values, wall) => ({ step: steps, samples: steps.map((s) => s * 4), value: values,
   wall: wall || steps.map(() => null) });
@@ -52,4 +54,41 @@ test("whole-number ticks on count axes; metric directions", () => {
   assert.equal(metricDirection("eval_mean_token_accuracy"), "max");
   assert.equal(metricDirection("rewards/margins"), "max");
   assert.equal(metricDirection("grad_norm"), "min");
+});
+
+test("auto y scale: log when the values span more than 10× (DPO ipo ≈ 25 beside sigmoid ≈ 0.7); the user's wins", () => {
+  const sigmoid = [0.69, 0.65, 0.6], ipo = [25, 24, 22];
+  const auto = yScale([sigmoid, sigmoid, sigmoid, ipo], "auto");
+  assert.equal(auto.type, "log");
+  assert.equal(auto.auto, true);
+  assert.equal(Math.round(auto.span), Math.round(25 / 0.6));
+  assert.equal(scaleCue(auto), "log scale · auto (values span 42×)");
+  assert.deepEqual(yScale([sigmoid, ipo], "linear"), { type: "linear", auto: false, span: null, range: null, clipped: 0 });
+  assert.equal(scaleCue(yScale([sigmoid], "log")), "log scale"); // the user's log scale has its cue too
+  const narrow = yScale([[1.0, 0.9, 0.5, 0.2]], "auto"); // a 5× span stays linear, no cue
+  assert.equal(narrow.type, "linear");
+  assert.equal(scaleCue(narrow), "");
+  assert.equal(yScale([[null, NaN, 3]], "auto").type, "linear"); // non-finite values are ignored
+});
+
+test("auto y scale with values <= 0: outliers are left out of the range (TensorBoard's 5th-95th percentile)", () => {
+  const rewards = Array.from({ length: 40 }, (_, i) => (i % 2 ? 0.1 : -0.1) * (1 + i / 40));
+  const s = yScale([[-30, ...rewards, 40]], "auto");
+  assert.equal(s.type, "linear");
+  assert.equal(s.auto, true);
+  const [lo, hi] = /** @type {[number, number]} */ (s.range);
+  assert.ok(lo < -0.1 && lo > -1 && hi > 0.1 && hi < 1, JSON.stringify(s.range));
+  assert.equal(s.clipped, 2);
+  assert.equal(scaleCue(s), "outliers clipped · auto (2 points off the range)");
+  assert.equal(yScale([rewards], "auto").range, null); // no outliers: the full range
+  assert.equal(quantile([1, 2, 3, 4, 5], 0.5), 3);
+  assert.equal(quantile([0, 10], 0.05), 0.5);
+});
+
+test("both plots share one x range: the union of their curves, padded 2 %", () => {
+  const loss = curve(series([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], Array(11).fill(1)), { xAxis: "step" });
+  const evalLoss = curve(series([5, 10], [1, 1]), { xAxis: "step" });
+  assert.deepEqual(sharedXRange([loss, evalLoss]), [1 - 0.2, 11 + 0.2]);
+  assert.deepEqual(sharedXRange([evalLoss]), [5 - 0.1, 10 + 0.1]);
+  assert.equal(sharedXRange([curve(series([3], [1]), { xAxis: "step" })]), null); // one x: plotly's own range
 });
