@@ -38,9 +38,12 @@ export function metricTitle(name) {
   if (name.startsWith("eval_") && name.length > 5) return `Eval ${name.slice(5).replace(/_/g, " ")}`;
   return name.charAt(0).toUpperCase() + name.slice(1).replace(/_/g, " ");
 }
-/** TensorBoard's default run palette, so that a run has one colour in the panel, the page, the static copy
- * (rapidfire_nb.panel.static.PALETTE) and TensorBoard (runs in creation order). Run n gets colour n-1. */
-export const PALETTE = ["#ff7043", "#0077bb", "#cc3311", "#33bbee", "#ee3377", "#009988", "#bbbbbb"];
+/** TensorBoard 2.x's Time Series run palette (its default view since 2.5: `DEFAULT_PALETTE` in
+ * tensorflow/tensorboard tensorboard/webapp/util/colors.ts, the light theme's hex values: Slate, Cyan, Pink, Yellow,
+ * Purple, Light Green, Orange), so that a run has one colour in the panel, the page, the static copy
+ * (rapidfire_nb.panel.static.PALETTE) and TensorBoard, which colours runs in the order it lists them (run 1, 2, …:
+ * first event first). Run n gets colour (n-1) mod 7. */
+export const PALETTE = ["#425066", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a"];
 const HPARAM_SHORT = /** @type {Record<string, string>} */ ({
   learning_rate: "lr", per_device_train_batch_size: "batch", gradient_accumulation_steps: "grad acc",
   num_train_epochs: "epochs", max_steps: "max steps", "lora.r": "lora r", "lora.lora_alpha": "lora α",

@@ -38,9 +38,10 @@ __all__ = [
     "static_bundle",
 ]
 
-#: TensorBoard's default run palette: run n gets colour n-1, as in TensorBoard (runs in creation order) and in
-#: the live panel (``PALETTE`` in widgets/format.js).
-PALETTE = ("#ff7043", "#0077bb", "#cc3311", "#33bbee", "#ee3377", "#009988", "#bbbbbb")
+#: TensorBoard 2.x's Time Series run palette (tensorboard/webapp/util/colors.ts ``DEFAULT_PALETTE``, light theme):
+#: run n gets colour (n-1) mod 7, as in TensorBoard (runs listed first event first) and in the live panel
+#: (``PALETTE`` in widgets/format.js).
+PALETTE = ("#425066", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a")
 _STATUS = {
     "NEW": "#64748b",
     "ONGOING": "#2563eb",

@@ -429,7 +429,7 @@ def test_front_end_module_parses_and_formats_numbers() -> None:
         check=True,
     )
     dash = "\u2013"  # shown for missing values
-    assert json.loads(out.stdout) == ["1e-4", "0.8123", "2.5e-5", "12", "1235", dash, "#ff7043", "#33bbee"]
+    assert json.loads(out.stdout) == ["1e-4", "0.8123", "2.5e-5", "12", "1235", dash, "#425066", "#f9ab00"]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -142,7 +142,8 @@ def test_the_palette_is_the_front_ends_and_tensorboards() -> None:
     m = re.search(r"export const PALETTE = \[([^\]]*)\]", text)
     assert m, "PALETTE in widgets/format.js"
     assert tuple(re.findall(r'"(#[0-9a-f]{6})"', m.group(1))) == PALETTE
-    assert PALETTE[:4] == ("#ff7043", "#0077bb", "#cc3311", "#33bbee")  # TensorBoard's default run colours
+    # TensorBoard 2.x Time Series run colours (tensorboard/webapp/util/colors.ts DEFAULT_PALETTE, light theme)
+    assert PALETTE == ("#425066", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a")
 
 
 # ------------------------------------------------------------------------------------------------ freeze

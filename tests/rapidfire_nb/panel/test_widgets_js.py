@@ -92,7 +92,7 @@ def test_the_widget_bundle_is_one_working_module(tmp_path: Path) -> None:
         " typeof m.default.render, m.fmtNum(2.5e-5), m.runColor(3)])))",
         tmp_path,
     )
-    assert json.loads(out) == ["function", "function", "2.5e-5", "#cc3311"]
+    assert json.loads(out) == ["function", "function", "2.5e-5", "#e52592"]
 
 
 @needs_node
