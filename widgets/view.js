@@ -76,7 +76,7 @@ export class PanelView {
     this.themeKey = "";
     this.disposed = false;
     this.plots = new PlotArea(state, () => this.schedulePlot());
-    this.compare = new ComparePanel(state, () => this.bestMetric);
+    this.compare = new ComparePanel(state, () => this.bestMetric, () => this.bestRunId);
     this.table = new RunTable(state, ops, this);
     this.build();
   }
