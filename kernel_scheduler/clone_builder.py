@@ -10,13 +10,25 @@ rotation, or moving to another device because its worker died). A new run added 
 search's trial) is built the same way as a cold clone. A build that fails makes the child
 FAILED with the reason and rejects the op; it never takes the loop down.
 
-Called on the scheduler thread, while no segment trains on the device built on (boundary actions). Standard
-library only.
+A build does not hold the loop: when the op is applied the executor is first asked to prepare the run off the
+scheduler thread (``Executor.prepare_run``: e.g. tokenizing a 20,000-row dataset); meanwhile the other runs train
+and ops apply, and the child stays NEW and pending. Once its preparation is done (:meth:`CloneBuilder.collect`,
+every turn) the child is built through ``Executor.add_run`` on its device between segments (the part that touches
+the shared base model and the process-wide RNG), and joins the rotation. A preparation that fails makes the child
+FAILED with the error, the other runs untouched; a child deleted meanwhile is never built (its preparation is
+cancelled by the executor's DELETED status call); a child stopped meanwhile is built and stays STOPPED (a resume
+trains it).
+
+Called on the scheduler thread, while no segment trains on the device built on (boundary actions); only the
+preparation runs elsewhere (the executor's own thread). Standard library only.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from functools import partial
 
 from .core import SchedulerCore
@@ -31,17 +43,31 @@ __all__ = ["CloneBuilder"]
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class _Preparing:
+    """A run whose preparation runs off the loop: what to do once it is done (``build``) or failed (``fail``)."""
+
+    future: Future[None]
+    build: Callable[[], None]
+    fail: Callable[[str], None]
+
+
 class CloneBuilder:
     """Builds clone children and new trials (see the module).
 
     Args:
         core: the scheduler's shared state.
         roster: where new runs go (:meth:`DeviceRoster.place_new`).
+        wake: wakes the loop (a preparation finished); default: nothing (the loop polls each turn anyway).
     """
 
-    def __init__(self, core: SchedulerCore, roster: DeviceRoster) -> None:
+    def __init__(
+        self, core: SchedulerCore, roster: DeviceRoster, wake: Callable[[], None] | None = None
+    ) -> None:
         self._core = core
         self._roster = roster
+        self._wake = wake or (lambda: None)
+        self._preparing: dict[int, _Preparing] = {}  # child run id -> its preparation (lock held)
 
     def device_for(self, op: Op) -> str:
         """Where a clone is built: a warm clone on its parent's device (the parent's boundary snapshot is there;
@@ -52,6 +78,33 @@ class CloneBuilder:
             if op.payload.get("warm_start") and parent is not None and parent.device is not None:
                 return parent.device
             return self._roster.place_new()
+
+    def request(self, op: Op) -> None:
+        """Clone ``op`` is applied: prepare its child off the loop (``Executor.prepare_run``), then build it on
+        its device (:meth:`apply`) once no segment trains there; never raises."""
+        core = self._core
+        with core.lock:
+            child = core.runs[int(op.payload["child_id"])]
+        build = partial(self._build_on_device, op)
+        if child.status is RunStatus.DELETED:  # deleted before it was created: apply says so
+            build()
+            return
+        self._prepare(child, build, partial(self._fail_child, child, op), op)
+
+    def collect(self) -> None:
+        """Build the runs whose preparation finished (or fail those whose preparation failed); each turn."""
+        core = self._core
+        with core.lock:
+            done = [(rid, p) for rid, p in self._preparing.items() if p.future.done()]
+            for rid, _ in done:
+                del self._preparing[rid]
+                core.unapplied -= 1
+        for rid, prep in done:
+            self._prepared(core.runs[rid], prep)
+
+    def preparing(self, run_id: int) -> bool:
+        """True while run ``run_id``'s preparation runs off the loop (lock held)."""
+        return run_id in self._preparing
 
     def apply(self, op: Op) -> None:
         """Build the child of clone ``op`` (or make it wait for its parent); never raises."""
@@ -100,11 +153,68 @@ class CloneBuilder:
             core.listener.on_added(snap, dict(new.info))
         except Exception:
             log.exception("listener.on_added failed")
-        device = self._roster.place_new()
-        core.when_free(partial(self._build_new, run, device), device)
+        self._prepare(run, partial(self._build_new_on_device, run), partial(self._fail_new, run), None)
         return run.run_id
 
     # ------------------------------------------------------------------ internals
+    def _prepare(
+        self, run: Run, build: Callable[[], None], fail: Callable[[str], None], op: Op | None
+    ) -> None:
+        """Ask the executor to prepare ``run`` off the loop; ``build`` at once when it has nothing to prepare."""
+        core = self._core
+        try:
+            device = self.device_for(op) if op is not None else self._roster.place_new()
+            future = core.executor.prepare_run(run.run_id, run.spec, device=device)
+        except Exception as exc:
+            fail(f"{type(exc).__name__}: {exc}")
+            return
+        if future is None:
+            build()
+            return
+        prep = _Preparing(future, build, fail)
+        if future.done():
+            self._prepared(run, prep)
+            return
+        with core.lock:
+            self._preparing[run.run_id] = prep
+            core.unapplied += 1  # wait() waits for the child to be built, as for an op not applied yet
+            core.busy = True
+            if op is not None:
+                ack = core.book.with_message(
+                    op, f"run {run.run_id} is being prepared (e.g. its dataset tokenized)"
+                )
+        if op is not None:
+            core.tell(op, ack)
+        future.add_done_callback(lambda _f: self._wake())
+
+    def _prepared(self, run: Run, prep: _Preparing) -> None:
+        """``run``'s preparation ended: build it on its device, or fail it with the preparation's error."""
+        future = prep.future
+        error = None if future.cancelled() else future.exception()
+        if run.status is RunStatus.DELETED or future.cancelled():
+            prep.build()  # the build itself answers a run deleted meanwhile (never built)
+        elif error is not None:
+            prep.fail(f"{type(error).__name__}: {error}")
+        else:
+            prep.build()
+
+    def _build_on_device(self, op: Op) -> None:
+        """Queue clone ``op``'s build (:meth:`apply`) for its device, once no segment trains there."""
+        self._core.when_free(partial(self.apply, op), self.device_for(op))
+
+    def _build_new_on_device(self, run: Run) -> None:
+        device = self._roster.place_new()
+        self._core.when_free(partial(self._build_new, run, device), device)
+
+    def _fail_new(self, run: Run, reason: str) -> None:
+        core = self._core
+        with core.lock:
+            run.pending = False
+            if run.status is not RunStatus.DELETED:
+                run.error = reason
+                core.set_status(run, RunStatus.FAILED)
+        core.emit(run)
+
     def _apply(self, op: Op) -> None:
         core = self._core
         child_id = int(op.payload["child_id"])
@@ -176,11 +286,7 @@ class CloneBuilder:
         try:
             start = core.executor.add_run(run.run_id, run.spec, device=device)
         except Exception as exc:
-            with core.lock:
-                run.pending = False
-                run.error = f"{type(exc).__name__}: {exc}"
-                core.set_status(run, RunStatus.FAILED)
-            core.emit(run)
+            self._fail_new(run, f"{type(exc).__name__}: {exc}")
             return
         with core.lock:
             run.place(start)

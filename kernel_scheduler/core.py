@@ -44,8 +44,9 @@ class SchedulerCore:
         next_id: the id the next clone or new trial gets.
         busy: True while the loop has work (a segment or queued commands).
         unapplied: ops accepted by ``submit`` whose apply has not returned yet (a deferred op counts as applied:
-            it then waits on the run in flight). The command queue's size alone is not enough: ``submit`` puts an
-            op on it after releasing the lock, and the loop takes it off before applying it.
+            it then waits on the run in flight), and the clones whose preparation runs off the loop
+            (``Executor.prepare_run``) until they are built. The command queue's size alone is not enough:
+            ``submit`` puts an op on it after releasing the lock, and the loop takes it off before applying it.
         halted: why training stopped for good (``Scheduler.halt``); None while it goes on.
         loop_error: traceback of an unexpected error of the loop or of a boundary action (shown to the user).
     """

@@ -96,6 +96,28 @@ class Executor(ABC):
                 rejects / fails the run).
         """
 
+    def prepare_run(self, run_id: int, spec: Any, *, device: str | None = None) -> Future[None] | None:
+        """Start the slow part of building a run that needs neither the device nor the scheduler thread (e.g.
+        tokenizing its dataset), before :meth:`add_run` builds it. Called on the scheduler thread for a clone (or a
+        search's new trial) when its op is applied; returns at once.
+
+        The scheduler keeps training the other runs and applying ops meanwhile; once the Future resolves it calls
+        :meth:`add_run` for the run (on its device, between segments, as for any build), which uses what was
+        prepared. Whatever touches the device, the shared base model or the process-wide RNG (attaching an adapter,
+        building the trainer, which seeds torch) belongs in :meth:`add_run`, never here.
+
+        Args:
+            run_id: the run's id.
+            spec: its config (opaque to the scheduler).
+            device: the device :meth:`add_run` will build it on.
+
+        Returns:
+            A Future resolved (with ``None``) once the preparation is done, or with the error bad input raises (the
+            scheduler then fails the run with it); or ``None`` (the default) when there is nothing to prepare:
+            :meth:`add_run` does everything.
+        """
+        return None
+
     @abstractmethod
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
         """Train ``run_id`` until global optimizer step ``stop_step`` (or its end)."""

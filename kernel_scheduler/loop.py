@@ -99,7 +99,7 @@ class Scheduler:
         self._core = core = SchedulerCore(executor, listener or SchedulerListener(), slots, first_run_id)
         self._slots = slots
         self._roster = DeviceRoster(core, self.halt)
-        self._clones = CloneBuilder(core, self._roster)
+        self._clones = CloneBuilder(core, self._roster, self._wake.set)
         self._ops = OpApplier(core, self._clones)
         self._consultation: Consultation | None = None
         if early_stopping is not None:

@@ -4,7 +4,7 @@
 the run's earlier open ops; :class:`OpApplier` carries it out: it cancels the ops a later one replaces, defers a
 stop or delete of a run in flight to its chunk boundary, changes the run's status and queues the executor's status
 call for the run's device (final weights are saved there once no segment trains), and hands clones to the
-:class:`~kernel_scheduler.clone_builder.CloneBuilder`. A failing op is rejected with its error; it never takes the
+:class:`~kernel_scheduler.clone_builder.CloneBuilder` (which prepares them off the loop, then builds them). A failing op is rejected with its error; it never takes the
 loop down. Standard library only.
 """
 
@@ -82,7 +82,9 @@ class OpApplier:
         return ack, True
 
     def drain(self) -> None:
-        """Apply every op accepted so far, in order (scheduler thread)."""
+        """Build the clones whose preparation finished, then apply every op accepted so far, in order (scheduler
+        thread)."""
+        self._clones.collect()
         while True:
             try:
                 op = self._commands.get_nowait()
@@ -168,8 +170,8 @@ class OpApplier:
         core = self._core
         with core.lock:
             run = core.runs[op.run_id]
-        if op.kind is OpKind.CLONE:
-            core.when_free(partial(self._clones.apply, op), self._clones.device_for(op))
+        if op.kind is OpKind.CLONE:  # prepared off the loop, then built on its device between segments
+            self._clones.request(op)
             core.emit(run)
             return
         info = OP_KINDS[op.kind]
