@@ -82,18 +82,28 @@ export function fmtDuration(s) {
 }
 
 /**
- * The header's tqdm-like line (rapidfire_nb.clock.stats_text): "45% · 3.2 steps/s · 12 s/chunk · 1:23 left".
+ * The header's tqdm-like line (rapidfire_nb.view.clock.stats_text): "45% · 3.2 steps/s · 12 s/chunk · 1:23 left";
+ * the percentage is of every run's full budget (100 only when every run has it), with "2 runs short of budget"
+ * when runs were stopped short; `eta_s` is the smoothed one the view passes (widgets/eta.js).
  * @param {any} stats the snapshot's `stats` @returns {string}
  */
 export function statsText(stats) {
   if (!stats) return "";
   const parts = [];
-  if (typeof stats.percent === "number") parts.push(`${Math.round(stats.percent)}%`);
+  if (typeof stats.percent === "number") parts.push(`${percentText(stats.percent)}%`);
+  const short = stats.short_runs || 0;
+  if (short) parts.push(`${short} run${short === 1 ? "" : "s"} short of budget`);
   const rate = stats.steps_per_s;
   if (rate) parts.push(rate >= 1 ? `${Number(rate.toPrecision(3))} steps/s` : `${Number((1 / rate).toPrecision(3))} s/step`);
   if (stats.s_per_chunk) parts.push(`${Number(stats.s_per_chunk.toPrecision(3))} s/chunk`);
   if (stats.training && typeof stats.eta_s === "number") parts.push(`${fmtElapsed(stats.eta_s)} left`);
   return parts.join(" · ");
+}
+
+/** A percentage rounded to a whole number, except that under 100 never reads "100" (rapidfire_nb.view.clock
+ * .percent_text). @param {number} p */
+export function percentText(p) {
+  return p >= 99.5 && p < 100 ? "99" : String(Math.round(p));
 }
 
 /** An integer with thousands separators (1,234). @param {any} v */

@@ -1,8 +1,8 @@
 // @ts-check
 /**
  * One rendered view of the panel (anywidget's `render`), drawn from the model's state (widgets/state.js):
- * the header (training time, frozen while nothing trains; tqdm-like progress: percentage, steps/s, s/chunk,
- * time left; the early-stopping line: trials asked / budget, pruned runs; the run on the device, or with several
+ * the header (training time, frozen while nothing trains; tqdm-like progress: percentage of the full budget,
+ * steps/s, s/chunk, time left smoothed by widgets/eta.js; the early-stopping line: trials asked / budget, pruned runs; the run on the device, or with several
  * devices one chip per device: "cpu:0 · run 3", "cpu:1 · idle", "cuda:2 · lost"), one reserved line for op notices (nothing below moves), the compare bar
  * (best run by a metric, "stop all but the best k", CSV export), the run table (widgets/table.js), the curve
  * controls (x axis step / samples / wall time, smoothing, y scale auto / linear / log), the legend, the curves (widgets/plots.js),
@@ -21,6 +21,7 @@
 
 import { ComparePanel } from "./compare.js";
 import { h } from "./dom.js";
+import { EtaSmoother } from "./eta.js";
 import { csvName, download, metricsCsv, runsCsv } from "./export.js";
 import { fmtClock, fmtDuration, runColor, statsText, STATUSES } from "./format.js";
 import { PlotArea } from "./plots.js";
@@ -74,6 +75,7 @@ export class PanelView {
     /** @type {string|null} */ this.opsKey = null;
     this.plotFrame = 0;
     this.themeKey = "";
+    this.eta = new EtaSmoother();
     this.disposed = false;
     this.plots = new PlotArea(state, () => this.schedulePlot());
     this.compare = new ComparePanel(state, () => this.bestMetric, () => this.bestRunId);
@@ -290,7 +292,6 @@ export class PanelView {
     this.progressEl.textContent = s.progress || "–";
     this.progressEl.hidden = !s.progress;
     const stats = snap?.stats;
-    this.statsText.textContent = statsText(stats) || "–";
     this.statsFill.style.width = `${Math.max(0, Math.min(100, stats?.percent ?? 0)).toFixed(1)}%`;
     this.statsEl.hidden = !stats;
     // nothing here applies an op (ended, or read from the store with no kernel training it here): the notice
@@ -336,11 +337,19 @@ export class PanelView {
   /** Training time: the snapshot's, moving on with the kernel's clock only while something trains. */
   tick() {
     const snap = this.state.snapshot;
-    if (!snap || typeof snap.elapsed_s !== "number") { this.elapsedText.textContent = "–"; return; }
+    if (!snap || typeof snap.elapsed_s !== "number") {
+      this.elapsedText.textContent = "–";
+      this.statsText.textContent = statsText(snap?.stats) || "–";
+      return;
+    }
     const training = !!snap.training && this.state.live;
     const extra = training && typeof snap.now === "number" ? (Date.now() + this.state.clockOffset) / 1000 - snap.now : 0;
     this.elapsedText.textContent = fmtDuration(snap.elapsed_s + Math.max(0, extra));
     this.elapsedText.dataset.training = String(training);
+    // the time left: tqdm-like smoothed rate, counted down with the training clock between snapshots (eta.js)
+    const stats = snap.stats;
+    const eta = this.eta.update(stats, (stats?.elapsed_s ?? snap.elapsed_s) + Math.max(0, extra));
+    this.statsText.textContent = statsText(stats && { ...stats, eta_s: eta }) || "–";
   }
 
   /** The newest notice in its one reserved line (older ones stay in the ops log). */

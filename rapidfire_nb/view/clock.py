@@ -26,6 +26,7 @@ __all__ = [
     "CLOCK_META_KEY",
     "TrainingClock",
     "fmt_duration",
+    "percent_text",
     "progress_stats",
     "stats_text",
     "training_seconds",
@@ -117,8 +118,11 @@ def progress_stats(runs: Iterable[Mapping[str, Any]], elapsed_s: float, training
     """The header's tqdm-like numbers for a snapshot's runs.
 
     Work planned counts every step of runs in the rotation or completed, and the steps done by runs that
-    stopped or failed (their remaining steps are not planned); DELETED runs do not count. Rates are steps and
-    chunks done per second of training time.
+    stopped or failed (their remaining steps are not planned: the time left is for the planned work); DELETED runs
+    do not count. The percentage is of the full budget (every run's ``total_steps``, DELETED ones left out), so it
+    reads 100 only when every run has its full budget, never for an experiment whose runs were stopped short;
+    ``short_runs`` counts those (STOPPED, FAILED or INTERRUPTED before their budget). Rates are steps and chunks done
+    per second of training time; the front end smooths the time left (widgets/eta.js).
 
     Args:
         runs: the snapshot's runs (``status``, ``completed_steps``, ``total_steps``, ``chunks_done``).
@@ -126,10 +130,10 @@ def progress_stats(runs: Iterable[Mapping[str, Any]], elapsed_s: float, training
         training: whether the experiment trains now (the time left is shown only then).
 
     Returns:
-        ``{"percent", "steps_done", "steps_planned", "steps_per_s", "s_per_chunk", "eta_s", "elapsed_s",
-        "training"}``; a number that cannot be known yet is None.
+        ``{"percent", "steps_done", "steps_planned", "steps_budget", "short_runs", "steps_per_s", "s_per_chunk",
+        "eta_s", "elapsed_s", "training"}``; a number that cannot be known yet is None.
     """
-    done = planned = chunks = 0
+    done = planned = chunks = budget = short = 0
     left = 0
     for run in runs:
         status = run.get("status")
@@ -139,6 +143,9 @@ def progress_stats(runs: Iterable[Mapping[str, Any]], elapsed_s: float, training
         active = status in (RunStatus.NEW.value, RunStatus.ONGOING.value)
         done += steps
         chunks += int(run.get("chunks_done") or 0)
+        budget += max(total, steps)
+        if not active and status != RunStatus.COMPLETED.value and steps < total:
+            short += 1
         if active or status == RunStatus.COMPLETED.value:
             planned += max(total, steps)
             if active:
@@ -147,9 +154,11 @@ def progress_stats(runs: Iterable[Mapping[str, Any]], elapsed_s: float, training
             planned += steps
     rate = done / elapsed_s if elapsed_s > 1.0 and done else None
     return {
-        "percent": 100.0 * done / planned if planned else None,
+        "percent": 100.0 * done / budget if budget else None,
         "steps_done": done,
         "steps_planned": planned,
+        "steps_budget": budget,
+        "short_runs": short,
         "steps_per_s": rate,
         "s_per_chunk": elapsed_s / chunks if chunks and elapsed_s > 0 else None,
         "eta_s": left / rate if training and rate and left else (0.0 if training and not left else None),
@@ -158,11 +167,20 @@ def progress_stats(runs: Iterable[Mapping[str, Any]], elapsed_s: float, training
     }
 
 
+def percent_text(percent: float) -> str:
+    """A percentage rounded to a whole number, except that under 100 never reads "100" (``widgets/format.js``)."""
+    return "99" if 99.5 <= percent < 100 else f"{percent:.0f}"
+
+
 def stats_text(stats: Mapping[str, Any]) -> str:
-    """E.g. ``"45% · 3.2 steps/s · 12 s/chunk · 1:23 left"`` (what is not known yet is left out)."""
+    """E.g. ``"45% · 3.2 steps/s · 12 s/chunk · 1:23 left"``, ``"62% · 2 runs short of budget · ..."`` (what is not
+    known yet is left out; "100%" only when every run has its full budget: 99.6 % reads 99 %)."""
     parts = []
     if stats.get("percent") is not None:
-        parts.append(f"{stats['percent']:.0f}%")
+        parts.append(f"{percent_text(stats['percent'])}%")
+    short = stats.get("short_runs") or 0
+    if short:
+        parts.append(f"{short} run{'' if short == 1 else 's'} short of budget")
     rate = stats.get("steps_per_s")
     if rate:
         parts.append(f"{rate:.3g} steps/s" if rate >= 1 else f"{1 / rate:.3g} s/step")

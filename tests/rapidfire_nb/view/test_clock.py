@@ -79,14 +79,36 @@ def test_progress_stats_like_tqdm() -> None:
     stats = progress_stats(runs, elapsed_s=75.0, training=True)
     # planned: 100 (in rotation) + 100 (completed) + 20 (stopped: what it did); done 150
     assert stats["steps_planned"] == 220 and stats["steps_done"] == 150
-    assert stats["percent"] == pytest.approx(100 * 150 / 220)
+    # the percentage is of the full budget (run 3's 80 steps it will not train included): 150 / 300
+    assert stats["steps_budget"] == 300 and stats["short_runs"] == 1
+    assert stats["percent"] == pytest.approx(50.0)
     assert stats["steps_per_s"] == pytest.approx(2.0)
     assert stats["s_per_chunk"] == pytest.approx(75.0 / 6)
     assert stats["eta_s"] == pytest.approx(70 / 2.0)  # run 1's 70 steps left at 2 steps/s
-    assert stats_text(stats) == "68% · 2 steps/s · 12.5 s/chunk · 0:35 left"
+    assert stats_text(stats) == "50% · 1 run short of budget · 2 steps/s · 12.5 s/chunk · 0:35 left"
     idle = progress_stats(runs[1:], elapsed_s=75.0, training=False)
     assert idle["eta_s"] is None and "left" not in stats_text(idle)
     assert progress_stats([], 0.0, False)["percent"] is None
+
+
+def test_100_percent_only_when_every_run_has_its_full_budget() -> None:
+    full = [
+        {"run_id": 1, "status": "COMPLETED", "completed_steps": 100, "total_steps": 100, "chunks_done": 4},
+        {"run_id": 2, "status": "COMPLETED", "completed_steps": 100, "total_steps": 100, "chunks_done": 4},
+    ]
+    assert (
+        stats_text(progress_stats(full, elapsed_s=50.0, training=False)) == "100% · 4 steps/s · 6.25 s/chunk"
+    )
+    # every run ended, one stopped at 99 of 100 steps: nothing is left to train, yet the text is not "100%"
+    short = [full[0], {**full[1], "status": "STOPPED", "completed_steps": 99}]
+    stats = progress_stats(short, elapsed_s=50.0, training=False)
+    assert stats["percent"] == pytest.approx(99.5) and stats["short_runs"] == 1
+    assert stats_text(stats).startswith("99% · 1 run short of budget · ")
+    failed = [
+        {**full[0], "status": "FAILED", "completed_steps": 10},
+        {**full[1], "status": "INTERRUPTED", "completed_steps": 30},
+    ]
+    assert progress_stats(failed, elapsed_s=50.0, training=False)["short_runs"] == 2
 
 
 def test_slow_steps_read_as_seconds_per_step() -> None:
