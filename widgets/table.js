@@ -2,8 +2,8 @@
 /**
  * The run table of one panel view: a row per run with its IC Ops buttons (a disabled button says why in its
  * tooltip), the table sorted by any column (click a title; click again to flip), the best run for the chosen
- * metric highlighted, each run's full config on demand, and the clone form (it warns when the clone would
- * repeat an existing run's config). Keeps its DOM nodes across redraws (focus in a clone form survives).
+ * metric highlighted, each run's full config on demand, and the clone form (widgets/clone_form.js: it warns when
+ * the clone would repeat an existing run's config). Keeps its DOM nodes across redraws (focus in a clone form survives).
  *
  * Test hooks: tr[data-run-id][data-status][data-on-device][data-best][data-pruned], tr[data-error-for] (a failure),
  * the Status cell's [data-badge] (a status, or PRUNED / STOPPING / WAITING: state.runMark) and
@@ -17,9 +17,10 @@
 
 import { h, setKids, setText } from "./dom.js";
 import {
-  DEFAULT_METRICS, fmtHparam, fmtInt, fmtMetric, metricTitle, OP_LABEL, OP_TITLE, OPS, parseValue, runColor, shortHparam,
+  DEFAULT_METRICS, fmtHparam, fmtInt, fmtMetric, metricTitle, OP_LABEL, OP_TITLE, OPS, runColor, shortHparam,
 } from "./format.js";
-import { duplicateConfig, latestValues, sortRuns } from "./rank.js";
+import { canContinue, cloneForm } from "./clone_form.js";
+import { latestValues, sortRuns } from "./rank.js";
 import { hasDeviceColumn, isPending, isPruned, kindMetrics, runMark, visibleRuns } from "./state.js";
 
 /**
@@ -332,106 +333,4 @@ export class RunTable {
   reset() {
     this.headKey = "";
   }
-}
-
-/**
- * The clone form of a run: its hyperparameters (only changed fields are sent), other fields as field=value,
- * warm start; a clone that would repeat an existing run's config asks for a second click. As "Continue…"
- * (`cont`): warm start on and the budget, `max_steps`, filled in with {@link continueBudget} and first.
- * @param {Run} run @param {State} state
- * @param {{submit: (changes: Record<string, any>, warm: boolean) => void, cancel: () => void}} on
- * @param {boolean} [cont]
- * @returns {HTMLElement}
- */
-function cloneForm(run, state, on, cont = false) {
-  const inputs = /** @type {Record<string, HTMLInputElement>} */ ({});
-  const fields = h("div", { class: "rf-form-grid" });
-  for (const [k, v] of Object.entries(run.editable || run.hparams || {})) {
-    inputs[k] = /** @type {HTMLInputElement} */ (h("input", { type: "text", name: k,
-      value: typeof v === "string" ? v : fmtHparam(v), spellcheck: "false" }));
-    fields.append(h("label", { class: "rf-field", title: k }, h("span", { text: k }), inputs[k]));
-  }
-  const extra = /** @type {HTMLInputElement} */ (h("input", { type: "text", name: "__extra", spellcheck: "false",
-    placeholder: "field=value, e.g. lora.lora_dropout=0.1; max_steps=50" }));
-  const warm = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox", name: "warm_start", checked: cont }));
-  const budget = cont ? continueBudget(run) : null;
-  if (budget) {
-    const hint = budget.perEpoch ? ` (${budget.perEpoch} steps an epoch)` : "";
-    inputs.max_steps?.closest("label")?.remove(); // the run's own max_steps field: shown first, as the budget
-    inputs.max_steps = /** @type {HTMLInputElement} */ (h("input", { type: "text", name: "max_steps",
-      value: String(budget.value), spellcheck: "false" }));
-    fields.prepend(h("label", { class: "rf-field", title: `total optimizer steps, run ${run.run_id}'s ` +
-      `${budget.done} included; more than ${budget.done}${hint}` }, h("span", { text: `max_steps (> ${budget.done})` }),
-    inputs.max_steps));
-  }
-  const error = h("span", { class: "rf-form-error", "data-clone-warning": "" });
-  const submitBtn = h("button", { type: "submit", class: "rf-btn rf-btn-primary", "data-op": "clone-submit", text: "Submit" });
-  let confirmed = "";
-  const changesOf = () => {
-    /** @type {Record<string, any>} */ const changes = {};
-    const base = run.editable || run.hparams || {};
-    for (const [k, input] of Object.entries(inputs)) {
-      const orig = base[k];
-      if (input.value.trim() === (typeof orig === "string" ? orig : fmtHparam(orig))) continue;
-      const val = parseValue(input.value, orig);
-      if (JSON.stringify(val) !== JSON.stringify(orig)) changes[k] = val;
-    }
-    for (const part of extra.value.split(/\s*[;\n]\s*|,\s*(?=[\w.\-/]+\s*=)/).filter((s) => s.trim())) {
-      const eq = part.indexOf("=");
-      if (eq <= 0) throw new Error(`"${part}" is not field=value`);
-      const k = part.slice(0, eq).trim();
-      changes[k] = parseValue(part.slice(eq + 1), base[k]);
-    }
-    return changes;
-  };
-  const submit = () => {
-    let changes;
-    try { changes = changesOf(); } catch (e) { error.textContent = /** @type {any} */ (e).message; return; }
-    const twin = duplicateConfig(state, run, changes);
-    const key = JSON.stringify([changes, warm.checked]);
-    if (twin !== null && confirmed !== key) {
-      confirmed = key;
-      error.textContent = `same config as run ${twin}${warm.checked ? " (a warm start differs only in its start)" : ""}` +
-        " — change a field, or submit again to clone anyway";
-      submitBtn.textContent = "Clone anyway";
-      return;
-    }
-    on.submit(changes, warm.checked);
-  };
-  return h("form", { class: "rf-form", "data-clone-form": run.run_id,
-    onsubmit: (/** @type {Event} */ e) => { e.preventDefault(); submit(); } },
-  h("div", { class: "rf-form-title" },
-    h("span", { class: "rf-swatch", style: { background: runColor(run.run_id) } }),
-    h("span", { text: cont ? `Continue run ${run.run_id} — a new run from its final state, trained on to max_steps ` +
-      "(the LR schedule is recomputed for the new total)" :
-      `Clone run ${run.run_id} — edit hyperparameters (only changed fields are sent)` })),
-  fields,
-  h("label", { class: "rf-field rf-field-wide" }, h("span", { text: "other fields" }), extra),
-  h("div", { class: "rf-form-actions" },
-    h("label", { class: "rf-check", title: "Start from this run's latest chunk boundary instead of from scratch" },
-      warm, h("span", { text: `warm start (from run ${run.run_id}'s latest chunk boundary)` })),
-    error,
-    h("span", { class: "rf-spacer" }),
-    h("button", { type: "button", class: "rf-btn", text: "Cancel", onclick: on.cancel }),
-    submitBtn));
-}
-
-/** Whether `run` can be continued ("Continue…"): it ended (COMPLETED, or STOPPED with its state kept) after at
- * least one step, and a clone of it is legal. @param {Run} run @returns {boolean} */
-export function canContinue(run) {
-  return (run.status === "COMPLETED" || run.status === "STOPPED") && run.completed_steps > 0 &&
-    (run.legal_ops || []).includes("clone");
-}
-
-/**
- * The budget a "Continue…" form starts with: a COMPLETED run twice its steps, a STOPPED one its own total (the
- * run it would have been), never at or under the steps done (the kernel refuses those); `perEpoch` is the steps
- * of one epoch when the run's epoch is known (for "more epochs": max_steps = epochs x perEpoch), else 0.
- * @param {Run} run @returns {{value: number, done: number, perEpoch: number}}
- */
-export function continueBudget(run) {
-  const done = run.completed_steps || 0;
-  const value = run.status === "STOPPED" && run.total_steps > done ? run.total_steps : Math.max(2 * done, done + 1);
-  const perEpoch = run.epoch && run.epoch > 0 ? Math.round(done / run.epoch) : 0;
-  return { value, done, perEpoch };
 }

@@ -4,7 +4,8 @@ import { test } from "node:test";
 
 import "./_dom_shim.mjs";
 import { createState, reduce } from "../../../widgets/state.js";
-import { canContinue, continueBudget, RunTable } from "../../../widgets/table.js";
+import { canContinue, cloneFieldOrder, continueBudget } from "../../../widgets/clone_form.js";
+import { RunTable } from "../../../widgets/table.js";
 
 function run(status, done, total, extra = {}) {
   return { run_id: 1, status, on_device: false, hparams: {}, completed_steps: done, total_steps: total,
@@ -56,4 +57,38 @@ test("Continue… on a COMPLETED row: the clone form with warm start on, max_ste
   const plain = two.formTr.querySelector("form");
   assert.equal(plain.querySelector('input[name="warm_start"]').checked, false);
   assert.equal(plain.querySelector('input[name="max_steps"]').value, "3");
+});
+
+test("the clone form: the hyperparameters that differ between runs first, the rest collapsed", () => {
+  const fields = (lr, r) => ({ learning_rate: lr, "lora.r": r, "lora.lora_alpha": 16, max_steps: 8, seed: 42,
+    "lora.target_modules": ["q_proj", "v_proj"], warmup_ratio: 0 });
+  const runs = [run("ONGOING", 2, 8, { editable: fields(1e-4, 8) }),
+    run("ONGOING", 2, 8, { run_id: 2, editable: fields(2e-4, 8) }),
+    run("DELETED", 2, 8, { run_id: 3, editable: { ...fields(1e-4, 8), seed: 7 } })];
+  const state = { snapshot: { runs, hparam_columns: ["lora.r", "learning_rate"] } };
+  // lora.r is a table column (it differs in the sweep as planned); learning_rate differs; a DELETED run's seed does not count
+  assert.deepEqual(cloneFieldOrder(runs[0], state), { first: ["lora.r", "learning_rate"],
+    rest: ["lora.lora_alpha", "lora.target_modules", "max_steps", "seed", "warmup_ratio"] });
+  const other = { snapshot: { runs, hparam_columns: [] } };
+  assert.deepEqual(cloneFieldOrder(runs[0], other).first, ["learning_rate"]);
+  const one = { snapshot: { runs: [runs[0]], hparam_columns: [] } }; // nothing differs: every field shown
+  assert.deepEqual(cloneFieldOrder(runs[0], one), { first: Object.keys(fields(0, 0)).sort(), rest: [] });
+});
+
+test("the clone form's DOM: the differing fields in the grid, the others in a closed 'more fields' section", () => {
+  const s = createState();
+  const hp = (lr) => ({ learning_rate: lr, max_steps: 3, seed: 1 });
+  const runs = [run("ONGOING", 1, 3, { hparams: hp(0.001), editable: hp(0.001), legal_ops: ["clone"] }),
+    run("ONGOING", 1, 3, { run_id: 2, hparams: hp(0.002), editable: hp(0.002), legal_ops: ["clone"] })];
+  reduce(s, { type: "snapshot", reset: true, snapshot: { experiment: "e", runs, hparam_columns: ["learning_rate"],
+    ops: [], metric_names: [] }, points: { names: [], run: [], step: [], samples: [], name: [], value: [] } }, 0);
+  const table = new RunTable(s, { send() {} }, { showDeleted: false, sort: { key: "run", dir: 1 },
+    bestRunId: null, bestMetric: "loss", onSort() {}, onCounts() {} });
+  table.render();
+  table.rows.get(1).buttons.clone.click();
+  const form = table.rows.get(1).formTr.querySelector("form");
+  const more = form.querySelector("details[data-rf-more-fields]");
+  assert.ok(more && !more.open);
+  assert.deepEqual(more.querySelectorAll("input").map((i) => i.getAttribute("name")), ["max_steps", "seed"]);
+  assert.equal(form.querySelectorAll("input")[0].getAttribute("name"), "learning_rate"); // the first field
 });
