@@ -210,6 +210,7 @@ class Experiment:
         num_shards: int | None = None,
         panel_metrics: Sequence[str] | None = None,
         best_by: str | None = None,
+        batch_generation: bool = True,
     ) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
@@ -256,6 +257,11 @@ class Experiment:
             best_by: the metric runs are ranked by (panel star, ``end()``, ``get_runs_info()``, static copy; a loss
                 lowest first, a reward or accuracy highest); None: the kind's (GRPO ``eval_reward``, DPO
                 ``eval_rewards/accuracies``, each else its training value). A name never logged: ConfigError.
+            batch_generation: the LoRA runs on one base that evaluate by generating answer the eval prompts in one
+                batched ``generate`` at the end of each round (each row through its own run's adapter; greedy
+                decoding gives each run exactly its answers alone; default True). False: each run generates alone
+                at its chunk end (for comparison and debugging). Off with a note when ``early_stopping``'s metric
+                is a generated one.
 
         In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
         goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until

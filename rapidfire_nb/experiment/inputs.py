@@ -20,7 +20,7 @@ from kernel_scheduler import EarlyStoppingPolicy
 from .. import meta_keys, schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
-from ..schema.trainer_kinds import check_metric_choice, check_metric_name
+from ..schema.trainer_kinds import check_metric_choice, check_metric_name, is_trainer_metric
 from ..training.quantization import refuse_quantized_full_finetunes
 from .resources import check_group_fits
 
@@ -68,6 +68,7 @@ class FitArgs:
         num_shards: rapidfireai 0.16.2's name for ``num_chunks`` (chunks per epoch), or None.
         panel_metrics: 1 or 2 metric names for the panel's default plots, or None (the trainer kind's).
         best_by: the metric runs are ranked by (panel star, ``end()``, ``get_runs_info()``), or None (the kind's).
+        batch_generation: batch the chunk-end generation eval of the runs on one shared base (True or False).
     """
 
     param_config: Any
@@ -88,6 +89,7 @@ class FitArgs:
     num_shards: int | None = None
     panel_metrics: Sequence[str] | None = None
     best_by: str | None = None
+    batch_generation: bool = True
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,9 @@ class FitInputs:
             process, one device.
         panel_metrics, best_by: the checked metric choice (None: the trainer kind's), stored as meta
             ``panel_metrics`` (:mod:`rapidfire_nb.view.metrics_view` reads it).
+        batch_generation: batched generation eval (``run_fit``'s, False when the early-stopping metric is a
+            generated one: a rung needs each run's value at its own chunk end).
+        notes: lines for the user about the inputs (said once when training starts).
     """
 
     specs: tuple[Any, ...]
@@ -132,6 +137,8 @@ class FitInputs:
     devices: Any = None
     panel_metrics: tuple[str, ...] | None = None
     best_by: str | None = None
+    batch_generation: bool = True
+    notes: tuple[str, ...] = ()
 
     def meta(self) -> dict[str, Any]:
         """The inputs the runs train with, as stored in the experiment's meta (what a restart is checked against:
@@ -208,6 +215,9 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
     )
     if policy is not None and isinstance(getattr(policy, "metric", None), str):
         check_metric_name(param_config.trainer_type, policy.metric, "early_stopping's metric", user_metrics)
+    batch_generation, notes = _batch_generation(
+        args.batch_generation, param_config.trainer_type, policy, specs
+    )
     check_group_fits(specs, exp_dir, plan)  # the runs fit the disk and the device
     refuse_quantized_full_finetunes(specs)  # full fine-tuning of a quantized base: before anything loads
     return FitInputs(
@@ -228,7 +238,36 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         devices=plan,
         panel_metrics=plots,
         best_by=best_by,
+        batch_generation=batch_generation,
+        notes=notes,
     )
+
+
+def _batch_generation(
+    given: object, trainer_type: object, policy: Any, specs: tuple[Any, ...]
+) -> tuple[bool, tuple[str, ...]]:
+    """``run_fit``'s ``batch_generation``, off (with a note) when the early-stopping metric is a generated one.
+
+    Raises:
+        ConfigError: ``batch_generation`` is not True or False.
+    """
+    if not isinstance(given, bool):
+        raise ConfigError(
+            f"batch_generation must be True (the runs on one base generate their eval answers in one batched "
+            f"generate) or False (each run alone), got {given!r}"
+        )
+    metric = getattr(policy, "metric", None)
+    generates = any(
+        getattr(s, "compute_metrics", None) is not None and getattr(s, "generation_config", None) is not None
+        for s in specs
+    )
+    if given and generates and isinstance(metric, str) and not is_trainer_metric(trainer_type, metric):
+        note = (
+            f"generation eval runs run by run: early_stopping's metric {metric!r} comes from compute_metrics, and "
+            "a rung needs each run's value at its own chunk end (batch_generation is off)"
+        )
+        return False, (note,)
+    return given, ()
 
 
 def _check_numbers(args: FitArgs) -> None:

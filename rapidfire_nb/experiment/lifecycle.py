@@ -112,6 +112,8 @@ def run_fit(state: ExperimentState, args: FitArgs, owner: Owner) -> None:
         if not held_before and state.session is None:
             settle_orphan(state.lock, state.store)  # its writer may have died since this opened it read-only
         inputs = check_fit_inputs(args, exp_dir=state.path)
+        for line in inputs.notes:
+            state.say(line)
         existing = check_group(state.name, state.store, inputs, trained_here=state.session is not None)
         if existing is None:
             state.say(

@@ -233,6 +233,7 @@ def _group_settings(inputs: FitInputs) -> GroupSettings:
         seed=inputs.seed,
         checkpoint_every=inputs.checkpoint_every,
         eval_generation_samples=inputs.eval_generation_samples,
+        batch_generation=inputs.batch_generation,
     )
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "TrainerKindFacts",
     "check_metric_choice",
     "check_metric_name",
+    "is_trainer_metric",
     "metric_mode",
     "trainer_kind",
 ]
@@ -198,6 +199,16 @@ def _known_metric(facts: TrainerKindFacts, name: str, user_metrics: bool) -> boo
     return (
         name.startswith("eval_") and len(name) > len("eval_") and facts.takes_compute_metrics and user_metrics
     )
+
+
+def is_trainer_metric(trainer_type: object, name: str) -> bool:
+    """True when ``name`` is a metric the kind's TRL trainer logs itself (``eval_loss``, GRPO's ``eval_reward``),
+    False for one only a ``compute_metrics`` can log (``eval_rougeL``): a generated metric.
+
+    Raises:
+        ConfigError: an unknown trainer type.
+    """
+    return _known_metric(trainer_kind(trainer_type), name, user_metrics=False)
 
 
 def check_metric_name(trainer_type: object, name: object, field: str, user_metrics: bool = True) -> None:

@@ -60,6 +60,8 @@ class GroupSettings:
         eval_generation_samples: runs that evaluate by generating (``compute_metrics`` and ``generation_config``
             both set) generate for this many eval rows (a count), a fixed sample drawn with ``seed`` (the same
             rows for every run); ``None``: every eval row.
+        batch_generation: the LoRA runs of one shared base generate their chunk-end eval answers in one batched
+            ``generate`` (:mod:`rapidfire_nb.training.generation_batch`); False: each run alone.
     """
 
     trainer_type: str
@@ -68,6 +70,7 @@ class GroupSettings:
     seed: int
     checkpoint_every: int = 1
     eval_generation_samples: int | None = None
+    batch_generation: bool = True
 
 
 @dataclass(frozen=True)

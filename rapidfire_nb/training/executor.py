@@ -29,6 +29,7 @@ from .checkpoint import WARM_START_PREFIX, BoundarySnapshot, CheckpointWriter, S
 from .data import note_dropped_rows, prepare_dataset
 from .device import DeviceThread
 from .garbage import TrainStartCollections
+from .generation_batch import GenerationBatcher
 from .generation_eval import maybe_attach_generation_eval
 from .generation_spec import check_generation_eval
 from .kinds import TrainerKind, get_kind
@@ -118,6 +119,10 @@ class TorchExecutor(Executor):
         self.switch_seconds = 0.0  # time spent in activations + snapshots (benchmark)
         self._noted: set[str] = set()
         self._eval_metric_names: set[str] = set()
+        # chunk-end generation eval of the runs on one base, batched (training/generation_batch.py); device thread
+        self.generation = (
+            GenerationBatcher(self.callbacks.metric_sink, self._note) if group.batch_generation else None
+        )
 
     # ------------------------------------------------------------------ Executor API
     def add_run(
@@ -174,6 +179,9 @@ class TorchExecutor(Executor):
         run = self._runs.get(run_id)
         if run is None:
             return
+        if self.generation is not None:  # a batch no longer waits for a finished run (before its final save)
+            batcher, finished = self.generation, status in ("COMPLETED", "STOPPED", "FAILED")
+            self.device.call(lambda: batcher.settle(run_id, finished))
         if status in ("COMPLETED", "STOPPED", "FAILED") and run.snapshotter is not None:
             run.snapshotter.drop_spares()  # no next snapshot soon: its spare buffers are freed
         if status in ("COMPLETED", "STOPPED"):
@@ -197,6 +205,8 @@ class TorchExecutor(Executor):
         self._writer.written.pop(run_id, None)
 
         def release() -> None:
+            if self.generation is not None:
+                self.generation.forget(run_id)  # its deferred generation first: its adapter is about to go
             run.worker.release()  # on the device thread: runs inline
             base, adapter = run.base, run.adapter
             if base is not None and adapter is not None and adapter in base.adapters:
@@ -209,6 +219,11 @@ class TorchExecutor(Executor):
         self.device.call(release)
 
     def close(self) -> None:
+        if self.generation is not None:
+            try:
+                self.device.run(self.generation.flush_all)
+            except Exception as exc:  # the runs are over; their last generation metrics are what is lost
+                log.warning("rapidfire_nb: batched generation at close failed: %s", exc)
         for run in self._runs.values():
             run.worker.release(timeout=10)
         self._writer.flush()
@@ -322,6 +337,8 @@ class TorchExecutor(Executor):
             clock=self.handoffs,
             collections=self.collections,
         )
+        if self.generation is not None:
+            self.generation.add_run(run_id, self.kind.name, base, adapter, worker)
         snapshotter = Snapshotter(run_id, trainer, adapter)
         self._runs[run_id] = _Run(
             run_id, spec, self.kind, base, adapter, worker, plan, run_dir, snapshotter, own=own
@@ -394,6 +411,8 @@ class TorchExecutor(Executor):
             self.callbacks.on_eval_metrics(new)
 
     def _activate(self, run_id: int) -> None:
+        if self.generation is not None:
+            self.generation.before_training(run_id)  # its deferred generation, before its adapter changes
         t0 = time.perf_counter()
         run = self._runs[run_id]
         if run.parked is not None:  # full fine-tuning parked off the accelerator: back before it trains

@@ -53,6 +53,7 @@ class GenerationEvaluator:
         on_names: Called with the logged metric names after an evaluation (the result tables list them).
 
     Attributes:
+        defer: ``defer(step, prefix) -> bool``, or None (every evaluation generates here, alone).
         truncated: how many prompts are longer than ``settings.max_input_length`` tokens (cut on
             ``settings.truncation_side``).
         last_predictions: the predictions of the latest evaluation (for tests and debugging).
@@ -74,6 +75,14 @@ class GenerationEvaluator:
         self.truncated = 0
         self._ids = [self._encode(e.prompt) for e in examples]
         self.last_predictions: list[str] = []
+        #: ``defer(step, prefix) -> bool``: set by the executor when the run's chunk-end evaluations are batched
+        #: with other runs' (:class:`~rapidfire_nb.training.generation_batch.GenerationBatcher`); None: alone.
+        self.defer: Callable[[int, str], bool] | None = None
+
+    @property
+    def prompt_ids(self) -> list[list[int]]:
+        """The token ids of each eval prompt, truncated to the prompt budget (a copy)."""
+        return [list(ids) for ids in self._ids]
 
     def _encode(self, prompt: Any) -> list[int]:
         """Token ids of one prompt, truncated to the prompt budget."""
@@ -104,19 +113,58 @@ class GenerationEvaluator:
                 mask[i, width - len(row) :] = 1
         return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
 
+    def slices(self, device: Any) -> list[dict[str, Any]]:
+        """The left-padded ``generate`` inputs, one per ``settings.batch_size`` prompts, in example order.
+
+        A batched evaluation (:mod:`~rapidfire_nb.training.generation_batch`) repeats each slice once per run, so
+        every run's rows are padded exactly as when it generates alone.
+        """
+        size = self.settings.batch_size
+        return [self._batch(self._ids[i : i + size], device) for i in range(0, len(self._ids), size)]
+
+    def decode(self, new_tokens: Any) -> list[str]:
+        """Decode generated ids (``[rows, new tokens]``) without special tokens, each row cut after its first eos.
+
+        ``generate`` pads a row that ended (eos) with ``pad_token_id`` until every row of its call ends: cutting at
+        the eos makes a row's text independent of the other rows of the call (a batched evaluation has more).
+        """
+        eos = self.settings.generate_kwargs.get("eos_token_id")
+        eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        rows: list[list[int]] = []
+        for row in new_tokens.tolist():
+            cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+            rows.append(row[:cut])
+        return list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))
+
     def generate(self, model: Any, autocast: Any = None) -> list[str]:
         """One completion per example, decoded without special tokens (the caller isolates the RNG)."""
         device = next(model.parameters()).device
         kwargs = dict(self.settings.generate_kwargs)
         predictions: list[str] = []
-        size = self.settings.batch_size
         with torch.no_grad(), autocast() if autocast is not None else contextlib.nullcontext():
-            for start in range(0, len(self._ids), size):
-                batch = self._batch(self._ids[start : start + size], device)
+            for batch in self.slices(device):
                 out = model.generate(**batch, **kwargs)
-                new_tokens = out[:, batch["input_ids"].shape[1] :]
-                predictions += self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+                predictions += self.decode(out[:, batch["input_ids"].shape[1] :])
         return predictions
+
+    def score(self, predictions: list[str], seconds: float, prefix: str = "eval") -> dict[str, float]:
+        """``compute_metrics`` over ``predictions`` as ``{"<prefix>_<name>": value, ...}`` with
+        ``<prefix>_generation_seconds`` (``seconds``); the caller isolates the RNG.
+
+        Raises:
+            GenerationMetricsError: ``compute_metrics`` raised or returned something else than ``{name: number}``.
+        """
+        self.last_predictions = list(predictions)
+        try:
+            result = self.compute_metrics((list(predictions), list(self.references)))
+        except Exception as exc:
+            raise GenerationMetricsError(
+                f"compute_metrics {function_name(self.compute_metrics)!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        metrics = check_metrics(result, self.compute_metrics, prefix)
+        metrics[f"{prefix}_{GENERATION_SECONDS}"] = seconds
+        self._on_names(list(metrics))
+        return metrics
 
     def evaluate(self, model: Any, prefix: str = "eval", autocast: Any = None) -> dict[str, float]:
         """Generate, score and return ``{"<prefix>_<name>": value, "<prefix>_generation_seconds": s}``.
@@ -136,20 +184,10 @@ class GenerationEvaluator:
             predictions = self.generate(model, autocast)
             seconds = time.perf_counter() - t0
             model.train(was_training)
-            self.last_predictions = list(predictions)
-            try:
-                result = self.compute_metrics((list(predictions), list(self.references)))
-            except Exception as exc:
-                raise GenerationMetricsError(
-                    f"compute_metrics {function_name(self.compute_metrics)!r} raised {type(exc).__name__}: {exc}"
-                ) from exc
-            metrics = check_metrics(result, self.compute_metrics, prefix)
+            return self.score(predictions, seconds, prefix)
         finally:
             model.train(was_training)
             restore_rng(rng)
-        metrics[f"{prefix}_{GENERATION_SECONDS}"] = seconds
-        self._on_names(list(metrics))
-        return metrics
 
 
 def install(trainer: Any, evaluator: GenerationEvaluator) -> None:
@@ -157,7 +195,9 @@ def install(trainer: Any, evaluator: GenerationEvaluator) -> None:
 
     ``Trainer.evaluate`` calls ``self.evaluation_loop(...)`` and then logs ``output.metrics``; the wrapper (an
     instance attribute) adds the generation metrics to those metrics. ``predict()`` (``description`` other than
-    ``"Evaluation"``) is left alone.
+    ``"Evaluation"``) is left alone. When ``evaluator.defer`` is set and takes the evaluation (``defer(step,
+    prefix)`` returns True: a chunk-end evaluation batched with other runs'), nothing is generated here: the
+    batch logs the metrics later, at the same step.
 
     Args:
         trainer: The run's TRL trainer.
@@ -169,6 +209,9 @@ def install(trainer: Any, evaluator: GenerationEvaluator) -> None:
         output = original(dataloader, description, *args, **kwargs)
         if description == "Evaluation":
             prefix = kwargs.get("metric_key_prefix", args[2] if len(args) > 2 else "eval")
+            defer = evaluator.defer
+            if defer is not None and defer(int(trainer.state.global_step), prefix):
+                return output
             model = trainer.accelerator.unwrap_model(trainer.model)
             output.metrics.update(evaluator.evaluate(model, prefix, trainer.autocast_smart_context_manager))
         return output
