@@ -2,34 +2,52 @@
 
 When an experiment ends (or its kernel shuts down cleanly) the live widget gives way to this rendering, so the
 saved notebook keeps it and GitHub, nbviewer or a colleague's JupyterLab show it. Everything is drawn here, in
-Python: the header (progress, training time, tqdm-like numbers), the runs table (the best run by ``eval_loss``
-highlighted) and the ``loss`` / ``eval_loss`` curves as SVG images inlined as ``data:`` URIs. No script, no
-plotly.js, no style sheet: inline styles only, and no ``<svg>`` element in the HTML itself, because the
-sanitizer of an untrusted notebook (JupyterLab's, GitHub's) removes those but keeps ``<img>`` with a ``data:``
-source. Every string that comes from the user (names, hyperparameters, errors, metric names) is escaped.
+Python: the header (progress, training time, tqdm-like numbers), the runs table (the best run by the snapshot's
+``best_by`` highlighted; one line per run, long values cut with an ellipsis and whole in the cell's ``title``), each
+stopped run's reason (the early-stopping policy's, a bulk stop's or the user's), the curves as SVG images inlined as
+``data:`` URIs (:mod:`rapidfire_nb.panel.static_svg`), the plot settings they were drawn with and a collapsed ops
+log ("how we got here"). No script, no plotly.js, no style sheet: inline styles only, and no ``<svg>`` element in
+the HTML itself, because the sanitizer of an untrusted notebook (JupyterLab's, GitHub's) removes those but keeps
+``<img>`` with a ``data:`` source and ``<details>``. Every string that comes from the user (names,
+hyperparameters, errors, metric names, reasons, op messages) is escaped.
+
+The plot settings are the snapshot's optional ``plot_settings`` (``{"metrics": [str], "smoothing": 0..0.999,
+"y_scale": "auto"|"linear"|"log"}``, the live panel's when it reports them), else the live panel's defaults: the
+snapshot's ``panel_metrics``, no smoothing, the "auto" y scale (``widgets/curves.js`` ``yScale``).
 
 Standard library + :mod:`rapidfire_nb.view` / :mod:`rapidfire_nb.view.clock` only.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..view import fmt_metric, fmt_num
 from ..view.clock import fmt_duration, stats_text
 from ..view.metrics_view import metric_title, run_value, snapshot_best
-from ..view.text import PRUNED, status_counts, status_label
+from ..view.text import PRUNED, chunks_note, status_counts, status_label
+from .static_svg import (
+    FONT,
+    curve_series,
+    curve_svg,
+    nice_ticks,
+    scale_cue,
+    series_by_run,
+    svg_img,
+    x_range,
+    y_scale,
+)
 
 __all__ = [
     "PALETTE",
     "curve_series",
     "nice_ticks",
+    "plot_settings",
     "render_html",
     "render_text",
     "run_color",
@@ -54,9 +72,9 @@ _STATUS = {
 }
 _MUTED = "#8a8f98"  # readable on light and dark backgrounds
 _LINE = "#8885"  # grey at 1/3 opacity: visible on light and dark backgrounds
-_MAX_POINTS = 240  # per run and curve (the copy stays small in the saved notebook)
-_FONT = "system-ui,-apple-system,'Segoe UI',Roboto,sans-serif"
-
+_FONT = FONT
+_MAX_OPS = 300  # ops listed in the ops log (the latest; the copy stays small in the saved notebook)
+_SCALES = ("auto", "linear", "log")
 
 _HPARAM_SHORT = {  # the live panel's column titles (shortHparam in widgets/format.js)
     "learning_rate": "lr",
@@ -101,160 +119,6 @@ def run_color(run_id: Any) -> str:
     return PALETTE[(n - 1) % len(PALETTE)] if n > 0 else PALETTE[0]
 
 
-# ------------------------------------------------------------------------------------------------ series
-
-
-def series_by_run(points: Iterable[Mapping[str, Any]], metric: str) -> dict[int, list[tuple[float, float]]]:
-    """Run id -> ``[(step, value)]`` of ``metric``, by step; missing and non-finite values are left out."""
-    out: dict[int, dict[float, float]] = {}
-    for p in points:
-        value, step = p.get("value"), p.get("step")
-        if (
-            p.get("name") != metric
-            or not isinstance(value, (int, float))
-            or not isinstance(step, (int, float))
-        ):
-            continue
-        if math.isfinite(value):
-            out.setdefault(int(p["run_id"]), {})[float(step)] = float(value)
-    return {rid: sorted(steps.items()) for rid, steps in out.items()}
-
-
-def curve_series(
-    points: Iterable[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]], metric: str
-) -> dict[int, list[tuple[float, float]]]:
-    """:func:`series_by_run` of the runs shown (not DELETED), a warm clone's curve joined to its parent: it
-    starts at the parent's point at the branch step (the parent's last point before the clone's first)."""
-    shown = {int(r["run_id"]) for r in runs if r.get("status") != "DELETED"}
-    series = series_by_run(points, metric)
-    out = {rid: pts for rid, pts in series.items() if rid in shown}
-    for run in runs:
-        own, parent = series.get(int(run["run_id"])), run.get("parent_id")
-        if not own or not run.get("warm_start") or parent is None:
-            continue
-        before = [pt for pt in series.get(int(parent), []) if pt[0] < own[0][0]]
-        if before and int(run["run_id"]) in out:
-            out[int(run["run_id"])] = [before[-1], *own]
-    return out
-
-
-def _thin(pts: list[tuple[float, float]], limit: int = _MAX_POINTS) -> list[tuple[float, float]]:
-    if len(pts) <= limit:
-        return pts
-    stride = math.ceil(len(pts) / limit)
-    return pts[::stride] + ([pts[-1]] if (len(pts) - 1) % stride else [])
-
-
-# ------------------------------------------------------------------------------------------------ SVG
-
-
-def nice_ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> list[float]:
-    """About ``count`` round tick values covering ``[lo, hi]`` (1, 2 or 5 times a power of ten); whole numbers
-    only when ``integer`` (optimizer steps)."""
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi < lo:
-        return []
-    if hi == lo:
-        return [lo]
-    raw = (hi - lo) / max(1, count)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    if integer:
-        step = max(1.0, round(step))
-    first = math.ceil(lo / step - 1e-9) * step
-    ticks, k = [], 0
-    while first + k * step <= hi + step * 1e-9:
-        ticks.append(round(first + k * step, 12))
-        k += 1
-    return ticks
-
-
-def _axis_text(value: float, integer: bool) -> str:
-    return f"{int(round(value)):,}" if integer else fmt_num(value)
-
-
-def _cross(x: float, y: float, color: str, run_id: int) -> str:
-    """The ✂ mark at the last point of a pruned run's curve (an x, as the live panel's marker)."""
-    d = f"M{x - 5:.0f},{y - 5:.0f}L{x + 5:.0f},{y + 5:.0f}M{x - 5:.0f},{y + 5:.0f}L{x + 5:.0f},{y - 5:.0f}"
-    return f'<path data-rf-pruned="{run_id}" d="{d}" stroke="{color}" stroke-width="2.4" stroke-linecap="round"/>'
-
-
-def _curve_svg(
-    metric: str,
-    series: Mapping[int, list[tuple[float, float]]],
-    width: int,
-    height: int,
-    pruned: frozenset[int] = frozenset(),
-) -> str:
-    """One metric's curves (one polyline per run; a lone point as a dot) as an SVG document; the curve of a run in
-    ``pruned`` (run ids early stopping pruned) ends in a cross."""
-    left, right, top, bottom = 54, 12, 22, 34
-    xs = [x for pts in series.values() for x, _ in pts]
-    ys = [y for pts in series.values() for _, y in pts]
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="{_e(_FONT)}" font-size="11">'
-        f'<text x="{left}" y="14" fill="{_MUTED}" font-weight="600">{_e(metric)}</text>'
-    )
-    if not xs:
-        return head + (
-            f'<text x="{width / 2}" y="{height / 2}" fill="{_MUTED}" text-anchor="middle">'
-            f"no {_e(metric)} points</text></svg>"
-        )
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    pad = (y1 - y0) * 0.06 or abs(y0) * 0.05 or 1.0
-    y0, y1 = y0 - pad, y1 + pad
-    x1 = x1 if x1 > x0 else x0 + 1
-    px = lambda x: left + (x - x0) / (x1 - x0) * (width - left - right)  # noqa: E731
-    py = lambda y: top + (y1 - y) / (y1 - y0) * (height - top - bottom)  # noqa: E731
-    parts = [head]
-    for t in nice_ticks(y0, y1, 4):
-        parts.append(
-            f'<line x1="{left}" x2="{width - right}" y1="{py(t):.0f}" y2="{py(t):.0f}" stroke="{_LINE}"/>'
-            f'<text x="{left - 6}" y="{py(t) + 3.5:.0f}" fill="{_MUTED}" text-anchor="end">'
-            f"{_e(_axis_text(t, False))}</text>"
-        )
-    for t in nice_ticks(x0, x1, 6, integer=True):
-        parts.append(
-            f'<text x="{px(t):.0f}" y="{height - bottom + 15}" fill="{_MUTED}" text-anchor="middle">'
-            f"{_e(_axis_text(t, True))}</text>"
-        )
-    parts.append(
-        f'<line x1="{left}" x2="{width - right}" y1="{height - bottom}" y2="{height - bottom}" stroke="{_MUTED}"/>'
-        f'<text x="{(left + width - right) / 2}" y="{height - 4}" fill="{_MUTED}" text-anchor="middle">'
-        "optimizer step</text>"
-    )
-    for rid in sorted(series):
-        parts += _run_curve(rid, _thin(series[rid]), px, py, rid in pruned)
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _run_curve(rid: int, pts: list[tuple[float, float]], px: Any, py: Any, pruned: bool) -> list[str]:
-    """One run's polyline (a lone point: a dot; sparse points: dots too), a cross at its end when pruned."""
-    color = run_color(rid)
-    parts = [_cross(px(pts[-1][0]), py(pts[-1][1]), color, rid)] if pruned else []
-    if len(pts) == 1:
-        return [*parts, f'<circle cx="{px(pts[0][0]):.0f}" cy="{py(pts[0][1]):.0f}" r="3" fill="{color}"/>']
-    coords = " ".join(f"{px(x):.0f},{py(y):.0f}" for x, y in pts)
-    parts.append(
-        f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.8" '
-        'stroke-linejoin="round" stroke-linecap="round"/>'
-    )
-    if len(pts) <= 12:  # sparse series (eval points): markers too
-        parts += [f'<circle cx="{px(x):.0f}" cy="{py(y):.0f}" r="2.4" fill="{color}"/>' for x, y in pts]
-    return parts
-
-
-def _svg_img(svg: str, alt: str, width: int, height: int) -> str:
-    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
-    return (
-        f'<img src="data:image/svg+xml;base64,{data}" alt="{_e(alt)}" width="{width}" height="{height}" '
-        'style="width:calc(50% - 8px);min-width:280px;max-width:100%;height:auto;margin:0;'
-        'border:1px solid rgba(128,128,128,0.3);border-radius:6px">'
-    )
-
-
 # ------------------------------------------------------------------------------------------------ HTML
 
 # explicit alignment everywhere: a notebook's own table styles (JupyterLab right-aligns cells) must not apply
@@ -265,6 +129,13 @@ _TD = (
 )
 _TH = _TD + ";text-align:left;font-weight:600;color:" + _MUTED + ";font-size:11px"
 _NUM = ";text-align:right"
+#: One line per cell: a value wider than this is cut with an ellipsis, whole in the cell's title (hover).
+_CUT = "display:inline-block;max-width:{w};overflow:hidden;text-overflow:ellipsis;white-space:nowrap;vertical-align:top"
+
+
+def _clipped(text: str, width: str = "12em") -> str:
+    """``text`` on one line at most ``width`` wide, cut with an ellipsis; the whole text in its ``title``."""
+    return f'<span style="{_CUT.format(w=width)}" title="{_e(text)}">{_e(text)}</span>'
 
 
 def _badge(text: str, color: str) -> str:
@@ -309,6 +180,42 @@ def _metric_columns(snapshot: Mapping[str, Any]) -> list[str]:
     return [c for c in cols if isinstance(c, str)] if isinstance(cols, list) else ["loss", "eval_loss"]
 
 
+def _status_cell(run: Mapping[str, Any]) -> str:
+    """The status badge (✂ PRUNED for a run early stopping stopped); a stopped run's reason in its title."""
+    label = status_label(run)
+    why = run.get("stop_reason") if run.get("status") == "STOPPED" else None
+    title = f' title="{_e(why)}"' if why else ""
+    badge = _badge("✂ PRUNED" if label == PRUNED else label, _STATUS.get(label, _MUTED))
+    return f'<td style="{_TD}" data-rf-status="{_e(label)}"{title}>{badge}</td>'
+
+
+def _reason_row(run: Mapping[str, Any], span: int) -> str:
+    """The row under a failed run (its error) or a stopped one (why: the policy's, a bulk stop's or the user's)."""
+    rid, label = run["run_id"], status_label(run)
+    style = f"{_TD};white-space:normal"
+    if run.get("status") == "FAILED" and run.get("error"):
+        return (
+            f'<tr><td colspan="{span}" style="{style};color:{_STATUS["FAILED"]}">'
+            f"run {_e(rid)} failed: {_e(run['error'])}</td></tr>"
+        )
+    if run.get("status") != "STOPPED" or not run.get("stop_reason"):
+        return ""
+    attr, what = (
+        ("data-pruned-for", "✂ early stopping") if label == PRUNED else ("data-stopped-for", "stopped")
+    )
+    return (
+        f'<tr {attr}="{_e(rid)}"><td colspan="{span}" style="{style};color:{_MUTED}">'
+        f"run {_e(rid)} {what}: {_e(run['stop_reason'])}</td></tr>"
+    )
+
+
+def _chunks_cell(run: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
+    total = run.get("num_segments") or snapshot.get("num_chunks") or "-"
+    text = f"{_e(run.get('chunks_done') or 0)}/{_e(total)}"
+    note = chunks_note(run, snapshot.get("num_chunks"))
+    return f'<td style="{_TD}{_NUM}"' + (f' title="{_e(note)}">{text} *' if note else f">{text}") + "</td>"
+
+
 def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best: int | None) -> str:
     cols = [c for c in snapshot.get("hparam_columns") or [] if isinstance(c, str)]
     device = any(r.get("device") for r in runs)  # several devices (run_fit(devices=...)): a Device column
@@ -323,45 +230,56 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
     )
     rows = []
     for run in runs:
-        status = str(run.get("status"))
-        label = status_label(run)  # ✂ PRUNED for a run early stopping stopped
         hl = ";background-color:rgba(234,179,8,0.16)" if run["run_id"] == best else ""
-        total = run.get("num_segments") or snapshot.get("num_chunks") or "-"
+        hparams = run.get("hparams") or {}
         cells = [
             f'<td style="{_TD}">{_run_cell(run, run["run_id"] == best)}</td>',
-            f'<td style="{_TD}" data-rf-status="{_e(label)}">'
-            f"{_badge('✂ PRUNED' if label == PRUNED else label, _STATUS.get(label, _MUTED))}</td>",
+            _status_cell(run),
             *(
                 [f'<td style="{_TD}" data-rf-device-cell="">{_e(run.get("device") or "-")}</td>']
                 if device
                 else []
             ),
-            *(
-                f'<td style="{_TD}{_NUM};white-space:normal;word-break:break-word">'
-                f"{_e(_hparam((run.get('hparams') or {}).get(c)))}</td>"
-                for c in cols
-            ),
+            *(f'<td style="{_TD}{_NUM}">{_clipped(_hparam(hparams.get(c)))}</td>' for c in cols),
             f'<td style="{_TD}{_NUM}">{_e(run.get("completed_steps") or 0)}/{_e(run.get("total_steps") or 0)}</td>',
-            f'<td style="{_TD}{_NUM}">{_e(run.get("chunks_done") or 0)}/{_e(total)}</td>',
+            _chunks_cell(run, snapshot),
             *(f'<td style="{_TD}{_NUM}">{_e(fmt_metric(run_value(run, m)))}</td>' for m in metrics),
             f'<td style="{_TD}{_NUM}">{_e(run.get("samples_seen") or 0)}</td>',
         ]
         rows.append(f'<tr data-run-id="{_e(run["run_id"])}" style="{hl[1:]}">{"".join(cells)}</tr>')
-        if status == "FAILED" and run.get("error"):
-            rows.append(
-                f'<tr><td colspan="{len(heads)}" style="{_TD};white-space:normal;color:{_STATUS["FAILED"]}">'
-                f"run {_e(run['run_id'])} failed: {_e(run['error'])}</td></tr>"
-            )
-        elif label == PRUNED and run.get("stop_reason"):
-            rows.append(
-                f'<tr data-pruned-for="{_e(run["run_id"])}"><td colspan="{len(heads)}" style="{_TD};'
-                f'white-space:normal;color:{_MUTED}">run {_e(run["run_id"])} ✂ early stopping: '
-                f"{_e(run['stop_reason'])}</td></tr>"
-            )
+        rows.append(_reason_row(run, len(heads)))
     return (
         '<div style="overflow-x:auto;border:1px solid rgba(128,128,128,0.3);border-radius:6px;margin:6px 0">'
         f'<table style="border-collapse:collapse;width:100%;margin:0;font-size:12px;color:inherit"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
+def _ops_log(snapshot: Mapping[str, Any]) -> str:
+    """The ops log as a collapsed ``<details>``: every op (the latest :data:`_MAX_OPS`) with its time, run, kind,
+    outcome and message, oldest first; "" without ops."""
+    ops = [o for o in snapshot.get("ops") or [] if isinstance(o, Mapping)]
+    if not ops:
+        return ""
+    ops.sort(key=lambda o: float(o.get("applied_at") or o.get("requested_at") or 0.0))
+    left = len(ops) - _MAX_OPS
+    rows = []
+    for op in ops[-_MAX_OPS:]:
+        at = op.get("applied_at") or op.get("requested_at")
+        when = time.strftime("%H:%M:%S", time.localtime(float(at))) if isinstance(at, (int, float)) else "-"
+        rid = op.get("run_id")
+        cells = (when, "-" if rid is None else f"run {rid}", op.get("kind") or "-", op.get("state") or "-")
+        rows.append(
+            f'<tr data-rf-op="{_e(op.get("op_id") or "")}">'
+            + "".join(f'<td style="{_TD}">{_e(c)}</td>' for c in cells)
+            + f'<td style="{_TD};white-space:normal">{_e(op.get("message") or "")}</td></tr>'
+        )
+    earlier = f'<div style="color:{_MUTED}">{left} earlier ops left out</div>' if left > 0 else ""
+    return (
+        f'<details data-rf-ops="" style="margin:6px 0"><summary style="cursor:pointer;color:{_MUTED}">'
+        f"Ops log · {len(ops)} op{'' if len(ops) == 1 else 's'} (how we got here)</summary>{earlier}"
+        f'<table style="border-collapse:collapse;margin:4px 0;font-size:11.5px;color:inherit"><tbody>'
+        f"{''.join(rows)}</tbody></table></details>"
     )
 
 
@@ -396,15 +314,48 @@ def _header(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], note
     )
 
 
+def plot_settings(snapshot: Mapping[str, Any], metrics: Sequence[str] | None = None) -> dict[str, Any]:
+    """The settings the copy's curves are drawn with: ``{"metrics": [str], "smoothing": float, "y_scale": "auto" |
+    "linear" | "log", "from_panel": bool}``. The snapshot's ``plot_settings`` (the live panel's) where it has them
+    (``from_panel``), else the live panel's defaults (``panel_metrics``; ``loss`` / ``eval_loss`` without them; no
+    smoothing; "auto"); ``metrics`` given wins. Values of the wrong type fall back to the defaults."""
+    given = snapshot.get("plot_settings")
+    given = given if isinstance(given, Mapping) else {}
+    picked = [m for m in given.get("metrics") or () if isinstance(m, str)]
+    defaults = [m for m in snapshot.get("panel_metrics") or () if isinstance(m, str)] or ["loss", "eval_loss"]
+    smoothing = given.get("smoothing")
+    ok = isinstance(smoothing, (int, float)) and not isinstance(smoothing, bool) and math.isfinite(smoothing)
+    scale = given.get("y_scale")
+    return {
+        "metrics": list(metrics) if metrics is not None else picked or defaults,
+        "smoothing": min(max(float(smoothing), 0.0), 0.999) if ok else 0.0,  # type: ignore[arg-type]
+        "y_scale": scale if scale in _SCALES else "auto",
+        "from_panel": bool(given),
+    }
+
+
 def _curves(
-    points: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]], metrics: Sequence[str]
+    points: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]
 ) -> str:
-    imgs = []
     pruned = frozenset(int(r["run_id"]) for r in runs if status_label(r) == PRUNED)
+    metrics = settings["metrics"]
+    series = {m: curve_series(points, runs, m) for m in metrics}
+    span = x_range(series.values())  # every plot over the same steps
+    imgs, cues = [], []
     for metric in metrics:
-        series = curve_series(points, runs, metric)
-        svg = _curve_svg(metric, series, 460, 230, pruned)
-        imgs.append(_svg_img(svg, f"{metric} by optimizer step", 460, 230))
+        svg = curve_svg(
+            metric,
+            series[metric],
+            run_color,
+            pruned=pruned,
+            smoothing=settings["smoothing"],
+            scale=settings["y_scale"],
+            x_range=span,
+        )
+        imgs.append(svg_img(svg, f"{metric} by optimizer step", 460, 230))
+        values = [y for pts in series[metric].values() for _, y in pts]
+        cue = scale_cue(y_scale(values, settings["y_scale"]))
+        cues.append(f"{metric}: {cue or 'linear'}")
     legend = "".join(
         f'<span style="margin-right:12px;white-space:nowrap">{_swatch(r["run_id"])}run {_e(r["run_id"])}</span>'
         for r in runs
@@ -412,6 +363,24 @@ def _curves(
     return (
         f'<div style="font-size:11.5px;margin:4px 0">{legend}</div>'
         f'<div style="display:flex;flex-wrap:wrap;gap:10px">{"".join(imgs)}</div>'
+        f"{_settings_line(settings, cues)}"
+    )
+
+
+def _settings_line(settings: Mapping[str, Any], cues: Sequence[str]) -> str:
+    """E.g. ``plots: loss, eval_loss · x: optimizer step · smoothing 0 · y scale auto (eval_loss: log scale · auto
+    (values span 36×)) · the live panel's defaults``."""
+    smoothing = settings["smoothing"]
+    parts = [
+        "plots: " + ", ".join(settings["metrics"]),
+        "x: optimizer step",
+        f"smoothing {fmt_num(smoothing)}" + (" (raw curves faint)" if smoothing > 0 else " (raw)"),
+        f"y scale {settings['y_scale']} ({'; '.join(cues)})" if cues else f"y scale {settings['y_scale']}",
+        "as the live panel had them" if settings["from_panel"] else "the live panel's defaults",
+    ]
+    return (
+        f'<div data-rf-plot-settings="" style="color:{_MUTED};font-size:11px;margin-top:4px">'
+        f"{_e(' · '.join(parts))}</div>"
     )
 
 
@@ -422,14 +391,15 @@ def render_html(
     note: str = "",
     metrics: Sequence[str] | None = None,
 ) -> str:
-    """The static copy of a panel: header, runs table, curves (see the module docstring).
+    """The static copy of a panel: header, runs table with the stop reasons, curves, plot settings, ops log (see
+    the module docstring).
 
     Args:
-        snapshot: a panel snapshot (``docs/ARCHITECTURE.md``, "Panel source").
+        snapshot: a panel snapshot (``docs/ARCHITECTURE.md``, "Panel source"), with ``plot_settings`` optionally.
         points: every metric point (``run_id``, ``step``, ``name``, ``value``).
         note: one line under the header (e.g. why this is a static copy).
-        metrics: the curves drawn, one image each (None: the snapshot's ``panel_metrics``, the trainer kind's
-            default plots; ``loss`` / ``eval_loss`` for a snapshot without them).
+        metrics: the curves drawn, one image each (None: :func:`plot_settings`' ``metrics``: the live panel's, else
+            the snapshot's ``panel_metrics``, the trainer kind's default plots).
 
     Returns:
         One ``<div data-rf-static>`` element, self-contained.
@@ -439,30 +409,27 @@ def render_html(
     )
     best = snapshot_best(snapshot, runs)  # the snapshot's best_by (GRPO: eval_reward, highest first)
     best_id = best[1] if best else None
-    if metrics is None:
-        metrics = [m for m in snapshot.get("panel_metrics") or () if isinstance(m, str)] or [
-            "loss",
-            "eval_loss",
-        ]
     return (
         f'<div data-rf-static="" data-rf-experiment="{_e(snapshot.get("experiment", ""))}" '
         'style="box-sizing:border-box;max-width:960px;padding:10px 12px;border:1px solid rgba(128,128,128,0.35);'
         f'border-radius:8px;font-family:{_FONT};font-size:12.5px;line-height:1.4">'
         f"{_header(snapshot, runs, note)}{_table(snapshot, runs, best_id)}"
-        f"{_curves(points, runs, metrics)}</div>"
+        f"{_curves(points, runs, plot_settings(snapshot, metrics))}{_ops_log(snapshot)}</div>"
     )
 
 
 def render_text(snapshot: Mapping[str, Any]) -> str:
-    """The ``text/plain`` form of the copy: the header line and one line per run."""
+    """The ``text/plain`` form of the copy: the header line, one line per run (a stopped run's reason at its end)."""
     lines = [f"{snapshot.get('experiment', '')}: {snapshot.get('progress') or ''}".strip()]
     for run in sorted(snapshot.get("runs") or [], key=lambda r: r["run_id"]):
         if run.get("status") == "DELETED":
             continue
+        why = run.get("stop_reason") if run.get("status") == "STOPPED" else None
         lines.append(
             f"  run {run['run_id']}  {status_label(run)}{'  ' + run['device'] if run.get('device') else ''}  step {run.get('completed_steps') or 0}/"
             f"{run.get('total_steps') or 0}  "
             + "  ".join(f"{m} {fmt_metric(run_value(run, m))}" for m in _metric_columns(snapshot))
+            + (f"  ({why})" if why else "")
         )
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ __all__ = [
     "best_run",
     "chunk_line",
     "chunk_position",
+    "chunks_note",
     "early_stopping_text",
     "final_summary",
     "fmt_metric",
@@ -105,6 +106,35 @@ def chunk_line(snap: RunSnapshot, latest: Mapping[str, Any], num_chunks: int) ->
         if value is not None:  # a NaN is shown as nan, never left out (a hidden NaN eval loss looked fine)
             parts.append(f"{key} {fmt_num(value)}")
     return " · ".join(parts)
+
+
+def chunks_note(run: Mapping[str, Any], num_chunks: Any) -> str | None:
+    """Why a run's chunk count is not a whole number of epochs' chunks, or None when it is.
+
+    A run's chunks over all epochs (``num_segments``) end where its step budget ends: a ``max_steps`` (or a
+    fractional ``num_train_epochs``) that ends inside an epoch leaves that epoch's later chunks out, so a run can
+    show ``Chunks 0/1`` while the experiment has 2 chunks per epoch (the GRPO tutorial's CPU settings: 4 steps of 8
+    per epoch for ``num_generations`` 4, one prompt a step).
+
+    Args:
+        run: a snapshot run (``num_segments``, ``total_steps``).
+        num_chunks: the experiment's chunks per epoch.
+
+    Returns:
+        E.g. ``"1 chunk in all, with 2 chunks per epoch: its step budget (4 steps: max_steps, or a fractional
+        num_train_epochs) ends in chunk 1/2 of epoch 1"``.
+    """
+    total, steps = _count(run.get("num_segments")), run.get("total_steps")
+    per_epoch = _count(num_chunks)
+    if not total or not per_epoch or total % per_epoch == 0:
+        return None
+    num_chunks = per_epoch
+    epoch, chunk = chunk_position(total - 1, num_chunks)
+    budget = f"{steps} steps: " if isinstance(steps, int) and steps > 0 else ""
+    return (
+        f"{total} chunk{'' if total == 1 else 's'} in all, with {num_chunks} chunks per epoch: its step budget "
+        f"({budget}max_steps, or a fractional num_train_epochs) ends in chunk {chunk}/{num_chunks} of epoch {epoch}"
+    )
 
 
 _SHORT_COLUMNS = {

@@ -244,6 +244,9 @@ def test_a_pruned_run_wears_the_pruned_badge_and_counts_apart_from_the_stopped()
     assert html.count("✂ PRUNED</span>") == 2
     assert "2 pruned" in html and "1 stopped" in html and "1 completed" in html
     assert re.findall(r'data-pruned-for="(\d+)"', html) == ["2", "3"]  # the reasons stay in the record
-    assert html.count(reason) == 2 and "stopped by the user" not in html
+    # each stop's reason: a row under the run (the policy's for a pruned run, the user's for a stop) and the badge's title
+    assert html.count(f"early stopping: {reason}</td>") == 2 and html.count(f'title="{reason}"') == 2
+    assert re.findall(r'data-stopped-for="(\d+)"', html) == ["4"]
+    assert "run 4 stopped: stopped by the user (panel)</td>" in html
     lines = bundle["text/plain"].splitlines()
     assert "run 2  PRUNED  step" in lines[2] and "run 4  STOPPED  step" in lines[4]
