@@ -44,6 +44,36 @@ export function metricTitle(name) {
  * (rapidfire_nb.panel.static.PALETTE) and TensorBoard, which colours runs in the order it lists them (run 1, 2, …:
  * first event first). Run n gets colour (n-1) mod 7. */
 export const PALETTE = ["#425066", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a"];
+/** The same palette's dark-theme values in TensorBoard (only Slate differs: Slate 400, readable on a dark page). */
+export const PALETTE_DARK = ["#8e98a3", ...PALETTE.slice(1)];
+/** Whether the page is dark (one theme per page: every panel on it shares this). */
+let darkRuns = false;
+
+/** Use the dark-theme run colours (view.setTheme, from the panel's background). @param {boolean} on
+ * @returns {boolean} whether this changed them */
+export function setDarkRunColors(on) {
+  const changed = darkRuns !== !!on;
+  darkRuns = !!on;
+  return changed;
+}
+
+/** Whether a CSS colour ("#rgb", "#rrggbb", "rgb(r, g, b)", "rgba(...)") is dark (relative luminance under 0.4);
+ * false when it cannot be read. @param {string} css */
+export function isDarkColor(css) {
+  const s = String(css || "").trim().toLowerCase();
+  let rgb = null;
+  const hex = /^#([0-9a-f]{3}|[0-9a-f]{6})$/.exec(s);
+  if (hex) {
+    const x = hex[1].length === 3 ? hex[1].split("").map((c) => c + c).join("") : hex[1];
+    rgb = [0, 2, 4].map((i) => parseInt(x.slice(i, i + 2), 16));
+  } else {
+    const m = /^rgba?\(\s*([\d.]+)[\s,]+([\d.]+)[\s,]+([\d.]+)/.exec(s);
+    if (m) rgb = [m[1], m[2], m[3]].map(Number);
+  }
+  if (!rgb) return false;
+  const lin = rgb.map((v) => { const c = v / 255; return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); });
+  return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2] < 0.4;
+}
 const HPARAM_SHORT = /** @type {Record<string, string>} */ ({
   learning_rate: "lr", per_device_train_batch_size: "batch", gradient_accumulation_steps: "grad acc",
   num_train_epochs: "epochs", max_steps: "max steps", "lora.r": "lora r", "lora.lora_alpha": "lora α",
@@ -151,13 +181,15 @@ export function shortHparam(name) {
   return name.replace(/_/g, " ");
 }
 
-/** The colour of a run (its curve, swatch and legend entry). @param {number|string} id */
+/** The colour of a run (its curve, swatch and legend entry; TensorBoard's dark value on a dark page).
+ * @param {number|string} id */
 export function runColor(id) {
+  const pal = darkRuns ? PALETTE_DARK : PALETTE;
   const n = Number(id);
-  if (Number.isInteger(n) && n > 0) return PALETTE[(n - 1) % PALETTE.length];
+  if (Number.isInteger(n) && n > 0) return pal[(n - 1) % pal.length];
   let h = 0;
   for (const c of String(id)) h = (h * 31 + c.charCodeAt(0)) >>> 0;
-  return PALETTE[h % PALETTE.length];
+  return pal[h % pal.length];
 }
 
 /**

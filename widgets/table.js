@@ -257,7 +257,7 @@ export class RunTable {
   /** The run and status cells (rebuilt only when they change). @param {Row} row @param {Run} run
    * @param {boolean} best */
   updateIdentity(row, run, best) {
-    const runKey = `${run.parent_id}|${run.warm_start}|${best}|${!!row.configTr}`;
+    const runKey = `${run.parent_id}|${run.warm_start}|${best}|${!!row.configTr}|${runColor(run.run_id)}`;
     if (row.runKey !== runKey) {
       row.runKey = runKey;
       const origin = run.parent_id !== null && run.parent_id !== undefined

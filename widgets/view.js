@@ -23,7 +23,7 @@ import { ComparePanel } from "./compare.js";
 import { h } from "./dom.js";
 import { EtaSmoother } from "./eta.js";
 import { csvName, download, metricsCsv, runsCsv } from "./export.js";
-import { fmtClock, fmtDuration, runColor, statsText, STATUSES } from "./format.js";
+import { fmtClock, fmtDuration, isDarkColor, runColor, setDarkRunColors, statsText, STATUSES } from "./format.js";
 import { PlotArea } from "./plots.js";
 import { bestRun, bulkStopReason, nextSort, stopAllButBest } from "./rank.js";
 import {
@@ -444,6 +444,12 @@ export class PanelView {
   setTheme(key) {
     if (key === this.themeKey) return;
     this.themeKey = key;
+    const bg = getComputedStyle(this.root).getPropertyValue("--rf-bg");
+    if (setDarkRunColors(isDarkColor(bg))) { // run 1's Slate: TensorBoard's lighter value on a dark page
+      this.legendKey = "";
+      this.opsKey = null;
+      this.renderAll();
+    }
     this.compare.invalidate();
     this.schedulePlot();
   }

@@ -72,3 +72,21 @@ test("the note reads as English for any metric name (no 'a eval_loss')", () => {
     "run 3 has logged eval_reward; drag along an axis to filter, hover a line for its run");
   assert.equal(compareNote([], "eval_loss", null), "no run has logged eval_loss yet");
 });
+
+test("run colours: TensorBoard's Time Series palette; its dark value for Slate on a dark page", async () => {
+  const { PALETTE, PALETTE_DARK, isDarkColor, setDarkRunColors } = await import("../../../widgets/format.js");
+  assert.deepEqual(PALETTE, ["#425066", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a"]);
+  assert.equal(runColor(1), "#425066");
+  assert.equal(runColor(8), "#425066"); // 7 colours, then again
+  assert.equal(isDarkColor("#111"), true);
+  assert.equal(isDarkColor("rgb(255, 255, 255)"), false);
+  assert.equal(isDarkColor("var(--x)"), false); // unreadable: light
+  assert.equal(setDarkRunColors(true), true);
+  try {
+    assert.equal(runColor(1), PALETTE_DARK[0]);
+    assert.equal(runColor(1), "#8e98a3");
+    assert.equal(runColor(2), "#12b5cb");
+  } finally {
+    setDarkRunColors(false);
+  }
+});
