@@ -36,6 +36,7 @@ from kernel_scheduler import OP_KINDS
 
 from . import meta_keys
 from .errors import ConfigError, ExperimentError, OpError
+from .view.text import chunks_note, status_label
 
 if TYPE_CHECKING:
     from .experiment import Experiment
@@ -199,19 +200,32 @@ def _find_experiment(name: str | None) -> Experiment:
 
 #: The status table's first columns (what fits a ~1000 px output); the hyperparameters follow. ``device`` is
 #: there only when the experiment trains on several devices (``run_fit(devices=...)``; get_runs_info's column).
-_STATUS_FIRST = ["status", "device", "loss", "eval_loss", "step", "chunks_done", "epoch"]
+_STATUS_FIRST = ["status", "device", "loss", "eval_loss", "step", "chunks", "epoch"]
 
 
 def _status(exp: Experiment) -> Any:
-    """``get_runs_info()`` for reading: indexed by run id, metrics first, steps as ``done/total``, no config
-    or checkpoint path (the API's table has them), the error / stop_reason columns only when a run failed / stopped,
+    """``get_runs_info()`` for reading: indexed by run id, metrics first, steps and chunks as ``done/total``, a run
+    early stopping pruned as ``PRUNED`` (its status stays STOPPED: the panel's mark), no config or checkpoint path
+    (the API's table has them), the error / stop_reason columns only when a run failed / stopped (the reason whole),
     each run's device after its status when the experiment trains on several devices.
     With an early-stopping policy or a search, its line is printed first (``[rapidfire] Optuna: 3 of 6 trials asked
-    · 1 pruned · 2 running``, :func:`rapidfire_nb.view.early_stopping_text`)."""
-    line = exp.panel_snapshot().get("early_stopping")
+    · 1 pruned · 2 running``, :func:`rapidfire_nb.view.early_stopping_text`), and a line for each run whose chunks
+    are not a whole number of epochs' (:func:`rapidfire_nb.view.text.chunks_note`: its max_steps ends inside one)."""
+    snap = exp.panel_snapshot()
+    line = snap.get("early_stopping")
     if line:  # trials asked / budget, or the rung policy's pruned runs and next rung
         print(f"[rapidfire] {line}")
+    runs = {r["run_id"]: r for r in snap.get("runs") or [] if r.get("status") != "DELETED"}
+    for rid, run in sorted(runs.items()):
+        note = chunks_note(run, snap.get("num_chunks"))
+        if note:
+            print(f"[rapidfire] run {rid}: {note}")
     df = exp.get_runs_info()
+    pruned = [bool((runs.get(rid) or {}).get("pruned")) for rid in df.run_id]
+    df["status"] = [status_label({"status": st, "pruned": p}) for st, p in zip(df.status, pruned)]
+    if "chunks_done" in df.columns:
+        df["chunks_done"] = [_chunks(runs.get(rid), done) for rid, done in zip(df.run_id, df.chunks_done)]
+        df = df.rename(columns={"chunks_done": "chunks"})
     df = df.drop(columns=["config", "checkpoint_dir"], errors="ignore")
     for col in ("error", "stop_reason"):  # shown only when a run failed / was stopped
         if col in df.columns and df[col].isna().all():
@@ -226,9 +240,18 @@ def _status(exp: Experiment) -> Any:
     return df.set_index("run_id")[first + rest]
 
 
+def _chunks(run: dict[str, Any] | None, done: Any) -> str:
+    """``done/total`` chunks of a run over all its epochs (``done`` alone when the total is not known)."""
+    done = int(done) if isinstance(done, (int, float)) and done == done else 0
+    total = (run or {}).get("num_segments")
+    return f"{done}/{total}" if isinstance(total, int) and total > 0 else str(done)
+
+
 def _list_experiments() -> Any:
+    """One row per experiment in the store (a :class:`~.experiment.frames.ListFrame`: shown without an index)."""
     import pandas as pd
 
+    from .experiment.frames import ListFrame
     from .paths import experiment_dir, experiments_root, list_experiments
     from .store import Store
 
@@ -250,7 +273,7 @@ def _list_experiments() -> Any:
                 "created_at": _local_time(pd, meta.get(meta_keys.CREATED_AT)),
             }
         )
-    return pd.DataFrame(rows, columns=["experiment", "runs", "trainer_type", "statuses", "created_at"])
+    return ListFrame(rows, columns=["experiment", "runs", "trainer_type", "statuses", "created_at"])
 
 
 def _local_time(pd: Any, unix_s: Any) -> Any:

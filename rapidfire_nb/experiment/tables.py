@@ -42,6 +42,9 @@ def runs_table(
     eval_loss 2.71 not in the best 4 of 8 at this rung (cutoff 2.43)"``) or ``"stopped by the user (panel)"``;
     None for the other statuses.
 
+    Displayed, ``stop_reason`` reads whole and ``error`` is cut at a word (pandas cuts every text at 50 characters:
+    "...not in th..."); the values are whole either way (:class:`~.frames.RunsFrame`, a DataFrame).
+
     ``device`` (after ``stop_reason``, only when the experiment trained on several devices: ``run_fit(devices=...)``)
     is the device each run trains on, e.g. ``"cpu:1"`` or ``"cuda:3"`` (store meta ``devices``).
 
@@ -50,7 +53,7 @@ def runs_table(
         columns: this process's hyperparameter columns (added after the stored ones).
         include_deleted: keep DELETED runs.
     """
-    import pandas as pd
+    from .frames import RunsFrame  # pandas, imported when a table is made
 
     generated = [
         str(n) for n in store.get_meta(meta_keys.EVAL_METRIC_NAMES, []) or [] if n not in _PROGRESS_COLUMNS
@@ -95,7 +98,7 @@ def runs_table(
         rows.append(row)
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
     tail += ["device"] if devices else []
-    table = pd.DataFrame(rows, columns=["run_id", "status", *cols, *tail, "config"])
+    table = RunsFrame(rows, columns=["run_id", "status", *cols, *tail, "config"])
     best = best_run(table.to_dict("records"), picked["best_by"]["metric"], picked["best_by"]["mode"])
     table.attrs["best_by"] = {**picked["best_by"], "run_id": best[0] if best else None}
     for name in (

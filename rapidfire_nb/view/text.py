@@ -21,6 +21,7 @@ __all__ = [
     "chunk_line",
     "chunk_position",
     "chunks_note",
+    "cut_at_word",
     "early_stopping_text",
     "final_summary",
     "fmt_metric",
@@ -106,6 +107,16 @@ def chunk_line(snap: RunSnapshot, latest: Mapping[str, Any], num_chunks: int) ->
         if value is not None:  # a NaN is shown as nan, never left out (a hidden NaN eval loss looked fine)
             parts.append(f"{key} {fmt_num(value)}")
     return " · ".join(parts)
+
+
+def cut_at_word(text: str, limit: int) -> str:
+    """``text`` whole when it has at most ``limit`` characters, else cut at the last space before the limit (at the
+    limit when there is none in its second half) and ended with ``…``; the result has at most ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    head = text[: max(limit - 1, 0)]
+    space = head.rfind(" ")
+    return (head[:space] if space >= limit // 2 else head).rstrip(" ,;:·") + "…"
 
 
 def chunks_note(run: Mapping[str, Any], num_chunks: Any) -> str | None:

@@ -1,0 +1,94 @@
+"""The text views of an experiment (issue 37): ``get_runs_info()`` and ``%rapidfire status`` show a stop reason whole
+(pandas cut it to "...not in th..."), ``%rapidfire list`` has no 0-based index, ``%rapidfire status`` marks a pruned
+run PRUNED and gives chunks as done/total with a line saying why a run's total is not a whole number of epochs'.
+Stores written directly (no training, no kernel)."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import types
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from rapidfire_nb import magic
+from rapidfire_nb.experiment.frames import ListFrame, RunsFrame
+from rapidfire_nb.experiment.tables import runs_table
+from rapidfire_nb.store import Store
+from rapidfire_nb.view.text import cut_at_word
+from tests.rapidfire_nb.server._stores import make_experiment
+
+PRUNE = "pruned at chunk 2/8: eval_loss 2.71 not in the best 4 of 8 at this rung (cutoff 2.43)"
+BULK = "stop all but best 1 by eval_loss"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    s = make_experiment(tmp_path, "views", statuses={1: "STOPPED", 2: "STOPPED", 3: "COMPLETED"}, epochs=1)
+    s.add_op("p1", "stop", 1, {"reason": PRUNE, "chunk": 2}, source="early_stopping", state="applied")
+    s.add_op("b2", "stop", 2, {"reason": BULK}, source="panel", state="applied")
+    yield s
+    s.close()
+
+
+def test_cut_at_word() -> None:
+    assert cut_at_word("short", 10) == "short"
+    assert cut_at_word("stop all but best 2 by eval_loss", 20) == "stop all but best…"
+    assert cut_at_word("x" * 30, 10) == "x" * 9 + "…"  # no space in its second half: at the limit
+    assert all(len(cut_at_word("a b " * 40, n)) <= n for n in (5, 17, 60))
+
+
+def test_get_runs_info_shows_a_stop_reason_whole_and_keeps_every_value(store: Store) -> None:
+    table = runs_table(store, {}, [], False)
+    assert isinstance(table, RunsFrame) and isinstance(table, pd.DataFrame)
+    assert list(table.stop_reason) == [PRUNE, BULK, None]
+    with pd.option_context("display.max_columns", None, "display.width", 400):  # every column, as a notebook
+        text = repr(table)
+    html = table._repr_html_() or ""
+    assert PRUNE in text and BULK in text and "not in th..." not in text
+    assert PRUNE in html and "(cutoff 2.43)</td>" in html
+    assert "{'model_name': 'tiny', 'rid': 1, 'training'…" in text  # config cut as pandas did, at a word
+    assert table.config[0] == {"model_name": "tiny", "rid": 1, "training": {"num_train_epochs": 1}}
+    derived = table.drop(columns=["config"]).set_index("run_id")
+    assert isinstance(derived, RunsFrame) and PRUNE in repr(derived)
+    assert table.attrs["best_by"]["metric"] == "eval_loss"
+    assert isinstance(pickle.loads(pickle.dumps(table)), RunsFrame)
+
+
+def test_status_marks_pruned_runs_and_gives_chunks_done_of_total(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = [
+        {"run_id": 1, "status": "STOPPED", "pruned": True, "num_segments": 4},
+        {"run_id": 2, "status": "STOPPED", "pruned": False, "num_segments": 1, "total_steps": 4},
+        {"run_id": 3, "status": "COMPLETED", "num_segments": 4},
+    ]
+    exp = types.SimpleNamespace(
+        panel_snapshot=lambda: {"runs": runs, "num_chunks": 2, "early_stopping": None},
+        get_runs_info=lambda: runs_table(store, {}, [], False),
+    )
+    df = magic._status(exp)  # type: ignore[arg-type]
+    assert list(df.status) == ["PRUNED", "STOPPED", "COMPLETED"]  # PRUNED is a mark: the API keeps STOPPED
+    assert list(df.chunks) == ["1/4", "4/1", "0/4"] and "chunks_done" not in df.columns
+    assert list(df.columns[:6]) == ["status", "loss", "eval_loss", "step", "chunks", "epoch"]
+    assert PRUNE in repr(df) and df.loc[2, "stop_reason"] == BULK
+    out = capsys.readouterr().out
+    assert out == (
+        "[rapidfire] run 2: 1 chunk in all, with 2 chunks per epoch: its step budget (4 steps: max_steps, or a "
+        "fractional num_train_epochs) ends in chunk 1/2 of epoch 1\n"
+    )
+
+
+def test_list_has_no_zero_based_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("alpha", "beta"):
+        make_experiment(tmp_path, name).close()
+    monkeypatch.setenv("RF_HOME", str(tmp_path))
+    df = magic._list_experiments()
+    assert isinstance(df, ListFrame) and list(df.experiment) == ["alpha", "beta"]  # still a column
+    first = repr(df).splitlines()[1]
+    assert first.split()[0] == "alpha"  # no "0" before it
+    html = df._repr_html_() or ""
+    assert re.search(r"<tbody>\s*<tr>\s*<td>alpha</td>", html) and "<th>0</th>" not in html
