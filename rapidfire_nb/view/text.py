@@ -196,7 +196,10 @@ def format_chunk_line(
     if status not in (RunStatus.ONGOING.value, RunStatus.NEW.value, None):
         parts.append(status_label(run))  # a pruned run: PRUNED
     chunks = run.get("chunks_done")
-    if chunks is not None:
+    # a later epoch: "chunk 1/4 of epoch 2" (not "chunk 5/4")
+    if isinstance(chunks, int) and num_chunks and chunks > num_chunks:
+        parts.append(position_text(*chunk_position(chunks - 1, num_chunks), num_chunks))
+    elif chunks is not None:
         parts.append(f"chunk {chunks}/{num_chunks}" if num_chunks else f"chunks {chunks}")
     if run.get("total_steps"):
         parts.append(f"step {run.get('completed_steps', 0)}/{run.get('total_steps')}")

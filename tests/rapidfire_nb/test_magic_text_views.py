@@ -18,7 +18,7 @@ from rapidfire_nb import magic
 from rapidfire_nb.experiment.frames import ListFrame, RunsFrame
 from rapidfire_nb.experiment.tables import runs_table
 from rapidfire_nb.store import Store
-from rapidfire_nb.view.text import cut_at_word
+from rapidfire_nb.view.text import cut_at_word, format_chunk_line
 from tests.rapidfire_nb.server._stores import make_experiment
 
 PRUNE = "pruned at chunk 2/8: eval_loss 2.71 not in the best 4 of 8 at this rung (cutoff 2.43)"
@@ -92,3 +92,10 @@ def test_list_has_no_zero_based_index(tmp_path: Path, monkeypatch: pytest.Monkey
     assert first.split()[0] == "alpha"  # no "0" before it
     html = df._repr_html_() or ""
     assert re.search(r"<tbody>\s*<tr>\s*<td>alpha</td>", html) and "<th>0</th>" not in html
+
+
+def test_a_chunk_line_of_a_later_epoch_names_it() -> None:
+    run = {"run_id": 2, "status": "ONGOING", "chunks_done": 5, "completed_steps": 50, "total_steps": 80}
+    # was "chunk 5/4"
+    assert format_chunk_line(run, num_chunks=4) == "run 2  chunk 1/4 of epoch 2  step 50/80"
+    assert format_chunk_line({**run, "chunks_done": 3}, num_chunks=4) == "run 2  chunk 3/4  step 50/80"
