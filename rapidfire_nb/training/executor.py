@@ -43,6 +43,7 @@ from .models import (
 )
 from .offload import Parked, park, unpark
 from .own_params import OwnParameters
+from .prepared_rows import RowPreparer, sft_rows
 from .quiet import quiet_libraries
 from .rng import capture_rng
 from .warm_start import checkpoint_step, keep_own_hyperparameters, start_at, warm_snapshot
@@ -119,6 +120,8 @@ class TorchExecutor(Executor):
         self.switch_seconds = 0.0  # time spent in activations + snapshots (benchmark)
         self._noted: set[str] = set()
         self._eval_metric_names: set[str] = set()
+        # a clone's rows tokenized off the device thread while the others train (training/prepared_rows.py)
+        self.prepared = RowPreparer(self._prepare_inputs, sft_rows if self.kind.name == "SFT" else None)
         # chunk-end generation eval of the runs on one base, batched (training/generation_batch.py); device thread
         self.generation = (
             GenerationBatcher(self.callbacks.metric_sink, self._note) if group.batch_generation else None
@@ -158,6 +161,12 @@ class TorchExecutor(Executor):
 
         return self.device.run(build)
 
+    def prepare_run(self, run_id: int, spec: LeafConfig, *, device: str | None = None) -> Future[None] | None:
+        """Tokenize a clone's rows on the builder thread before ``add_run`` builds it (SFT; None for the other
+        kinds: ``add_run`` does all). See :mod:`~rapidfire_nb.training.prepared_rows`."""
+        check_device(self, device)
+        return self.prepared.start(run_id, spec)
+
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
         run = self._runs[run_id]
         return run.worker.run_until(stop_step)
@@ -176,6 +185,8 @@ class TorchExecutor(Executor):
         return run is not None and run.last is not None
 
     def on_status(self, run_id: int, status: str) -> None:
+        if status == "DELETED":
+            self.prepared.discard(run_id)  # a clone deleted while its rows were tokenized is never built
         run = self._runs.get(run_id)
         if run is None:
             return
@@ -219,6 +230,7 @@ class TorchExecutor(Executor):
         self.device.call(release)
 
     def close(self) -> None:
+        self.prepared.close()
         if self.generation is not None:
             try:
                 self.device.run(self.generation.flush_all)
@@ -299,9 +311,8 @@ class TorchExecutor(Executor):
         args, train_ds, eval_ds, lora = self._inputs(spec, run_dir)
         base = self.models.base_for(spec, args, run_id)
         model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
-        trainer = self.kind.build_trainer(
-            spec, model, adapter, base.tokenizer, args, (train_ds, eval_ds), self.models
-        )
+        rows = self.prepared.rows(run_id, spec, train_ds, eval_ds)  # tokenized off the device thread?
+        trainer = self.kind.build_trainer(spec, model, adapter, base.tokenizer, args, rows, self.models)
         own = install_lora_extras(trainer, adapter) if adapter is not None else None
         note_dropped_rows(trainer, train_ds, eval_ds, args, lambda text: self._note(f"run {run_id}: {text}"))
         if eval_ds is not None:
@@ -362,6 +373,13 @@ class TorchExecutor(Executor):
         for n in check_generation_eval(spec, eval_ds):  # compute_metrics + generation_config
             self._note(n)
         return args, train_ds, eval_ds, build_lora_config(spec)
+
+    def _prepare_inputs(self, run_id: int, spec: LeafConfig) -> tuple[Any, Any, Any, Any]:
+        """The builder thread's inputs of run ``run_id``: ``_inputs``' first three and its base's tokenizer (None
+        while its base is not created)."""
+        args, train_ds, eval_ds, _ = self._inputs(spec, self.run_dir(run_id))
+        base = self.models.existing(spec, args, run_id)
+        return args, train_ds, eval_ds, None if base is None else base.tokenizer
 
     def _start_position(
         self,

@@ -183,21 +183,14 @@ class BaseModels(ModelProvider):
             )
         return out
 
+    def existing(self, spec: LeafConfig, args: Any, run_id: int | None = None) -> SharedBase | None:
+        """The base :meth:`base_for` gives, if created already (never creates one; any thread)."""
+        return self._bases.get(self._key(spec, args, run_id))
+
     def base_for(self, spec: LeafConfig, args: Any, run_id: int | None = None) -> SharedBase:
         shared = {f: getattr(args, f, None) for f in SHARED_MODEL_FIELDS}
         own = own_base_reason(spec)
-        key = json.dumps(
-            {
-                "full": spec.lora
-                is None,  # full fine-tuning copies an unwrapped base, never the LoRA runs' one
-                "model_name": spec.model_name,
-                "model_kwargs": quant.kwargs_key(spec.model_kwargs),
-                "tokenizer": repr(spec.tokenizer),
-                "shared": repr(shared),
-                "zown": None if own is None else run_id,  # "z": sorts after "shared" (see the split below)
-            },
-            sort_keys=True,
-        )
+        key = self._key(spec, args, run_id)
         base = self._bases.get(key)
         if base is None:
             model, tok = self.create(spec.model_config_dict())
@@ -213,6 +206,18 @@ class BaseModels(ModelProvider):
                 self._note_disagreement(key, shared, run_id)
                 self._settings[key] = shared
         return base
+
+    def _key(self, spec: LeafConfig, args: Any, run_id: int | None) -> str:
+        """The key of the base a run with ``spec`` and built config ``args`` shares (see :meth:`base_for`)."""
+        key = {
+            "full": spec.lora is None,  # full fine-tuning copies an unwrapped base, never the LoRA runs' one
+            "model_name": spec.model_name,
+            "model_kwargs": quant.kwargs_key(spec.model_kwargs),
+            "tokenizer": repr(spec.tokenizer),
+            "shared": repr({f: getattr(args, f, None) for f in SHARED_MODEL_FIELDS}),
+            "zown": None if own_base_reason(spec) is None else run_id,  # "z": after "shared" (split below)
+        }
+        return json.dumps(key, sort_keys=True)
 
     def _note_disagreement(self, key: str, shared: dict[str, Any], run_id: int | None) -> None:
         """A note naming the settings in which a new shared base differs from one of the same model already loaded."""
