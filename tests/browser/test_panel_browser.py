@@ -198,8 +198,20 @@ def _scenario(lab: Any, phase: _Phases) -> None:
         ".every(t => t.textContent === 'samples seen')"
     )
     assert _points(panel) > 0
+    # both plots share one x range (issue 37: loss and eval_loss had different ones)
+    ranges = panel.locator(".rf-plot").evaluate_all(
+        "els => els.map(e => e._fullLayout.xaxis.range.map(Math.round))"
+    )
+    assert len(ranges) == 2 and ranges[0] == ranges[1], ranges
+    # the user's log scale wins and has its cue on each plot; "auto" gives the choice back
+    panel.locator('button[data-y="log"]').click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-rf-panel] .rf-card')].every(c => c.dataset.scale === 'log')"
+    )
+    assert panel.locator("[data-rf-scale-cue]").first.inner_text() == "log scale"
+    panel.locator('button[data-y="auto"]').click()
 
-    phase("x axis")
+    phase("x axis, shared x range, y scale")
     # delete run 5: hidden by default, back (greyed) with "show deleted"
     panel.locator('tr[data-run-id="5"] button[data-op="delete"]').click()
     page.wait_for_selector('[data-rf-panel] tr[data-run-id="5"]', state="detached", timeout=10_000)
