@@ -9,18 +9,24 @@
  *
  * Protocol (see rapidfire_nb/panel/widget.py):
  *   view -> kernel: {type:"hello"} on every render, {type:"need_plotly"} once per page,
- *                   {type:"op", op_id, kind, run_id, changes, warm_start} per click (op_id made once per click).
+ *                   {type:"op", op_id, kind, run_id, changes, warm_start} per click (op_id made once per click),
+ *                   {type:"pull", req, since, version, ops_version} about every second while the page is visible,
+ *                   on focus, after an ack and when a message shows a gap (pull.js: one in flight at a time).
  *   kernel -> view: {type:"snapshot", reset, snapshot, points, now}, {type:"points", points},
  *                   {type:"update", snapshot|null, points|null, now}, {type:"ack", ack},
- *                   {type:"plotly"} + one buffer (plotly.min.js), {type:"error", message}.
+ *                   {type:"plotly"} + one buffer (plotly.min.js), {type:"error", message}; the state messages
+ *                   carry sequence numbers (cursor, since, version, ops_version) and, answering a pull, reply_to.
+ * Every answer is sent in the kernel's comm handler (a reply to the view's own message): the panel stays live
+ * where a front end drops unsolicited kernel messages (Colab); the pump's pushes are the fast path elsewhere.
  * Model level (`initialize`, once per widget model): the state (series store, runs, ops, notices; state.js), the
- * message listener, the op sender (ops.js) and the notices' fade timers. View level (`render`, once per
- * view): the DOM (view.js), plotly, theme and resize observers. Synced trait: `summary` (header only).
+ * message listener, the op sender (ops.js), the puller (pull.js) and the notices' fade timers. View level
+ * (`render`, once per view): the DOM (view.js), plotly, theme and resize observers. Synced trait: `summary`.
  */
 
 import { fmtNum, runColor } from "./format.js";
 import { createOpSender, safeSend } from "./ops.js";
 import { loadPlotlyFromBuffer, plotlyLoader } from "./plots.js";
+import { createPuller, PULL_MS } from "./pull.js";
 import { createState, dismissNotice, fadeNotice, isFinal, reduce } from "./state.js";
 import { PanelView } from "./view.js";
 
@@ -74,19 +80,30 @@ function createModelStore(model) {
       fades.set(id, { serial, timer });
     }
   };
+  const puller = createPuller(state, (content) => safeSend(model, content));
   const onMsg = (/** @type {any} */ msg, /** @type {any[]} */ buffers) => {
     const change = reduce(state, msg, Date.now(), buffers);
     if (change.plotly) loadPlotlyFromBuffer(change.plotly);
     changed(change);
+    puller.onMessage(msg, Date.now());
+    if (msg && msg.type === "ack") puller.request(Date.now()); // the op's effect, where pushes do not arrive
   };
   model.on("msg:custom", onMsg);
   const ops = createOpSender(model, state, changed);
+  // pull while a view is shown and the page visible, and at once when the page comes back
+  const pull = () => { if (views.size && document.visibilityState !== "hidden") puller.request(Date.now()); };
+  const timer = setInterval(pull, PULL_MS);
+  window.addEventListener("focus", pull);
+  document.addEventListener("visibilitychange", pull);
   return {
     state, ops,
     /** @param {(c: Change) => void} fn */
     subscribe(fn) { views.add(fn); return () => { views.delete(fn); }; },
     dispose() {
       model.off("msg:custom", onMsg);
+      clearInterval(timer);
+      window.removeEventListener("focus", pull);
+      document.removeEventListener("visibilitychange", pull);
       ops.dispose();
       for (const f of fades.values()) clearTimeout(f.timer);
       views.clear();

@@ -9,6 +9,7 @@
  */
 
 import { DEFAULT_METRICS, requestedText as opRequestedText } from "./format.js";
+import { createSeq, sequence } from "./pull.js";
 
 /**
  * @typedef {{run_id: number, status: string, on_device: boolean, device?: string|null, hparams: Record<string, any>,
@@ -36,7 +37,7 @@ import { DEFAULT_METRICS, requestedText as opRequestedText } from "./format.js";
  * @typedef {{text: string, state: string, serial: number, fading: boolean}} Notice
  * @typedef {{snapshot: Snapshot|null, series: Map<string, Map<number, Series>>, metricNames: Set<string>,
  *   live: boolean, clockOffset: number, notices: Map<string, Notice>, pending: Map<string, string>,
- *   acked: Set<string>, serial: number, frozenHtml: string|null}} State
+ *   acked: Set<string>, serial: number, frozenHtml: string|null, seq: import("./pull.js").Seq}} State
  * @typedef {{redraw?: boolean, snapshot?: boolean, full?: boolean, points?: boolean, notices?: boolean,
  *   table?: boolean, plotly?: any, frozen?: boolean}} Change
  */
@@ -48,7 +49,7 @@ export const MAX_NOTICES = 4;
 export function createState() {
   return {
     snapshot: null, series: new Map(), metricNames: new Set(DEFAULT_METRICS), live: false, clockOffset: 0,
-    notices: new Map(), pending: new Map(), acked: new Set(), serial: 0, frozenHtml: null,
+    notices: new Map(), pending: new Map(), acked: new Set(), serial: 0, frozenHtml: null, seq: createSeq(),
   };
 }
 
@@ -78,15 +79,21 @@ export function reduce(state, msg, nowMs, buffers = []) {
   if (typeof msg.now === "number") state.clockOffset = msg.now * 1000 - nowMs;
   switch (msg.type) {
     case "snapshot":
+      sequence(state.seq, msg);
       if (msg.reset) state.series = new Map();
       ingest(state, msg.points);
       return { redraw: true, points: true, ...applySnapshot(state, msg.snapshot) };
-    case "points":
+    case "points": // points already held (a pull's answer and a push crossed) are not added twice
+      if (!sequence(state.seq, msg).points) return {};
       ingest(state, msg.points);
       return { points: true };
-    case "update":
-      if (msg.points) ingest(state, msg.points);
-      return msg.snapshot ? { points: !!msg.points, ...applySnapshot(state, msg.snapshot) } : { points: true };
+    case "update": {
+      const take = sequence(state.seq, msg);
+      if (take.points && msg.points) ingest(state, msg.points);
+      const points = take.points && !!msg.points;
+      if (msg.snapshot && take.snapshot) return { points, ...applySnapshot(state, msg.snapshot) };
+      return points ? { points } : {};
+    }
     case "ack":
       return onAck(state, msg.ack || {});
     case "plotly":

@@ -5,23 +5,29 @@ How data flows (measured facts behind it are in ``shared/DESIGN.md``, "The noteb
 * The panel reads a *panel source* (the contract in ``docs/ARCHITECTURE.md``: ``panel_snapshot()``,
   ``metrics_since(cursor)``, ``submit_op(...)``). ``Experiment`` implements it;
   ``rapidfire_nb.testing.fake_source.FakeSource`` does too, for tests and demos.
-* One background **pump thread** is the only thread that writes the widget (sends messages, sets traits;
-  one lock). Every ~200 ms it polls the source and sends at most one coalesced ``update`` message (new metric
-  points, and the run table / ops log when they changed), so the front end gets a few messages per second
-  whatever the step rate (the server drops IOPub messages above 1,000/s).
-* Comm handlers (``on_msg``; they may run on a kernel subshell thread) only enqueue commands. The pump
-  answers them: ``hello`` (sent by every rendered view) -> a full ``snapshot`` message with every metric point
-  so far (covers reloads, second views, redisplay); ``op`` -> ``source.submit_op`` once per ``op_id``, then an
-  ``ack`` message; ``need_plotly`` -> plotly.min.js from the installed ``plotly`` package as one binary buffer
-  (never inlined in ``_esm``: it would cost 4.8 MB per widget and per saved notebook).
+* Two paths bring the front ends up to date (:mod:`rapidfire_nb.panel.pull`, its sequence numbers): the
+  **pump thread** pushes what changed every ~200 ms (at most one coalesced ``update``, so the front end gets a
+  few messages per second whatever the step rate; the server drops IOPub messages above 1,000/s), and each
+  front end **pulls** about every second (``pull``), answered in the comm handler. The push is the fast path
+  where unsolicited kernel messages arrive; the pull works where only replies to the front end's own messages
+  do (Colab, some VS Code versions).
+* Comm handlers (``on_msg``; the kernel's shell thread, or a subshell thread) answer in place, so the answer is
+  a reply to the front end's request (its parent header): ``hello`` (sent by every rendered view) -> a full
+  ``snapshot`` with every metric point so far (covers reloads, second views, redisplay); ``pull`` -> what that
+  front end lacks; ``op`` -> ``source.submit_op`` once per ``op_id``, then an ``ack``; ``need_plotly`` ->
+  plotly.min.js from the installed ``plotly`` package as one binary buffer (never inlined in ``_esm``: it would
+  cost 4.8 MB per widget and per saved notebook). Two threads write the widget: one lock (``_lock``) guards
+  every send and trait set, and the sequence numbers.
 * Synced traits hold only the small header (``summary``), so a notebook saved with widget state stays small.
 
 Messages (Python -> front end, all ``{"type": ...}``):
 
 * ``snapshot``: ``{"snapshot": <panel_snapshot()>, "points": <encoded>, "reset": true, "now": float}``;
-  when there are many points, further ``{"type": "points", "points": <encoded>}`` messages follow.
+  when there are many points, further ``{"type": "points", "points": <encoded>, "part": i}`` messages follow.
 * ``update``: ``{"snapshot": <panel_snapshot()> | None, "points": <encoded> | None, "now": float}``; the
   snapshot is sent only when it changed, and without its ``ops`` key when the ops log did not change.
+* Both carry the sequence numbers ``since`` / ``cursor`` / ``version`` / ``ops_version`` and, in answer to a
+  ``pull`` (``{"req", "since", "version", "ops_version"}``) or a ``hello``, ``reply_to`` (see :mod:`.pull`).
 * ``ack``: ``{"ack": <OpAck.to_dict()>}``; ``plotly`` (with one buffer); ``error``: ``{"message": str}``.
 * ``frozen``: ``{"html": str}``, the static copy (:mod:`rapidfire_nb.panel.static`), sent by :meth:`RunPanel.freeze`
   just before the widget closes: a view whose output the display update did not reach shows it in place.
@@ -39,14 +45,12 @@ which the saved notebook keeps and GitHub / nbviewer display, then closes the wi
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
-import queue
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -60,6 +64,7 @@ from ..view import format_chunk_line
 from ..view.wire import clean_json, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
 from .esm_bundle import bundle_esm
 from .progress import PanelSource, Pump, TextProgress, print_chunk_line
+from .pull import Feed, pull_request
 from .static import static_bundle
 
 if TYPE_CHECKING:
@@ -81,10 +86,6 @@ _log = logging.getLogger(__name__)
 
 #: Seconds between two polls of the source while something changes.
 POLL_INTERVAL_S = 0.2
-#: Points per message when a full snapshot is sent (keeps each websocket frame a few MB at most).
-_POINTS_PER_MESSAGE = 20_000
-#: Snapshot keys that move with the clock alone: not a change to send (the front end extrapolates the clock).
-_CLOCK_KEYS = ("now", "elapsed_s", "stats")
 #: Acks remembered for de-duplicating op_ids.
 _MAX_REMEMBERED_ACKS = 10_000
 
@@ -186,11 +187,10 @@ class RunPanel(anywidget.AnyWidget):
         summary["updated_at"] = clean_json(snapshot.get("now") or time.time())
         super().__init__(summary=summary, **kwargs)
         self._source = source
-        self._lock = threading.Lock()  # held while writing the widget (send / trait sets)
-        self._commands: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        self._cursor = 0
-        self._last_snapshot_key: str | None = None
-        self._last_ops_key: str | None = None
+        # one lock, held while anything writes the widget (sends, trait sets) and around the sequence numbers:
+        # the pump thread and the comm handler (the shell or a subshell thread) both write
+        self._lock = threading.RLock()
+        self._feed = Feed(source, self._emit, self._lock)
         self._acks: dict[str, dict[str, Any]] = {}
         self._last_error: str | None = None
         self._closed = False
@@ -201,56 +201,57 @@ class RunPanel(anywidget.AnyWidget):
         if start:
             self._pump.start()
 
-    # -- comm side: only enqueue ------------------------------------------------------------------------
+    # -- comm side: answer in place (a reply to the front end's own message) -----------------------------
     def _on_frontend_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        if not isinstance(content, dict) or content.get("type") not in ("hello", "op", "need_plotly"):
+        if not isinstance(content, dict):
             return
-        self._commands.put(content)
-        self._pump.wake()
+        kind = content.get("type")
+        with self._lock:
+            if self._closed:
+                return
+            if kind == "op":
+                self._emit({"type": "ack", "ack": self._submit(content)})
+                self._pump.wake()  # the op's effect (a queued stop...) goes out on the next tick
+            elif kind == "need_plotly":
+                self._push_plotly()
+            elif kind == "hello":
+                self._guarded(self._feed.full)
+            elif kind == "pull":
+                self._guarded(lambda: self._feed.answer(*pull_request(content)))
 
-    # -- pump side: the only writer ---------------------------------------------------------------------
+    # -- pump side: the fast path -----------------------------------------------------------------------
     def _emit(self, content: dict[str, Any], buffers: list[bytes] | None = None) -> None:
         with self._lock:
             if not self._closed:
                 self.send(content, buffers=buffers)
 
     def pump_once(self) -> bool:
-        """One pump tick: answer queued commands, then send what changed. Returns True if anything was sent.
+        """One pump tick: send what changed since the last message. Returns True if anything was sent.
 
         Called by the pump thread; tests may call it directly on a panel made with ``start=False``.
         """
-        hello = need_plotly = False
-        ops: list[dict[str, Any]] = []
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            kind = cmd.get("type")
-            if kind == "hello":
-                hello = True
-            elif kind == "need_plotly":
-                need_plotly = True
-            elif kind == "op":
-                ops.append(cmd)
-        sent = False
-        for cmd in ops:
-            self._emit({"type": "ack", "ack": self._submit(cmd)})
-            sent = True
-        if need_plotly:
-            self._push_plotly()
-            sent = True
+        with self._lock:
+            return self._guarded(self._feed.push)
+
+    def _guarded(self, read: Callable[[], dict[str, Any] | None]) -> bool:
+        """Run ``read`` (a :class:`~rapidfire_nb.panel.pull.Feed` call returning the snapshot it read, or None when
+        it sent nothing); a source that fails is reported to the panel once per distinct message, not raised.
+        Returns whether anything was sent."""
         try:
-            sent = self._push_state(full=hello) or sent
+            snapshot = read()
             self._last_error = None
         except Exception as exc:  # noqa: BLE001 - report to the panel, keep pumping
             message = f"{type(exc).__name__}: {exc}"
-            if message != self._last_error:
-                self._last_error = message
-                _log.warning("rapidfire panel: reading the experiment failed: %s", message)
-                self._emit({"type": "error", "message": message})
-                sent = True
-        return sent
+            if message == self._last_error:
+                return False
+            self._last_error = message
+            _log.warning("rapidfire panel: reading the experiment failed: %s", message)
+            self._emit({"type": "error", "message": message})
+            return True
+        if snapshot is None:
+            return False
+        self._set_summary(snapshot)
+        return True
 
     def _submit(self, cmd: dict[str, Any]) -> dict[str, Any]:
         op_id = str(cmd.get("op_id") or "")
@@ -298,57 +299,6 @@ class RunPanel(anywidget.AnyWidget):
             self._emit({"type": "error", "message": f"cannot load plotly.js: {exc}"})
             return
         self._emit({"type": "plotly", "size": len(data)}, buffers=[data])
-
-    def _push_state(self, full: bool) -> bool:
-        snapshot = clean_json(self._source.panel_snapshot())
-        key = json.dumps({k: v for k, v in snapshot.items() if k not in _CLOCK_KEYS}, sort_keys=True)
-        now = time.time()
-        if full:
-            points, cursor = self._source.metrics_since(0)
-            self._cursor = cursor
-            self._last_snapshot_key = key
-            self._last_ops_key = json.dumps(snapshot.get("ops"), sort_keys=True)
-            batches = [
-                points[i : i + _POINTS_PER_MESSAGE] for i in range(0, len(points), _POINTS_PER_MESSAGE)
-            ]
-            self._emit(
-                {
-                    "type": "snapshot",
-                    "reset": True,
-                    "snapshot": snapshot,
-                    "now": now,
-                    "points": encode_points(batches[0] if batches else []),
-                }
-            )
-            for batch in batches[1:]:
-                self._emit({"type": "points", "points": encode_points(batch)})
-            self._set_summary(snapshot)
-            return True
-        points, cursor = self._source.metrics_since(self._cursor)
-        self._cursor = cursor
-        changed = key != self._last_snapshot_key
-        if not points and not changed:
-            return False
-        self._last_snapshot_key = key
-        sent_snapshot = None
-        if changed:
-            # the ops log only when it changed (the front end keeps the last one it got)
-            ops_key = json.dumps(snapshot.get("ops"), sort_keys=True)
-            sent_snapshot = snapshot
-            if ops_key == self._last_ops_key:
-                sent_snapshot = {k: v for k, v in snapshot.items() if k != "ops"}
-            self._last_ops_key = ops_key
-        self._emit(
-            {
-                "type": "update",
-                "now": now,
-                "snapshot": sent_snapshot,
-                "points": encode_points(points) if points else None,
-            }
-        )
-        if changed:
-            self._set_summary(snapshot)
-        return True
 
     def _set_summary(self, snapshot: Mapping[str, Any]) -> None:
         summary = _summary(snapshot)
