@@ -16,6 +16,9 @@ prints its error and the next one runs; the report is written to ``--out`` after
    ``device_map="auto"``), ``bf16=True``: ``max_memory_allocated`` and seconds per step of 1 LoRA run against 4
    sharing the base, and run 1's adapter against a plain ``SFTTrainer`` run on the same 4-bit base (max |diff|;
    bitsandbytes' CUDA kernels are not made deterministic here, so a small difference is possible).
+3c. **batched generation eval** (issue 39): the main job's 4 runs at short sizes, ``batch_generation=True`` (the 4
+   runs answer in one ``generate`` per prompt slice, each row through its run's adapter) against ``False`` (4 calls),
+   bf16: the generating seconds of each, their ratio, and the largest ``eval_rougeL`` difference (0.0 expected).
 4. **two workers on one GPU**: ``run_fit(devices=["cuda:0", "cuda:0"])`` is refused (one worker per GPU), so this
    section drives :class:`rapidfire_nb.devices.WorkerExecutor` directly: two worker processes that both see GPU 0
    (``CUDA_VISIBLE_DEVICES=0``), one run each, trained at the same time, against one worker training both runs
@@ -57,6 +60,7 @@ SECTIONS: dict[str, tuple[str, float]] = {
     "exact": ("(2) chunked vs plain on CUDA (fp32, bf16)", 80.0),
     "memory": ("(3) memory: 1 LoRA run vs 4 sharing one base", 45.0),
     "quantized": ("(3b) 4-bit NF4 base: 1 LoRA run vs 4 sharing it, vs plain TRL", 50.0),
+    "generation": ("(3c) batched generation eval: 4 runs in one generate vs 4 calls", 60.0),
     "workers": ("(4) two workers on one GPU", 60.0),
     "offload": ("(4b) parked full fine-tuning off the GPU (the GPU-only tests)", 40.0),
     "main": ("(5) the main job on CUDA in bf16", 0.0),
@@ -537,6 +541,82 @@ def section_main(a: argparse.Namespace, lines: list[str]) -> None:
         lines.append(f"the main job ended in {time.time() - t:.1f} s (its output is printed below)")
 
 
+def _main_job_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sft_customer_support", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def section_generation(a: argparse.Namespace, lines: list[str]) -> None:
+    """The main job's 4 runs, generation eval batched against run by run (seconds, ratio, eval_rougeL equality)."""
+    from rapidfire_nb import Experiment
+
+    mod = _main_job_module()
+    sizes = ["--n-train", "8", "--n-eval", "4", "--max-steps", "1", "--samples", "2", "--max-new-tokens", "4"]
+    if not a.cpu_smoke:
+        sizes = [
+            "--n-train",
+            "32",
+            "--n-eval",
+            "32",
+            "--max-steps",
+            "8",
+            "--samples",
+            "32",
+            "--max-new-tokens",
+            "64",
+        ]
+    sys.argv = [str(EXAMPLE), *sizes, "--num-chunks", "2"]
+    ns = mod.parse_args()
+    w = _workload(a.cpu_smoke, ns.n_train, ns.n_eval)
+    out: dict[bool, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch in (False, True):
+            group = mod.config_group(ns)
+            for config in group.configs:
+                config.training_args.fp16 = False
+                config.training_args.bf16 = _cuda()
+                if a.cpu_smoke:
+                    config.model_name, config.formatting_func = "tiny", None
+            exp = Experiment(f"gen-{batch}", experiment_path=tmp)
+            exp.quiet = True
+            t = time.time()
+            exp.run_fit(
+                group,
+                w["create"],
+                w["train"],
+                w["eval"],
+                num_chunks=2,
+                seed=SEED,
+                eval_generation_samples=ns.samples,
+                batch_generation=batch,
+            )
+            results = exp.get_results()
+            exp.end()
+            gen = (
+                float(results["eval_generation_seconds"].sum())
+                if "eval_generation_seconds" in results
+                else 0.0
+            )
+            rouge = results.dropna(subset=["eval_rougeL"]) if "eval_rougeL" in results else results[:0]
+            out[batch] = (
+                time.time() - t,
+                gen,
+                {(r, s): v for r, s, v in zip(rouge.run_id, rouge.step, rouge.eval_rougeL)},
+            )
+            lines.append(f"batch_generation={batch}: run_fit {out[batch][0]:.1f} s, generating {gen:.1f} s")
+    alone, batched = out[False], out[True]
+    diff = max((abs(batched[2][k] - v) for k, v in alone[2].items() if k in batched[2]), default=float("nan"))
+    lines.append(
+        f"generating batched / alone: {batched[1] / max(alone[1], 1e-9):.3f}x; eval_rougeL points "
+        f"{len(batched[2])} vs {len(alone[2])}, max |diff| {diff:.1e} (sizes {' '.join(sizes)})"
+    )
+
+
 def section_offload(a: argparse.Namespace, lines: list[str]) -> None:
     """The tests that skip without CUDA: a parked full fine-tuning run's weights and AdamW state leave the GPU
     and come back bit-exact (``training/offload.py``)."""
@@ -566,6 +646,7 @@ FUNCS = {
     "exact": section_exact,
     "memory": section_memory,
     "quantized": section_quantized,
+    "generation": section_generation,
     "workers": section_workers,
     "offload": section_offload,
     "main": section_main,
