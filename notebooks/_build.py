@@ -240,8 +240,11 @@ progress, the hyperparameters that differ, latest loss and eval loss) with butto
 resume, delete, clone), which run is on the device, and live curves: `loss` and `eval_loss` by default, each
 plot with a menu for any other logged metric (pick `eval_rougeL`). Every run is evaluated at the end of each chunk:
 eval loss on every held-out row, and ROUGE-L on the answers to `SAMPLES` held-out questions
-(`eval_generation_samples`: a fixed sample drawn with the seed, the same questions for every run;
-`eval_generation_seconds` is the time each evaluation spent generating).
+(`eval_generation_samples`: a fixed sample drawn with the seed, the same questions for every run). Since every run
+answers the same questions, the four runs answer them **together**: at the end of each round one batched `generate`
+serves all of them, each answer through its own run's adapter, and greedy decoding gives each run exactly the answers
+it would give alone (`run_fit(..., batch_generation=False)` generates run by run; `eval_generation_seconds` is each
+run's share of the time spent generating).
 
 `overwrite=True` starts the experiment afresh each time the notebook runs. After a dropped runtime,
 `Experiment("sft-customer-support")` without `overwrite` reopens it, and calling `run_fit` again with the same
