@@ -154,3 +154,50 @@ def test_kv_cache_bytes_follows_the_cache_layout() -> None:
 
     # SmolLM2-135M: 2 (K, V) x 30 layers x 3 kv heads x 64 x 56 tokens x 16 rows x 4 bytes
     assert kv_cache_bytes(Config(), rows=16, tokens=56, element_bytes=4) == 2 * 30 * 3 * 64 * 56 * 16 * 4
+
+
+def _dpo_fit(tmp_path: Any, name: str, batch: bool) -> tuple[list[list[str]], list[int]]:
+    from rapidfire_nb.automl import RFDPOConfig
+    from rapidfire_nb.testing import tiny_dpo_dataset
+
+    metrics, counting = Recorder(), CountingModel()
+    group = RFGridSearch(
+        RFModelConfig(
+            model_name="tiny",
+            peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            training_args=RFDPOConfig(
+                beta=List([0.1, 0.5]),
+                learning_rate=5e-2,
+                per_device_train_batch_size=2,
+                per_device_eval_batch_size=2,
+                max_steps=4,
+                max_length=48,
+                logging_steps=1,
+            ),
+            compute_metrics=metrics,
+            generation_config=GREEDY,
+        ),
+        "DPO",
+    )
+    exp = Experiment(name, experiment_path=tmp_path)
+    exp.quiet = True
+    exp.run_fit(
+        group,
+        counting,
+        tiny_dpo_dataset(8),
+        tiny_dpo_dataset(3, seed=1),
+        num_chunks=2,
+        seed=SEED,
+        batch_generation=batch,
+    )
+    assert set(exp.get_runs_info().status) == {"COMPLETED"}
+    exp.end()
+    return metrics.calls, counting.rows
+
+
+def test_dpo_runs_answer_in_one_batched_generate_exactly_as_alone(tmp_path: Any) -> None:
+    """DPO's reference pass (adapters disabled on the shared base) and batched answers live side by side."""
+    batched_calls, batched_rows = _dpo_fit(tmp_path, "dpo-batched", True)
+    alone_calls, alone_rows = _dpo_fit(tmp_path, "dpo-alone", False)
+    assert batched_calls == alone_calls and len(alone_calls) == 4  # 2 runs x 2 chunk ends
+    assert alone_rows == [2, 1] * 4 and batched_rows == [4, 2] * 2  # 3 prompts in slices of 2
