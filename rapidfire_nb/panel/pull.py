@@ -25,16 +25,17 @@ change for this front end; ``None`` when nothing did) and, when a message would 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..view.wire import clean_json, encode_points
 from .progress import PanelSource
 
-__all__ = ["POINTS_PER_MESSAGE", "Feed", "pull_request"]
+__all__ = ["POINTS_PER_MESSAGE", "Feed", "pull_request", "same_reply_route"]
 
 #: Points per message (keeps each websocket frame a few MB at most).
 POINTS_PER_MESSAGE = 20_000
@@ -42,6 +43,32 @@ POINTS_PER_MESSAGE = 20_000
 _CLOCK_KEYS = ("now", "elapsed_s", "stats")
 
 Emit = Callable[[dict[str, Any]], None]
+
+
+@contextlib.contextmanager
+def same_reply_route(comm: Any) -> Iterator[None]:
+    """Leave the comm's routing of front-end messages as it was across a message the panel publishes on it.
+
+    ipykernel 7 sends a comm's next front-end message to the subshell of the last message published on the comm
+    (``BaseComm._reply_subshell_id``: the subshell of that message's parent request), and JupyterLab 4.6 sends
+    widget messages on a subshell. Answers (parented to the front end's pulls) and the pump's pushes (parented to
+    whichever request the kernel handled last) would move the comm's messages onto that subshell: handled while a
+    cell runs, their busy/idle statuses show the kernel idle in the notebook while the cell runs, at random. The
+    route stays the one the comm's opening set (the main shell for a panel shown by a cell: requests wait while a
+    cell runs, as in Colab, and the pump's pushes keep the panel live meanwhile). A comm without that attribute
+    (other kernels, ipykernel 6) is left alone.
+    """
+    lock = getattr(comm, "_reply_subshell_lock", None)
+    if lock is None or not hasattr(comm, "_reply_subshell_id"):
+        yield
+        return
+    with lock:
+        route = comm._reply_subshell_id
+    try:
+        yield
+    finally:
+        with lock:
+            comm._reply_subshell_id = route
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -64,7 +64,7 @@ from ..view import format_chunk_line
 from ..view.wire import clean_json, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
 from .esm_bundle import bundle_esm
 from .progress import PanelSource, Pump, TextProgress, print_chunk_line
-from .pull import Feed, pull_request
+from .pull import Feed, pull_request, same_reply_route
 from .static import static_bundle
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class RunPanel(anywidget.AnyWidget):
 
     # -- pump side: the fast path -----------------------------------------------------------------------
     def _emit(self, content: dict[str, Any], buffers: list[bytes] | None = None) -> None:
-        with self._lock:
+        with self._lock, same_reply_route(getattr(self, "comm", None)):
             if not self._closed:
                 self.send(content, buffers=buffers)
 
@@ -304,7 +304,7 @@ class RunPanel(anywidget.AnyWidget):
         summary = _summary(snapshot)
         if summary != {k: v for k, v in self.summary.items() if k != "updated_at"}:
             summary["updated_at"] = clean_json(snapshot.get("now") or time.time())
-            with self._lock:
+            with self._lock, same_reply_route(getattr(self, "comm", None)):
                 if not self._closed:
                     self.summary = summary
 

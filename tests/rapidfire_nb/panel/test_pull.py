@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from typing import Any
 
 import pytest
 
 from rapidfire_nb.panel import RunPanel, decode_points
-from rapidfire_nb.panel.pull import POINTS_PER_MESSAGE, Feed, pull_request
+from rapidfire_nb.panel.pull import POINTS_PER_MESSAGE, Feed, pull_request, same_reply_route
 from rapidfire_nb.testing.fake_source import FakeSource
 from tests.rapidfire_nb.panel.test_panel import ListSource, Recorder, make_panel
 
@@ -241,3 +242,37 @@ def test_pull_request_reads_only_what_it_can_trust(
     content: dict[str, Any], expected: tuple[Any, ...]
 ) -> None:
     assert pull_request(content) == expected
+
+
+def test_answers_and_pushes_leave_the_comms_route_on_the_main_shell() -> None:
+    """Every message the panel publishes leaves the comm's route as it was (the main shell): the front end's
+    next message waits for a running cell there, instead of being handled on a subshell whose idle status would
+    show the kernel idle while the cell runs."""
+    src = ListSource()
+    panel = RunPanel(src, start=False)
+    comm: Any = panel.comm  # given the routing part of ipykernel 7's comm
+    comm._reply_subshell_lock, comm._reply_subshell_id = threading.Lock(), None
+    routes: list[str | None] = []
+
+    def publish(content: dict[str, Any], buffers: list[bytes] | None = None) -> None:
+        with comm._reply_subshell_lock:  # what ipykernel does when the parent request came on a subshell
+            comm._reply_subshell_id = "lab-widgets-subshell"
+        routes.append(comm._reply_subshell_id)
+
+    panel.send = publish  # type: ignore[method-assign]
+    try:
+        send(panel, "hello")
+        src.add(1, 0, 1.0)
+        send(panel, "pull", req="r", since=0, version=1, ops_version=1)
+        src.add(1, 1, 0.5)
+        assert panel.pump_once()
+        send(panel, "op", op_id="o", kind="stop", run_id=1)
+        assert routes == ["lab-widgets-subshell"] * 4  # each publish moved it...
+        assert comm._reply_subshell_id is None  # ...and it was put back
+    finally:
+        panel.close()
+    # a comm without ipykernel 7's routing (other kernels) is left alone
+    plain = types.SimpleNamespace(x=1)
+    with same_reply_route(plain), same_reply_route(None):
+        pass
+    assert vars(plain) == {"x": 1}
