@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError, closest_name
+from rapidfire_nb.spec.names import check_run_name, check_tags, template_fields
 from rapidfire_nb.spec.values import MODEL_VALUE_CHECKS
 
 from .knobs import List, Range
@@ -97,6 +98,8 @@ class RFWrappedConfig:
             value = _convert_knob(value, rename.convert)
             schema.warn_user(f"{owner}: " + rename.message(value))
             name = rename.new
+        if name == "run_name":  # TRL's field: the run's name (moved to LeafConfig.run_name at the expansion)
+            value = _check_name(value, f"{owner}.run_name")
         _check_field(target, owner, name, value)
         self._kwargs[name] = value
         return name
@@ -236,8 +239,32 @@ MODEL_FIELDS: tuple[str, ...] = (
     "ref_model_kwargs",
     "reward_funcs",
     "generation_config",
+    "run_name",
+    "tags",
 )
-"""``RFModelConfig``'s fields in declaration order (the grid search varies the last one fastest)."""
+"""``RFModelConfig``'s fields in declaration order (the grid search varies the last one fastest; ``run_name`` and
+``tags`` are labels, never knobs)."""
+
+
+def _check_name(value: Any, where: str) -> str | None:
+    """A run name or name template (never a knob: one name per config, filled per run)."""
+    if isinstance(value, (List, Range)):
+        raise ConfigError(
+            f"{where} cannot be a {type(value).__name__}: a name is not a hyperparameter to search. Give one name; "
+            'a template such as "lr{learning_rate}-r{lora.r}" names each run of a sweep by its values'
+        )
+    name = check_run_name(value, where)
+    if name is not None:
+        template_fields(
+            name, where
+        )  # the braces parse (each field is checked against a run at the expansion)
+    return name
+
+
+def _check_tags(value: Any) -> tuple[str, ...]:
+    if isinstance(value, (List, Range)):
+        raise ConfigError("RFModelConfig.tags cannot be a knob: give a list of str, e.g. tags=['baseline']")
+    return check_tags(value, "RFModelConfig.tags")
 
 
 def _check_peft(value: Any) -> Any:
@@ -269,6 +296,8 @@ _MODEL_FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
     **MODEL_VALUE_CHECKS,  # the concrete model-level fields, checked as the run spec checks them
     "peft_config": _check_peft,
     "training_args": _check_training,
+    "run_name": lambda value: _check_name(value, "RFModelConfig.run_name"),
+    "tags": _check_tags,
 }
 
 
@@ -288,6 +317,8 @@ def normalize_model_field(name: str, value: Any) -> Any:
     """
     if name == "peft_config" and isinstance(value, (list, tuple)):
         value = List(value)
+    if name in ("run_name", "tags"):  # labels: never alternatives
+        return _MODEL_FIELD_CHECKS[name](value)
     return _map_alternatives(value, _MODEL_FIELD_CHECKS[name], f"RFModelConfig.{name}")
 
 
@@ -318,11 +349,23 @@ class RFModelConfig:
         reward_funcs: GRPO reward functions: one function or a list of functions (a plain list is one
             set of rewards, not alternatives); ``List([[f, g], [f]])`` for alternatives.
         generation_config: Generation settings (a dict or a ``GenerationConfig``), passed through.
+        run_name: The runs' name, shown next to the run id in the panel, the ``/rapidfire/`` page,
+            ``get_runs_info()``, TensorBoard and the trackers (the MLflow/Trackio/W&B run name); a label, never a
+            key (not part of the config's fingerprint). A template ``"lr{learning_rate}-r{lora.r}"`` is filled per
+            run from its hyperparameters (``hparams()`` names, TRL's default for a trainer field left unset; format
+            specs as in ``str.format``: ``"{learning_rate:.0e}"``); runs of the group still sharing a name get the
+            hyperparameters they differ in appended (``"base (learning_rate=0.0001, r=8)"``). TRL's own
+            ``RFSFTConfig(run_name=...)`` works the same; set it in one place. A clone is named ``"<name>
+            (clone)"`` unless its changes give ``run_name``. At most 128 characters, one line.
+        tags: Free labels of the runs (a list of str, each at most 64 characters): the trackers' tags, a
+            ``tags`` column of ``get_runs_info()``. Not part of the fingerprint.
 
     Raises:
-        ConfigError: A value of the wrong kind (the message names the field). Setting an attribute after
-            construction is checked the same way; an unknown attribute name is rejected with the closest
-            valid name.
+        ConfigError: A value of the wrong kind (the message names the field): a ``run_name`` that is not a str,
+            is empty, longer than 128 characters, multi-line, a ``List`` or an unparsable template; a template field
+            that is not a hyperparameter of a run is reported by the expansion (``run_fit``, before training).
+            Setting an attribute after construction is checked the same way; an unknown attribute name is rejected
+            with the closest valid name.
     """
 
     def __init__(
@@ -340,6 +383,8 @@ class RFModelConfig:
         ref_model_kwargs: Any = None,
         reward_funcs: Any = None,
         generation_config: Any = None,
+        run_name: Any = None,
+        tags: Any = None,
         **unknown: Any,
     ) -> None:
         values = locals()
@@ -369,6 +414,7 @@ class RFModelConfig:
             for name in MODEL_FIELDS
             if getattr(self, name) is not None
             and not (name == "model_type" and self.model_type == "causal_lm")
+            and not (name == "tags" and not self.tags)
         )
         return f"RFModelConfig({args})"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import numbers
 import random
@@ -11,11 +12,22 @@ from typing import Any
 from rapidfire_nb import schema
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.spec import LeafConfig, deep_copy
+from rapidfire_nb.spec.names import unique_names
 
 from .configs import MODEL_FIELDS, TRAINER_CONFIG_CLASSES, RFLoraConfig, RFModelConfig, RFWrappedConfig
 from .knobs import List, Range
 
-__all__ = ["RFGridSearch", "RFRandomSearch", "make_leaf"]
+__all__ = ["RFGridSearch", "RFRandomSearch", "make_leaf", "named_uniquely"]
+
+
+def named_uniquely(leaves: list[LeafConfig]) -> list[LeafConfig]:
+    """``leaves`` with unique names: runs sharing a name get the hyperparameters they differ in appended
+    (:func:`rapidfire_nb.spec.names.unique_names`); unnamed runs unchanged."""
+    names = unique_names([leaf.run_name for leaf in leaves], [leaf.hparams() for leaf in leaves])
+    return [
+        leaf if name == leaf.run_name else dataclasses.replace(leaf, run_name=name)
+        for leaf, name in zip(leaves, names, strict=True)
+    ]
 
 
 def _normalize_configs(configs: Any) -> list[RFModelConfig]:
@@ -167,7 +179,7 @@ class RFGridSearch(_Search):
             seed: Accepted for a uniform interface with ``RFRandomSearch``; a grid involves no chance.
 
         Returns:
-            One ``LeafConfig`` per combination.
+            One ``LeafConfig`` per combination; names made unique (:func:`named_uniquely`).
 
         Raises:
             ConfigError: As for the constructor (the group may have been changed since), or a run that
@@ -181,7 +193,7 @@ class RFGridSearch(_Search):
             options = [_grid(getattr(config, name), f"{where}.{name}") for name in MODEL_FIELDS]
             for combo in itertools.product(*options):
                 leaves.append(make_leaf(self.trainer_type, dict(zip(MODEL_FIELDS, combo)), where))
-        return leaves
+        return named_uniquely(leaves)
 
     def __repr__(self) -> str:
         return (
@@ -242,7 +254,7 @@ class RFRandomSearch(_Search):
             seed: Seed of the draws (ignored when the constructor got ``seed``).
 
         Returns:
-            ``num_runs`` ``LeafConfig`` objects.
+            ``num_runs`` ``LeafConfig`` objects; names made unique (:func:`named_uniquely`).
 
         Raises:
             ConfigError: The space holds fewer than ``num_runs`` distinct configurations (checked by
@@ -270,7 +282,7 @@ class RFRandomSearch(_Search):
                 f"{attempts} draws; lower num_runs, widen the search space, or use RFGridSearch to run every "
                 "combination"
             )
-        return leaves
+        return named_uniquely(leaves)
 
     def __repr__(self) -> str:
         return (
@@ -289,10 +301,12 @@ def make_leaf(trainer_type: str, resolved: Mapping[str, Any], where: str = "conf
         where: Where the config sits in the user's group (for messages), e.g. ``"configs[1]"``.
 
     Returns:
-        The leaf (values deep-copied, so leaves share no mutable state).
+        The leaf (values deep-copied, so leaves share no mutable state), its ``run_name`` template filled
+        (``RFModelConfig.run_name`` or TRL's ``training_args.run_name``).
 
     Raises:
-        ConfigError: ``training_args`` of the wrong trainer type, or a trainer requirement not met.
+        ConfigError: ``training_args`` of the wrong trainer type, a trainer requirement not met, ``run_name`` set
+            both on the model config and in ``training_args``, or a template field the run does not have.
     """
     training_args = resolved.get("training_args")
     expected = TRAINER_CONFIG_CLASSES[trainer_type]
@@ -307,7 +321,7 @@ def make_leaf(trainer_type: str, resolved: Mapping[str, Any], where: str = "conf
             f"{where}.peft_config must be an RFLoraConfig or None, got {type(peft_config).__name__}"
         )
     try:
-        return LeafConfig(
+        leaf = LeafConfig(
             trainer_type=trainer_type,
             model_name=resolved["model_name"],
             tokenizer=resolved.get("tokenizer"),
@@ -322,6 +336,10 @@ def make_leaf(trainer_type: str, resolved: Mapping[str, Any], where: str = "conf
             ref_model_kwargs=deep_copy(resolved.get("ref_model_kwargs")),
             reward_funcs=resolved.get("reward_funcs"),
             generation_config=deep_copy(resolved.get("generation_config")),
+            run_name=resolved.get("run_name"),
+            tags=tuple(resolved.get("tags") or ()),
         )
+        named = leaf.filled_name(leaf.run_name)  # a template filled with this run's values
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    return leaf if named == leaf.run_name else dataclasses.replace(leaf, run_name=named)

@@ -154,6 +154,7 @@ def build_training_args(
       ``load_best_model_at_end=False`` (rapidfire_nb writes its own checkpoints), ``push_to_hub=False``,
       ``disable_tqdm=True``, ``output_dir=output_dir``; overriding a value the user set is noted.
       ``dataloader_num_workers=0`` and ``logging_steps=1`` (live curves) unless the user set them.
+    * ``run_name``: the run's name (``leaf.run_name``, where the spec layer keeps TRL's field), when it has one.
 
     Args:
         leaf: The run's resolved config (a ``LeafConfig``).
@@ -186,6 +187,9 @@ def build_training_args(
         _gpu_rules(a, detect_bf16() if bf16_supported is None else bf16_supported)
     _checkpointing_aliases(a)
     _owned_by_rapidfire(a, output_dir)
+    name = getattr(leaf, "run_name", None)  # the run's name (LeafConfig.run_name) in TRL's own field
+    if name:
+        a.set("run_name", name)
     try:
         config = cls(**a.kwargs)
     except Exception as exc:

@@ -24,6 +24,7 @@ from rapidfire_nb.redact import REDACTED, first_secret_key, omit_secrets, redact
 from rapidfire_nb.schema.trainer_kinds import TRAINER_KINDS, trainer_kind
 
 from .build import build_lora_config, build_training_args
+from .names import check_run_name, check_tags, clone_name, fill_run_name
 from .values import check_model_field, deep_copy, find_knob, jsonable
 
 __all__ = ["FUNCTION_KEYS", "REF_MODEL_TRAINERS", "REWARD_FUNCS_TRAINERS", "LeafConfig"]
@@ -48,6 +49,8 @@ _MODEL_LEVEL_KEYS: tuple[str, ...] = (
     "reward_funcs",
     "generation_config",
 )
+_LABELS: tuple[str, ...] = ("run_name", "tags")
+"""Fields that label a run (not hyperparameters, not in the fingerprint); ``with_changes`` takes them as keys."""
 # Prefixed hparam keys -> LeafConfig attribute holding the dict.
 _DICT_PREFIXES: dict[str, str] = {
     "lora.": "lora",
@@ -82,10 +85,15 @@ class LeafConfig:
         ref_model_kwargs: Reference model ``from_pretrained`` keywords, or ``None``.
         reward_funcs: GRPO reward functions (or reward model ids), or ``None``.
         generation_config: Generation settings, or ``None``.
+        run_name: The run's name, a label shown next to its id (panel, page, ``get_runs_info()``, TensorBoard,
+            trackers), or ``None``; ``training["run_name"]`` (TRL's field) is moved here. Not part of
+            :meth:`fingerprint` and not a hyperparameter (:mod:`rapidfire_nb.spec.names`).
+        tags: Free labels of the run (a tuple of str; the trackers' tags); not part of :meth:`fingerprint`.
 
     Raises:
         ConfigError: At construction, when a knob is left, the trainer type is unknown, GRPO has no
-            ``reward_funcs``, or a field is used by a trainer that ignores it.
+            ``reward_funcs``, a field is used by a trainer that ignores it, or ``run_name``/``tags`` are not
+            valid labels (:func:`~rapidfire_nb.spec.names.check_run_name`, :func:`~.names.check_tags`).
     """
 
     trainer_type: str
@@ -102,9 +110,12 @@ class LeafConfig:
     ref_model_kwargs: dict[str, Any] | None = None
     reward_funcs: tuple[Any, ...] | None = None
     generation_config: Any = None
+    run_name: str | None = None
+    tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trainer_type", schema.normalize_trainer_type(self.trainer_type))
+        self._take_labels()
         if self.model_kwargs is None:
             object.__setattr__(self, "model_kwargs", {})
         if self.reward_funcs is not None and not isinstance(self.reward_funcs, tuple):
@@ -114,6 +125,22 @@ class LeafConfig:
             if found:
                 raise ConfigError(f"{found} is still a List/Range: a LeafConfig holds concrete values only")
         self._check_trainer_fields()
+
+    def _take_labels(self) -> None:
+        """Check ``run_name``/``tags``; TRL's ``training["run_name"]`` becomes ``run_name`` (one place for it)."""
+        if self.training and "run_name" in self.training:
+            training = dict(self.training)
+            given = training.pop("run_name")
+            object.__setattr__(self, "training", training)
+            if given is not None and self.run_name is not None and given != self.run_name:
+                raise ConfigError(
+                    f"run_name is set twice ({self.run_name!r} on RFModelConfig, {given!r} in training_args); "
+                    "keep one"
+                )
+            if self.run_name is None:
+                object.__setattr__(self, "run_name", given)
+        object.__setattr__(self, "run_name", check_run_name(self.run_name))
+        object.__setattr__(self, "tags", check_tags(self.tags))
 
     def _check_trainer_fields(self) -> None:
         """Model-level fields only some trainer types use (the kind table's ``takes_reward_funcs``,
@@ -164,10 +191,14 @@ class LeafConfig:
         hash of a password would be open to guessing, and a rotated token trains the same config (a restart
         with a new token continues the experiment).
 
+        The run's name and tags are left out too: they are labels (a renamed run trains the same config, and an
+        experiment recorded before runs had names reopens with the same fingerprints).
+
         Returns:
             Compact JSON with sorted keys.
         """
-        return json.dumps(omit_secrets(self._plain()), sort_keys=True, separators=(",", ":"))
+        plain = {k: v for k, v in self._plain().items() if k not in _LABELS}
+        return json.dumps(omit_secrets(plain), sort_keys=True, separators=(",", ":"))
 
     def hparams(self) -> dict[str, Any]:
         """Flat hyperparameters, in the one naming scheme used by the panel, the store and ``with_changes``.
@@ -257,7 +288,9 @@ class LeafConfig:
                 ``model_kwargs.<key>``, ``ref_model_kwargs.<key>``, ``tokenizer_kwargs.<key>``,
                 ``generation_config.<key>``, and ``model_name``, ``tokenizer``, ``model_type``,
                 ``ref_model_name``, ``generation_config``, ``formatting_func``, ``compute_metrics``,
-                ``reward_funcs``.
+                ``reward_funcs``. The labels ``run_name`` (a name or a template filled with the new run's values)
+                and ``tags`` may be given too; without ``run_name`` the copy is named ``"<this run's name>
+                (clone)"`` (unnamed when this run has no name), without ``tags`` it keeps this run's.
             allow_functions: Accept the function-valued keys (``formatting_func``, ``compute_metrics``,
                 ``reward_funcs``); they cannot come from the panel or the REST API.
 
@@ -271,6 +304,8 @@ class LeafConfig:
         """
         if not isinstance(changes, Mapping):
             raise ConfigError(f"changes must be a dict of {{name: value}}, got {type(changes).__name__}")
+        labels = {k: changes[k] for k in _LABELS if k in changes}
+        changes = {k: v for k, v in changes.items() if k not in _LABELS}
         trainer_cls = schema.trainer_config_class(self.trainer_type)
         updates: dict[str, Any] = {}
         dicts: dict[str, dict[str, Any] | None] = {
@@ -316,9 +351,40 @@ class LeafConfig:
             if attr in updates:
                 raise ConfigError(f"`{attr}` and `{attr}.<key>` both given; change one or the other")
             updates[attr] = dicts[attr]
-        new = dataclasses.replace(self, **updates)
+        new = self._labelled(dataclasses.replace(self, **updates), labels)
         new.validate()
         return new
+
+    def _labelled(self, child: LeafConfig, labels: Mapping[str, Any]) -> LeafConfig:
+        """``child`` (a clone of this run) with its name and tags: those given (a name template filled with the
+        child's values), else ``"<this run's name> (clone)"`` and this run's tags."""
+        tags = check_tags(labels["tags"]) if "tags" in labels else self.tags
+        if "run_name" in labels:
+            name = child.filled_name(check_run_name(labels["run_name"]))
+        else:
+            name = clone_name(self.run_name)
+        return dataclasses.replace(child, run_name=name, tags=tags)
+
+    def filled_name(self, name: str | None, where: str = "run_name") -> str | None:
+        """``name`` with its template fields filled from this run (:func:`~rapidfire_nb.spec.names.fill_run_name`):
+        its ``hparams()`` and ``trainer_type``, TRL's / PEFT's default for a trainer or ``lora.`` field it does not
+        set (``{learning_rate}`` -> ``5e-05``).
+
+        Raises:
+            ConfigError: a field that is not a hyperparameter of this run, or a format spec that does not fit.
+        """
+        values = {"trainer_type": self.trainer_type, **self.hparams()}
+        return fill_run_name(name, values, self._default_value, where)
+
+    def _default_value(self, key: str) -> Any:
+        """The library default of trainer field ``key`` or LoRA field ``lora.<field>``; KeyError for any other."""
+        trainer_cls = schema.trainer_config_class(self.trainer_type)
+        if key in schema.field_names(trainer_cls):
+            return jsonable(schema.field_default(trainer_cls, key))
+        lora_cls = schema.lora_config_class()
+        if key.startswith("lora.") and self.lora is not None and key[5:] in schema.field_names(lora_cls):
+            return jsonable(schema.field_default(lora_cls, key[5:]))
+        raise KeyError(key)
 
     def _trainer_field(self, trainer_cls: type, key: str, value: Any) -> tuple[str, Any]:
         if key in schema.field_names(trainer_cls):
