@@ -65,7 +65,7 @@ class RunsFrame(_ReadableFrame):
     """``get_runs_info()``'s table: ``stop_reason`` shown whole (at most 200 characters: a stop's own reason's limit;
     the policy's run ~90), ``error`` up to 160 characters cut at a word, other texts at 50 as pandas does."""
 
-    _WIDTHS: ClassVar[dict[str, int]] = {"stop_reason": 200, "error": 160}
+    _WIDTHS: ClassVar[dict[str, int]] = {"stop_reason": 200, "error": 160, "run_name": 128}  # a name whole
 
     @property
     def _constructor(self) -> type[RunsFrame]:

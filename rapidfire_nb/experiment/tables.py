@@ -14,6 +14,7 @@ from kernel_scheduler import DEFAULT_DEVICE, RunSnapshot, RunStatus
 from .. import meta_keys
 from ..view.metrics_view import best_run, metric_choice, resolve_metrics
 from ..view.stops import stop_history
+from ..view.text import run_labels
 
 __all__ = ["ops_table", "results_table", "runs_table"]
 
@@ -23,8 +24,13 @@ _PROGRESS_COLUMNS = ["completed_steps", "total_steps", "chunks_done", "epoch", "
 def runs_table(
     store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[str], include_deleted: bool
 ) -> Any:
-    """``get_runs_info()``: columns ``run_id, status, <hparams...>, completed_steps, total_steps, chunks_done,
-    epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device], config``.
+    """``get_runs_info()``: columns ``run_id, run_name, status, <hparams...>, completed_steps, total_steps,
+    chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device], tags,
+    config``.
+
+    ``run_name`` is the run's name (``RFModelConfig(run_name=...)``, a template filled per run, ``"<parent>
+    (clone)"`` for a clone), None for a run without one; ``tags`` its tags (a list, ``[]`` when none). Both are
+    labels read from the stored config: the row's key stays ``run_id``.
 
     ``config`` (each run's whole config as a dict, rapidfireai's column) comes last: printed, pandas cuts a dict
     to the column width, and in front it pushed the values compared off the screen.
@@ -75,7 +81,8 @@ def runs_table(
             continue
         hp = r.get("hparams") or {}
         m = latest.get(r["run_id"], {})
-        row = {"run_id": r["run_id"], "status": r["status"]}
+        labels = run_labels(r.get("config"))
+        row = {"run_id": r["run_id"], "run_name": labels["run_name"], "status": r["status"]}
         row.update({c: hp.get(c) for c in cols})
         row.update(
             completed_steps=r.get("completed_steps"),
@@ -94,14 +101,16 @@ def runs_table(
         )
         if devices:
             row["device"] = devices.get(str(r["run_id"]))
+        row["tags"] = labels["tags"]
         row["config"] = r.get("config")
         rows.append(row)
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
     tail += ["device"] if devices else []
-    table = RunsFrame(rows, columns=["run_id", "status", *cols, *tail, "config"])
+    table = RunsFrame(rows, columns=["run_id", "run_name", "status", *cols, *tail, "tags", "config"])
     best = best_run(table.to_dict("records"), picked["best_by"]["metric"], picked["best_by"]["mode"])
     table.attrs["best_by"] = {**picked["best_by"], "run_id": best[0] if best else None}
     for name in (
+        "run_name",
         "checkpoint_dir",
         "error",
         "stop_reason",

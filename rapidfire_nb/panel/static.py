@@ -30,7 +30,7 @@ from typing import Any
 from ..view import fmt_metric, fmt_num
 from ..view.clock import fmt_duration, stats_text
 from ..view.metrics_view import metric_title, run_value, snapshot_best
-from ..view.text import PRUNED, chunks_note, status_counts, status_label
+from ..view.text import PRUNED, chunks_note, run_label, status_counts, status_label
 from .static_svg import (
     FONT,
     curve_series,
@@ -167,6 +167,10 @@ def _hparam(value: Any) -> str:
 def _run_cell(run: Mapping[str, Any], best: bool) -> str:
     rid = run["run_id"]
     cell = f"{_swatch(rid)}<b>run {_e(rid)}</b>" + (" ★" if best else "")
+    if run.get("run_name"):  # the name under the id, one line cut with an ellipsis (whole in its title)
+        cell += (
+            f'<br><span data-rf-run-name="" style="font-size:11px">{_clipped(str(run["run_name"]))}</span>'
+        )
     if run.get("parent_id") is not None:
         how = " · warm" if run.get("warm_start") else ""
         cell += f'<br><span style="color:{_MUTED};font-size:10.5px">↳ run {_e(run["parent_id"])}{how}</span>'
@@ -357,7 +361,7 @@ def _curves(
         cue = scale_cue(y_scale(values, settings["y_scale"]))
         cues.append(f"{metric}: {cue or 'linear'}")
     legend = "".join(
-        f'<span style="margin-right:12px;white-space:nowrap">{_swatch(r["run_id"])}run {_e(r["run_id"])}</span>'
+        f'<span style="margin-right:12px;white-space:nowrap">{_swatch(r["run_id"])}{_clipped(run_label(r), "18em")}</span>'
         for r in runs
     )
     return (
@@ -426,7 +430,7 @@ def render_text(snapshot: Mapping[str, Any]) -> str:
             continue
         why = run.get("stop_reason") if run.get("status") == "STOPPED" else None
         lines.append(
-            f"  run {run['run_id']}  {status_label(run)}{'  ' + run['device'] if run.get('device') else ''}  step {run.get('completed_steps') or 0}/"
+            f"  {run_label(run)}  {status_label(run)}{'  ' + run['device'] if run.get('device') else ''}  step {run.get('completed_steps') or 0}/"
             f"{run.get('total_steps') or 0}  "
             + "  ".join(f"{m} {fmt_metric(run_value(run, m))}" for m in _metric_columns(snapshot))
             + (f"  ({why})" if why else "")

@@ -57,6 +57,7 @@ from .text import (
     fmt_num,
     format_chunk_line,
     position_text,
+    run_labels,
 )
 
 __all__ = [
@@ -277,6 +278,7 @@ def _run_entry(
     pending = pending_ops(rows.ops, run_id)
     return {
         "run_id": run_id,
+        **run_labels(row.get("config")),  # run_name (None: shown by its id alone) and tags
         "status": status,
         "on_device": bool(snap is not None and snap.on_device),
         "device": device,

@@ -28,11 +28,35 @@ __all__ = [
     "fmt_num",
     "format_chunk_line",
     "position_text",
+    "run_label",
+    "run_labels",
     "status_counts",
     "status_label",
 ]
 
 _LATEST = ("loss", "eval_loss")
+
+
+def run_labels(config: Any) -> dict[str, Any]:
+    """A run's name and tags from its stored config (``LeafConfig.to_json()``, the store's ``config`` column).
+
+    Returns:
+        ``{"run_name": str | None, "tags": [str, ...]}``; a config recorded before runs had names (or malformed)
+        gives ``None`` and ``[]``.
+    """
+    config = config if isinstance(config, Mapping) else {}
+    name, tags = config.get("run_name"), config.get("tags")
+    return {
+        "run_name": name if isinstance(name, str) and name else None,
+        "tags": [t for t in tags if isinstance(t, str)] if isinstance(tags, (list, tuple)) else [],
+    }
+
+
+def run_label(run: Mapping[str, Any]) -> str:
+    """``"run 3"``, or ``"run 3 · baseline"`` for a run named ``baseline`` (a snapshot's run entry): the id first,
+    the name a label next to it."""
+    name = run.get("run_name")
+    return f"run {run.get('run_id')}" + (f" · {name}" if isinstance(name, str) and name else "")
 
 
 def fmt_num(value: Any) -> str:
