@@ -57,6 +57,16 @@ const OP_ICON = {
 const CONTINUE_ICON = svg('<path d="M3 3.5v9l6-4.5z" fill="currentColor" stroke="none"/><path d="M11.5 3.5v9"/>');
 /** The sort key of a metric column: the run's own `loss` / `eval_loss`, else `m:<metric>` (run.metrics). @param {string} m */
 const metricKey = (m) => (m === "loss" || m === "eval_loss" ? m : `m:${m}`);
+/** A named run's name under its id: one line in the Run column's fixed width, cut with an ellipsis, the whole name
+ * (and the tags) in its title; null for a run without a name (the id alone, as before names).
+ * @param {Run & {run_name?: string|null, tags?: string[]}} run @returns {HTMLElement|null} */
+export function runNameLabel(run) {
+  if (!run.run_name) return null;
+  const tags = run.tags?.length ? `\ntags: ${run.tags.join(", ")}` : "";
+  return h("span", { class: "rf-run-name", "data-rf-run-name": run.run_id, title: `run ${run.run_id}: ${run.run_name}${tags}`,
+    text: run.run_name });
+}
+
 /** Sortable columns after the hyperparameters: key, title, tooltip; the metric columns are the trainer kind's
  * (state.kindMetrics: SFT loss / eval_loss, GRPO reward / eval_reward; zero or absent for every run: not shown).
  * @param {string[]} metrics */
@@ -76,8 +86,8 @@ export class RunTable {
     this.headKey = "";
     this.theadRow = h("tr");
     this.tbody = h("tbody");
-    this.el = h("div", { class: "rf-table-wrap" },
-      h("table", { class: "rf-table" }, h("thead", {}, this.theadRow), this.tbody));
+    this.table = h("table", { class: "rf-table" }, h("thead", {}, this.theadRow), this.tbody);
+    this.el = h("div", { class: "rf-table-wrap" }, this.table);
   }
 
   colCount() {
@@ -91,6 +101,8 @@ export class RunTable {
     const device = hasDeviceColumn(snap);
     this.metricCols = kindMetrics(snap).columns;
     this.renderHead(cols, device);
+    // any named run: the Run column takes the name's fixed width at once, so a later (clone's) name moves nothing
+    this.table.classList.toggle("rf-named", (snap?.runs || []).some((r) => !!/** @type {any} */ (r).run_name));
     const sort = this.host.sort;
     const metric = sort.key.startsWith("m:") ? latestValues(this.state, sort.key.slice(2)) : undefined;
     const runs = sortRuns(visibleRuns(this.state, this.host.showDeleted), sort, metric);
@@ -134,7 +146,7 @@ export class RunTable {
         h("span", { class: "rf-sort-mark", "aria-hidden": "true", text: on ? (sort.dir === 1 ? "▲" : "▼") : "" })));
     };
     this.theadRow.replaceChildren(
-      th("run", "Run", "rf-col-run", "run id"), th("status", "Status", "rf-col-status", "status"),
+      th("run", "Run", "rf-col-run", "run id (and name)"), th("status", "Status", "rf-col-status", "status"),
       ...(device ? [th("device", "Device", "rf-col-device", "the device the run trains on (its worker process)")] : []),
       ...cols.map((c) => th(`hp:${c}`, shortHparam(c), "rf-num rf-col-hp", c)),
       ...tailCols(this.metricCols).map(([k, t, tip]) => th(k, t, `rf-num${k === "step" ? " rf-col-step" : ""}`, tip)),
@@ -257,7 +269,8 @@ export class RunTable {
   /** The run and status cells (rebuilt only when they change). @param {Row} row @param {Run} run
    * @param {boolean} best */
   updateIdentity(row, run, best) {
-    const runKey = `${run.parent_id}|${run.warm_start}|${best}|${!!row.configTr}|${runColor(run.run_id)}`;
+    const runKey = `${run.parent_id}|${run.warm_start}|${best}|${!!row.configTr}|${runColor(run.run_id)}|` +
+      `${run.run_name || ""}|${(run.tags || []).join("\u0000")}`;
     if (row.runKey !== runKey) {
       row.runKey = runKey;
       const origin = run.parent_id !== null && run.parent_id !== undefined
@@ -268,7 +281,8 @@ export class RunTable {
           "data-config": run.run_id, title: `run ${run.run_id}: click for its full config`,
           "aria-expanded": String(!!row.configTr), text: `run ${run.run_id}`,
           onclick: () => this.toggleConfig(run.run_id) }),
-        best ? h("span", { class: "rf-best-mark", title: `best ${this.host.bestMetric}`, text: "★" }) : null, origin);
+        best ? h("span", { class: "rf-best-mark", title: `best ${this.host.bestMetric}`, text: "★" }) : null,
+        runNameLabel(run), origin);
     }
     const mark = runMark(this.state.snapshot, run); // ✂ PRUNED, STOPPING…, a warm clone's wait
     const statusKey = `${run.status}|${!!run.on_device}|${run.device || ""}|${JSON.stringify(mark)}`;

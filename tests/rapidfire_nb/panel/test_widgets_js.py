@@ -97,7 +97,20 @@ def test_the_widget_bundle_is_one_working_module(tmp_path: Path) -> None:
 
 @needs_node
 @pytest.mark.parametrize(
-    "name", ["state", "curves", "rank", "export", "compare", "table", "kind_metrics", "marks", "eta", "pull"]
+    "name",
+    [
+        "state",
+        "curves",
+        "rank",
+        "export",
+        "compare",
+        "table",
+        "kind_metrics",
+        "marks",
+        "eta",
+        "pull",
+        "run_name",
+    ],
 )
 def test_pure_front_end_modules_in_node(name: str) -> None:
     proc = subprocess.run(
