@@ -30,6 +30,9 @@ class TrackedRun:
         parent_id: the run it was cloned from (None for a run of the config group).
         warm_start: a clone that starts from its parent's latest chunk boundary.
         group: experiment-level settings shown with every run (``num_chunks``, ``seed``).
+
+    Its name and tags (:attr:`run_name`, :attr:`tags`) are read from ``config``: labels, never keys (each backend
+    finds its run by the id it saved, not by name).
     """
 
     run_id: int
@@ -39,6 +42,23 @@ class TrackedRun:
     parent_id: int | None = None
     warm_start: bool = False
     group: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_name(self) -> str | None:
+        """The run's name (``RFModelConfig(run_name=...)``), None for a run without one."""
+        name = self.config.get("run_name")
+        return name if isinstance(name, str) and name else None
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The run's free tags (``RFModelConfig(tags=[...])``), in the order given."""
+        tags = self.config.get("tags")
+        return tuple(t for t in tags if isinstance(t, str)) if isinstance(tags, (list, tuple)) else ()
+
+    @property
+    def display_name(self) -> str:
+        """What a tracker names the run: its name, else ``run-<id>`` (as before runs had names)."""
+        return self.run_name or f"run-{self.run_id}"
 
 
 def split_name(name: str) -> str:

@@ -9,7 +9,10 @@ What goes there: params = the run's hyperparameters in rapidfire_nb's naming (``
 ``model_kwargs.<key>``, secrets ``<redacted>``) plus ``rapidfire.num_chunks`` / ``rapidfire.seed``; the whole config
 as the artifact ``rapidfire_config.json`` (own SQLite store only); metrics under TRL's names (``loss``,
 ``eval_loss``, ...) at the optimizer steps of the store; tags ``rapidfire.run_id``, ``rapidfire.trainer_type``,
-``rapidfire.parent_run`` / ``rapidfire.parent_mlflow_run_id`` and ``rapidfire.warm_start`` for clones.
+``rapidfire.parent_run`` / ``rapidfire.parent_mlflow_run_id`` and ``rapidfire.warm_start`` for clones. The MLflow
+run name is the run's name (``RFModelConfig(run_name=...)``), ``run-<id>`` for a run without one; its tags
+(``RFModelConfig(tags=[...])``) are MLflow tags with an empty value (a tag MLflow would refuse as a key is left to
+``rapidfire.tags``, which lists them all).
 
 Lifecycle: a run is created in MLflow when it leaves NEW (it starts training, or is stopped before it did), as
 RUNNING, MLflow's status of a new run (a NEW run would cost two requests more, SCHEDULED then RUNNING, for the
@@ -102,6 +105,17 @@ def _ms(unix_s: float | None) -> int | None:
 
 def _key(name: str) -> str:
     return _BAD_KEY_CHARS.sub("_", str(name))[:250]
+
+
+def _user_tags(tags: Sequence[str]) -> dict[str, str]:
+    """A run's free tags as MLflow tags: each one a key with an empty value (those MLflow would refuse as a key, or
+    that would shadow ``rapidfire.*`` / ``mlflow.*``, only in ``rapidfire.tags``), and ``rapidfire.tags`` listing all."""
+    if not tags:
+        return {}
+    out = {
+        t: "" for t in tags if not _BAD_KEY_CHARS.search(t) and not t.startswith(("rapidfire.", "mlflow."))
+    }
+    return {**out, "rapidfire.tags": _text(", ".join(tags), _TAG_MAX)}
 
 
 def _text(value: Any, limit: int) -> str:
@@ -243,8 +257,9 @@ class MlflowTracker(BackendTracker):
             parent = self._runs.get(run.parent_id)
             if parent is not None:
                 tags["rapidfire.parent_mlflow_run_id"] = parent
+        tags.update(_user_tags(run.tags))
         created = client.create_run(
-            self.experiment_id, run_name=f"run-{run.run_id}", tags=tags, start_time=_ms(at)
+            self.experiment_id, run_name=run.display_name, tags=tags, start_time=_ms(at)
         )
         mid = str(created.info.run_id)
         self._runs[run.run_id] = mid

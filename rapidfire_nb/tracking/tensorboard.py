@@ -1,5 +1,9 @@
 """TensorBoard event files, one subdirectory per run: ``<log_root>/run-<run_id>``.
 
+The folder keeps the run id (the one identity; a name may change, be long or repeat): a named run's name (and tags)
+is written as the text summary ``run_name`` of its folder (TensorBoard's Text tab: ``run-3 / run_name``), beside its
+hyperparameters' table (``hparams``).
+
 Uses TensorBoard's own event-file writer and protos (no TensorFlow, no torch), imported when a
 :class:`TensorBoardTracker` is created. View with ``tensorboard --logdir <log_root>`` or, on Colab,
 ``%tensorboard --logdir <log_root>``.
@@ -21,10 +25,12 @@ from .base import BackendTracker
 if TYPE_CHECKING:
     from rapidfire_nb.tracking.base import TrackedRun
 
-__all__ = ["HPARAMS_TAG", "NullTracker", "TensorBoardTracker"]
+__all__ = ["HPARAMS_TAG", "NAME_TAG", "NullTracker", "TensorBoardTracker"]
 
 HPARAMS_TAG = "hparams"
 """Tag of the text summary holding a run's hyperparameters."""
+NAME_TAG = "run_name"
+"""Tag of the text summary holding a named run's name and tags (``"**run 3**: baseline"``)."""
 
 
 def _import_tensorboard() -> Any:
@@ -137,15 +143,26 @@ class TensorBoardTracker:
     def log_hparams(self, run_id: int, hparams: Mapping[str, Any], step: int = 0) -> None:
         """Write the run's hyperparameters as a markdown table (TensorBoard's Text tab, tag ``hparams``); secret-like
         values (``hub_token``, ...) as ``<redacted>``."""
+        self._log_text(
+            run_id, HPARAMS_TAG, _hparams_markdown(redact(hparams)), "hyperparameters of this run", step
+        )
+
+    def log_name(self, run: TrackedRun) -> None:
+        """Write a named run's name (and tags) as the text summary ``run_name`` (Text tab); nothing for a run without
+        a name (its folder ``run-<id>`` says it all)."""
+        if not run.run_name:
+            return
+        text = f"**run {run.run_id}**: {_format_value(run.run_name)}"
+        if run.tags:
+            text += "  \ntags: " + ", ".join(_format_value(t) for t in run.tags)
+        self._log_text(run.run_id, NAME_TAG, text, "the run's name, a label next to its id")
+
+    def _log_text(self, run_id: int, tag: str, text: str, description: str, step: int = 0) -> None:
+        """One text summary (TensorBoard's Text tab) of run ``run_id`` under ``tag``."""
         tb = self._tb
-        text = _hparams_markdown(redact(hparams))
         tensor = tb.TensorProto(dtype=tb.DT_STRING, string_val=[text.encode("utf-8")])
         tensor.tensor_shape.dim.add(size=1)
-        value = tb.Summary.Value(
-            tag=HPARAMS_TAG,
-            metadata=tb.text_metadata_for(HPARAMS_TAG, "hyperparameters of this run"),
-            tensor=tensor,
-        )
+        value = tb.Summary.Value(tag=tag, metadata=tb.text_metadata_for(tag, description), tensor=tensor)
         event = tb.Event(wall_time=time.time(), step=int(step), summary=tb.Summary(value=[value]))
         with self._lock:
             writer = self._writer(int(run_id))
@@ -153,9 +170,11 @@ class TensorBoardTracker:
                 writer.add_event(event)
 
     def start_run(self, run: TrackedRun, status: str) -> None:
-        """Write the run's hyperparameters (:meth:`log_hparams`), unless it was deleted (its folder was renamed)."""
+        """Write the run's hyperparameters (:meth:`log_hparams`) and its name (:meth:`log_name`), unless it was deleted
+        (its folder was renamed)."""
         if status != "DELETED":
             self.log_hparams(run.run_id, run.params)
+            self.log_name(run)
 
     def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
         """TensorBoard has no run status: nothing to write (a deleted run is :meth:`mark_deleted`)."""

@@ -1,6 +1,9 @@
-"""Trackio: one Trackio project per rapidfire_nb experiment, one Trackio run (``run-<id>``) per run id, local (the
-folder ``TRACKIO_DIR``, Trackio's default ``~/.cache/huggingface/trackio``). View with ``trackio show --project
-<experiment>``.
+"""Trackio: one Trackio project per rapidfire_nb experiment, one Trackio run per run id, local (the folder
+``TRACKIO_DIR``, Trackio's default ``~/.cache/huggingface/trackio``). View with ``trackio show --project
+<experiment>``. The Trackio run's name is the run's name (``RFModelConfig(run_name=...)``; ``run-<id>`` for a run
+without one, and for a run tracked before runs had names), ``"<name> (run <id>)"`` when another run of the project
+has that name already (Trackio tells runs apart by name); it is saved with the Trackio run id, so it never changes.
+The run's tags are in its config (``rapidfire.tags``).
 
 Each run is written with its own Trackio run id (never ``trackio.init``, which finishes the process's previous run:
 several runs log at once; see "Writes" below). Its config holds the hyperparameters in rapidfire_nb's naming
@@ -59,7 +62,8 @@ class TrackioTracker(BackendTracker):
 
     Args:
         experiment: the rapidfire_nb experiment name (the Trackio project).
-        state: what an earlier kernel saved (``{"dir", "runs": {run id: Trackio run id}}``).
+        state: what an earlier kernel saved (``{"dir", "runs": {run id: Trackio run id}, "names": {run id: Trackio
+            run name}}``).
         save: ``save(state)`` keeps the state in the experiment's store (called when it changes).
 
     Raises:
@@ -86,6 +90,8 @@ class TrackioTracker(BackendTracker):
         self._ids: dict[int, str] = (
             {int(k): v for k, v in (state.get("runs") or {}).items()} if same_place else {}
         )
+        known = state.get("names") or {} if same_place else {}
+        self._names: dict[int, str] = {int(k): str(v) for k, v in known.items()}
         self._config: dict[int, dict[str, Any]] = {}
         self._handles: dict[int, Any] = {}  # jsonl mode only
         self._config_written: set[int] = set()  # sqlite mode: the runs whose config this kernel wrote
@@ -98,7 +104,22 @@ class TrackioTracker(BackendTracker):
         self._save()
 
     def _save(self) -> None:
-        self._save_state({"dir": self.folder, "runs": {str(k): v for k, v in sorted(self._ids.items())}})
+        self._save_state(
+            {
+                "dir": self.folder,
+                "runs": {str(k): v for k, v in sorted(self._ids.items())},
+                "names": {str(k): v for k, v in sorted(self._names.items())},
+            }
+        )
+
+    def _name(self, run_id: int) -> str:
+        """The Trackio run name of run ``run_id`` (``run-<id>`` for one tracked before runs had names)."""
+        return self._names.get(run_id, f"run-{run_id}")
+
+    def _new_name(self, run: TrackedRun) -> str:
+        """A new Trackio run's name: the run's name, with its id appended when another run of the project has it."""
+        name = run.display_name
+        return f"{name} (run {run.run_id})" if name in self._names.values() else name
 
     def describe(self) -> str:
         return (
@@ -120,7 +141,7 @@ class TrackioTracker(BackendTracker):
                 url=None,
                 project=self.project,
                 client=None,
-                name=f"run-{run_id}",
+                name=self._name(run_id),
                 run_id=self._ids[run_id],
                 config=self._config.get(run_id),
                 auto_log_gpu=False,
@@ -139,9 +160,12 @@ class TrackioTracker(BackendTracker):
         }
         if run.parent_id is not None:
             config["rapidfire.parent_run"] = run.parent_id
+        if run.tags:
+            config["rapidfire.tags"] = list(run.tags)
         self._config[run.run_id] = config
         if run.run_id not in self._ids and status != "DELETED":
             self._ids[run.run_id] = uuid.uuid4().hex
+            self._names[run.run_id] = self._new_name(run)
             self._save()
 
     def set_status(self, run_id: int, status: str, error: str | None = None, at: float | None = None) -> None:
@@ -154,7 +178,7 @@ class TrackioTracker(BackendTracker):
         if self.direct:
             self._storage.bulk_alert(
                 project=self.project,
-                run=f"run-{run_id}",
+                run=self._name(run_id),
                 run_id=self._ids[run_id],
                 titles=[f"run-{run_id} {title}"],
                 texts=[text],
@@ -180,7 +204,7 @@ class TrackioTracker(BackendTracker):
         if handle is not None:
             handle.finish()  # writes what it holds, so the delete below removes everything
         self._deleted.add(run_id)
-        self._storage.delete_run(self.project, f"run-{run_id}", run_id=self._ids[run_id])
+        self._storage.delete_run(self.project, self._name(run_id), run_id=self._ids[run_id])
 
     def continue_from(self, run_id: int, step: int) -> None:
         """Skip the points Trackio holds above ``step`` when the run logs those steps again."""
@@ -196,7 +220,7 @@ class TrackioTracker(BackendTracker):
         if handle is not None:
             _write_now(handle)
         held: dict[str, int] = {}
-        for row in self._storage.get_logs(self.project, f"run-{run_id}", run_id=tid):
+        for row in self._storage.get_logs(self.project, self._name(run_id), run_id=tid):
             for key in row:
                 if key not in ("step", "timestamp"):
                     held[key] = max(held.get(key, -1), int(row["step"]))
@@ -244,7 +268,7 @@ class TrackioTracker(BackendTracker):
                 first = run_id not in self._config_written
                 self._storage.bulk_log(
                     project=self.project,
-                    run=f"run-{run_id}",
+                    run=self._name(run_id),
                     run_id=self._ids[run_id],
                     metrics_list=[values for _, values, _ in points],
                     steps=[step for step, _, _ in points],

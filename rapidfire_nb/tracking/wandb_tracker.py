@@ -1,10 +1,12 @@
-"""Weights & Biases: one W&B project per rapidfire_nb experiment, one W&B run (``run-<id>``) per run id, offline
+"""Weights & Biases: one W&B project per rapidfire_nb experiment, one W&B run per run id (named as the run:
+``RFModelConfig(run_name=...)``, ``run-<id>`` without one; found again by its saved W&B id, never by name), offline
 unless ``WANDB_MODE`` says otherwise (offline runs are written under ``<experiment>/wandb``; ``wandb sync`` uploads
 them).
 
 Each run is its own ``wandb.init(..., reinit="create_new")`` handle (never the process-global ``wandb.run``: several
 runs log at once). Its config holds the hyperparameters in rapidfire_nb's naming (secrets ``<redacted>``) and the
-``rapidfire.*`` settings; tags: the trainer type, ``clone`` / ``warm-start`` for clones. Metrics as transformers' W&B
+``rapidfire.*`` settings; tags: the trainer type, ``clone`` / ``warm-start`` for clones, then the run's own
+(``RFModelConfig(tags=[...])``). Metrics as transformers' W&B
 callback names them (``train/loss``, ``eval/loss``), at the store's steps.
 
 Lifecycle: W&B states come from how a run is finished: COMPLETED -> ``finish(exit_code=0)`` (finished), FAILED ->
@@ -91,6 +93,7 @@ class WandbTracker(BackendTracker):
             run = self._runs[run_id]
             tags = [run.trainer_type] + (["clone"] if run.parent_id is not None else [])
             tags += ["warm-start"] if run.warm_start else []
+            tags += [t for t in run.tags if t not in tags]  # the user's own (RFModelConfig(tags=[...]))
             config: dict[str, Any] = {
                 **run.params,
                 **{f"rapidfire.{k}": v for k, v in run.group.items()},
@@ -102,7 +105,7 @@ class WandbTracker(BackendTracker):
                 config["rapidfire.continued_from_step"] = self._continued[run_id]
             handle = self._wandb.init(
                 project=self.project,
-                name=f"run-{run_id}",
+                name=run.display_name,  # the run's name, run-<id> without one
                 id=self._ids[run_id],
                 resume="allow",
                 reinit="create_new",
