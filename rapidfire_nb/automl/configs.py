@@ -353,8 +353,9 @@ class RFModelConfig:
             ``get_runs_info()``, TensorBoard and the trackers (the MLflow/Trackio/W&B run name); a label, never a
             key (not part of the config's fingerprint). A template ``"lr{learning_rate}-r{lora.r}"`` is filled per
             run from its hyperparameters (``hparams()`` names, TRL's default for a trainer field left unset; format
-            specs as in ``str.format``: ``"{learning_rate:.0e}"``); runs of the group still sharing a name get the
-            hyperparameters they differ in appended (``"base (learning_rate=0.0001, r=8)"``). TRL's own
+            specs as in ``str.format``: ``"{learning_rate:.0e}"``); runs of an ``RFGridSearch``/``RFRandomSearch`` still
+            sharing a name get the hyperparameters they differ in appended (``"base (learning_rate=0.0001, r=8)"``;
+            ``RFOptuna`` asks its trials one at a time: give it a template). TRL's own
             ``RFSFTConfig(run_name=...)`` works the same; set it in one place. A clone is named ``"<name>
             (clone)"`` unless its changes give ``run_name``. At most 128 characters, one line.
         tags: Free labels of the runs (a list of str, each at most 64 characters): the trackers' tags, a

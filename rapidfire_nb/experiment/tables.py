@@ -24,13 +24,15 @@ _PROGRESS_COLUMNS = ["completed_steps", "total_steps", "chunks_done", "epoch", "
 def runs_table(
     store: Any, live: Mapping[int, RunSnapshot], columns: Sequence[str], include_deleted: bool
 ) -> Any:
-    """``get_runs_info()``: columns ``run_id, run_name, status, <hparams...>, completed_steps, total_steps,
-    chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device], tags,
-    config``.
+    """``get_runs_info()``: columns ``run_id[, run_name], status, <hparams...>, completed_steps, total_steps,
+    chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device][,
+    tags], config``.
 
-    ``run_name`` is the run's name (``RFModelConfig(run_name=...)``, a template filled per run, ``"<parent>
-    (clone)"`` for a clone), None for a run without one; ``tags`` its tags (a list, ``[]`` when none). Both are
-    labels read from the stored config: the row's key stays ``run_id``.
+    ``run_name`` (after ``run_id``, when any run shown has a name) is the run's name (``RFModelConfig(run_name=...)``,
+    a template filled per run, ``"<parent> (clone)"`` for a clone; shown whole), None for a run without one;
+    ``tags`` (before ``config``, when any run shown has tags) its tags, a list (``[]`` when none). Both are labels
+    read from the stored config: the row's key stays ``run_id``. Like ``device``, they are left out when no run uses
+    them, so a table without names reads as before.
 
     ``config`` (each run's whole config as a dict, rapidfireai's column) comes last: printed, pandas cuts a dict
     to the column width, and in front it pushed the values compared off the screen.
@@ -79,38 +81,17 @@ def runs_table(
         r = _with_live(r, live.get(r["run_id"]))
         if r["status"] == RunStatus.DELETED.value and not include_deleted:
             continue
-        hp = r.get("hparams") or {}
-        m = latest.get(r["run_id"], {})
-        labels = run_labels(r.get("config"))
-        row = {"run_id": r["run_id"], "run_name": labels["run_name"], "status": r["status"]}
-        row.update({c: hp.get(c) for c in cols})
-        row.update(
-            completed_steps=r.get("completed_steps"),
-            total_steps=r.get("total_steps"),
-            chunks_done=r.get("chunks_done"),
-            epoch=r.get("epoch"),
-            loss=m.get("loss"),
-            eval_loss=m.get("eval_loss"),
-        )
-        row.update({name: m.get(name) for name in generated})
-        row.update(checkpoint_dir=r.get("checkpoint_dir"), error=r.get("error"))
-        row["stop_reason"] = (
-            r.get("stop_reason", stops[r["run_id"]].reason if r["run_id"] in stops else None)
-            if r["status"] == RunStatus.STOPPED.value
-            else None
-        )
-        if devices:
-            row["device"] = devices.get(str(r["run_id"]))
-        row["tags"] = labels["tags"]
-        row["config"] = r.get("config")
-        rows.append(row)
+        rows.append(_row(r, cols, latest.get(r["run_id"], {}), generated, stops.get(r["run_id"]), devices))
+    named, tagged = any(row["run_name"] for row in rows), any(row["tags"] for row in rows)
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
     tail += ["device"] if devices else []
-    table = RunsFrame(rows, columns=["run_id", "run_name", "status", *cols, *tail, "tags", "config"])
+    tail += ["tags"] if tagged else []
+    head = ["run_id", "run_name", "status"] if named else ["run_id", "status"]
+    table = RunsFrame(rows, columns=[*head, *cols, *tail, "config"])
     best = best_run(table.to_dict("records"), picked["best_by"]["metric"], picked["best_by"]["mode"])
     table.attrs["best_by"] = {**picked["best_by"], "run_id": best[0] if best else None}
     for name in (
-        "run_name",
+        *(["run_name"] if named else []),
         "checkpoint_dir",
         "error",
         "stop_reason",
@@ -118,6 +99,42 @@ def runs_table(
     ):  # text columns: None stays None, never NaN
         table[name] = table[name].astype(object).where(table[name].notna(), None)
     return table
+
+
+def _row(
+    r: Mapping[str, Any],
+    cols: Sequence[str],
+    latest: Mapping[str, Any],
+    generated: Sequence[str],
+    stop: Any,
+    devices: Mapping[str, Any],
+) -> dict[str, Any]:
+    """One run's row of :func:`runs_table` (``r``: its store row with the live view over it; ``stop``: its
+    :class:`~rapidfire_nb.view.stops.StopInfo` or None); every column, ``run_name`` and ``tags`` included."""
+    hp = r.get("hparams") or {}
+    labels = run_labels(r.get("config"))
+    row = {"run_id": r["run_id"], "run_name": labels["run_name"], "status": r["status"]}
+    row.update({c: hp.get(c) for c in cols})
+    row.update(
+        completed_steps=r.get("completed_steps"),
+        total_steps=r.get("total_steps"),
+        chunks_done=r.get("chunks_done"),
+        epoch=r.get("epoch"),
+        loss=latest.get("loss"),
+        eval_loss=latest.get("eval_loss"),
+    )
+    row.update({name: latest.get(name) for name in generated})
+    row.update(checkpoint_dir=r.get("checkpoint_dir"), error=r.get("error"))
+    row["stop_reason"] = (
+        r.get("stop_reason", stop.reason if stop is not None else None)
+        if r["status"] == RunStatus.STOPPED.value
+        else None
+    )
+    if devices:
+        row["device"] = devices.get(str(r["run_id"]))
+    row["tags"] = labels["tags"]
+    row["config"] = r.get("config")
+    return row
 
 
 def _with_live(row: dict[str, Any], snap: RunSnapshot | None) -> dict[str, Any]:

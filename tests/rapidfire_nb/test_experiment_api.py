@@ -69,7 +69,6 @@ def done(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_runs_info_columns(done: dict[str, Any]) -> None:
     assert list(done["info"].columns) == [
         "run_id",
-        "run_name",  # a label next to the id (None: the runs have no name)
         "status",
         "learning_rate",
         "lora.r",
@@ -82,7 +81,6 @@ def test_runs_info_columns(done: dict[str, Any]) -> None:
         "checkpoint_dir",
         "error",
         "stop_reason",
-        "tags",
         "config",  # the whole config last: the compared values come first
     ]
 

@@ -63,6 +63,20 @@ def test_runs_info_has_run_name_after_run_id_and_tags_before_config(tmp_path: Pa
     store.close()
 
 
+def test_runs_info_without_names_or_tags_reads_as_before(tmp_path: Path) -> None:
+    store = Store(tmp_path / "plain")
+    store.upsert_run(1, status="COMPLETED", config={"model_name": "m"}, hparams={})
+    store.upsert_run(
+        2, status="COMPLETED", config={"model_name": "m", "run_name": None, "tags": []}, hparams={}
+    )
+    columns = list(tables.runs_table(store, {}, [], include_deleted=False).columns)
+    assert columns[:2] == ["run_id", "status"] and "run_name" not in columns and "tags" not in columns
+    store.upsert_run(2, config={"model_name": "m", "tags": ["x"]})  # tags alone: a tags column, no run_name
+    columns = list(tables.runs_table(store, {}, [], include_deleted=False).columns)
+    assert columns[:2] == ["run_id", "status"] and columns[-2:] == ["tags", "config"]
+    store.close()
+
+
 def test_malformed_labels_read_as_none() -> None:
     assert run_labels(None) == {"run_name": None, "tags": []}
     assert run_labels({"run_name": 3, "tags": "x"}) == {"run_name": None, "tags": []}
