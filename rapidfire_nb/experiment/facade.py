@@ -352,6 +352,8 @@ class Experiment:
             run_id: the parent run.
             changes: hyperparameters to change, named ``learning_rate``, ``lora.r``, ``model_kwargs.<key>``;
                 functions (``formatting_func``, ``reward_funcs``, ``compute_metrics``) may be replaced here.
+                ``run_name`` (a name or a template filled with the clone's values) and ``tags`` label the clone;
+                without them it is named ``"<parent's name> (clone)"`` and keeps the parent's tags.
             warm_start: start from the parent's adapter and optimizer state at its latest chunk boundary and
                 continue from its position in the data; otherwise a fresh adapter from chunk 1.
 
