@@ -4,7 +4,8 @@ A clone op gets its child run id when it is submitted (the child exists from the
 :class:`CloneBuilder` builds the child through ``Executor.add_run`` once the op is applied: a cold clone on the
 device with the least work left, a warm clone on its parent's device from the parent's latest chunk boundary (a
 finished parent's final state: a COMPLETED run is continued from its last step, a STOPPED one from where it
-stopped; the executor keeps that state, and the clone's ``max_steps`` sets the new total). A
+stopped; the executor keeps that state, in memory and as the run's last checkpoint on disk, so a run finished
+before a restart is continued too; the clone's ``max_steps`` sets the new total). A
 warm clone of a parent with no boundary to start from waits for the parent's next one while the parent trains on (in
 rotation, or moving to another device because its worker died). A new run added by the early-stopping policy (a
 search's trial) is built the same way as a cold clone. A build that fails makes the child
@@ -224,7 +225,10 @@ class CloneBuilder:
             self._fail_child(child, op, f"run {child_id} was deleted before it was created")
             return
         warm = bool(op.payload.get("warm_start"))
-        if warm and not core.executor.has_boundary(op.run_id):
+        gone = (
+            core.runs[op.run_id].status is RunStatus.DELETED
+        )  # its checkpoint may stay: not a parent any more
+        if warm and (gone or not core.executor.has_boundary(op.run_id)):
             self._wait_or_fail(op, child)
             return
         try:
@@ -262,8 +266,9 @@ class CloneBuilder:
         reason = f"run {op.run_id} has no completed chunk to warm-start from and is {parent.status.value}"
         if parent.status in (RunStatus.COMPLETED, RunStatus.STOPPED) and parent.step > 0:
             reason = (
-                f"run {op.run_id} is {parent.status.value} at step {parent.step}, but its final state is not in "
-                "this kernel (it ended before a restart, or its worker died), so it cannot be continued"
+                f"run {op.run_id} is {parent.status.value} at step {parent.step}, but its final state is neither in "
+                "this kernel nor on disk (its checkpoint was removed, or its worker died before writing it), so it "
+                "cannot be continued"
             )
         self._fail_child(child, op, f"{reason}; use a cold clone (warm_start=False)")
 

@@ -7,6 +7,11 @@ one member (its trainer, adapter and base model are there), every call for it go
 to another member goes through the run's latest boundary checkpoint, the path a crash resume takes (so a moved
 run stays exact). The scheduler thread decides where runs go (``kernel_scheduler.placement``); the pool does what
 it is told, and places a run itself only when nobody says where (initial runs: the member with fewest runs).
+
+A clone is built in one call here (``Executor.prepare_run``'s default: nothing prepared off the loop): the worker
+builds it on its own device thread while the scheduler thread waits for the reply: the segments in flight on the
+other devices end, but none starts and no op applies meanwhile. Tokenizing a clone's rows in the worker before the build (as
+``training.prepared_rows`` does in one process) would need a "prepare" request in the worker protocol; not done.
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ class DevicePool(Executor):
         Raises:
             ConfigError: bad input (from the device's trainer build), or no device is alive.
         """
-        if warm_from is not None:
+        if warm_from is not None and warm_from in self._where:  # else on disk: it finished before
             device = self.device_of(warm_from)
         if device is None or not self.alive(device):
             live = self._live()
@@ -121,7 +126,10 @@ class DevicePool(Executor):
 
     def has_boundary(self, run_id: int) -> bool:
         device = self._where.get(run_id)
-        return device is not None and self.alive(device) and bool(self._members[device].has_boundary(run_id))
+        if device is None:  # finished before this run_fit: its final state on disk (a shared folder)
+            live = self._live()
+            return bool(live) and bool(self._members[live[0]].has_boundary(run_id))
+        return self.alive(device) and bool(self._members[device].has_boundary(run_id))
 
     def on_status(self, run_id: int, status: str) -> None:
         device = self._where.get(run_id)

@@ -15,10 +15,12 @@ import inspect
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import meta_keys
 from ..errors import ConfigError, OpError
+from ..run_folder import checkpoint_step, latest_checkpoint, readable_checkpoint, run_dir
 from ..spec import FUNCTION_KEYS
 from ..training.kinds import WARM_FORBIDDEN, warm_start_violations  # torch-free: the kinds' warm-start rules
 
@@ -29,6 +31,7 @@ __all__ = [
     "continued_total",
     "decode_changes",
     "encode_changes",
+    "final_state_missing",
     "function_keys",
     "prepare_clone",
     "rebuild_clone_spec",
@@ -144,6 +147,24 @@ def check_continuation(child: Any, run_id: int, changes: Mapping[str, Any], pare
         f"its completed_steps (run {run_id}'s {step} included) reach max_steps; set max_steps above {step}, "
         f"e.g. max_steps={2 * step}" + (", or clone it cold (warm_start=False)" if last_chunk else "")
     )
+
+
+def final_state_missing(experiment_dir: Path, run_id: int, step: int) -> str | None:
+    """Why run ``run_id``, finished at optimizer ``step`` before this ``run_fit``, cannot be continued from disk; None
+    when it can: its last checkpoint (the final state the kernel that trained it wrote: adapter, optimizer,
+    scheduler, RNG, trainer state) is complete, readable and at ``step``."""
+    folder = latest_checkpoint(run_dir(experiment_dir, run_id))
+    if folder is None:
+        return "no checkpoint of it is on disk (it was removed)"
+    if not readable_checkpoint(folder):
+        return f"its checkpoint {folder.name} is damaged"
+    at = checkpoint_step(folder)
+    if at != step:
+        return (
+            f"its last checkpoint is at step {at}, not at its final step {step} (it finished before rapidfire_nb "
+            "kept a finished run's final state)"
+        )
+    return None
 
 
 def record_clone(store: Any, child_id: int, parent_id: int, request: CloneRequest) -> None:

@@ -30,7 +30,7 @@ from kernel_scheduler.ops import OP_ID_PATTERN, OP_ID_RULE, new_op_id
 
 from ..errors import ExperimentError, OpError, StorageError, storage_error
 from ..frontend import in_kernel
-from .clones import prepare_clone
+from .clones import final_state_missing, prepare_clone
 from .inputs import FitInputs
 from .ownership import other_writer
 from .recorder import Recorder
@@ -182,8 +182,8 @@ class FitSession:
         return ack
 
     def _check_state_kept(self, parent: RunSnapshot) -> None:
-        """Refuse a warm clone of a run that finished before this ``run_fit`` and has not trained since: its final
-        state (adapter, optimizer, step) is kept only by the kernel session that trained it."""
+        """Refuse a warm clone of a run that finished before this ``run_fit`` and has not trained since when its
+        final state (adapter, optimizer, step), kept on disk as its last checkpoint, is not there."""
         step = self.finished_before.get(parent.run_id)
         if (
             step is None
@@ -191,10 +191,13 @@ class FitSession:
             or parent.status not in (RunStatus.COMPLETED, RunStatus.STOPPED)
         ):
             return
+        why = final_state_missing(self.store.experiment_dir, parent.run_id, step)
+        if why is None:
+            return
         raise OpError(
             f"run {parent.run_id} finished before this run_fit (at step {step}), and a warm clone continues a run "
-            "from its final state, which only the run_fit session that trained it keeps; clone it cold "
-            "(warm_start=False) with the same changes, or continue a run that finishes in this session"
+            f"from its final state, which is not on disk: {why}; clone it cold (warm_start=False) with the same "
+            "changes, or continue a run that finishes in this session"
         )
 
     def _check_op_id(self, op_id: Any, kind: OpKind, run_id: int, source: str) -> None:

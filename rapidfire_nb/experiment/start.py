@@ -373,7 +373,7 @@ def _register(
             ),
         )
         session.recorder.known(run_id, int(prior.get("chunks_done") or 0), finished=True)
-        session.finished_before[run_id] = int(prior.get("completed_steps") or 0)  # no final state kept here
+        session.finished_before[run_id] = int(prior.get("completed_steps") or 0)  # its final state: on disk?
         final = run_dir(session.store.experiment_dir, run_id) / FINAL_DIR
         if plan.status is RunStatus.COMPLETED and not prior.get("checkpoint_dir") and is_complete_dir(final):
             # saved, but the kernel died before the store recorded where: load_model() finds it again

@@ -358,10 +358,15 @@ class CheckpointWriter:
         self.replaced = 0  # snapshots replaced by a newer one of their run before being written
 
     def submit(self, snap: BoundarySnapshot, run_dir: Path) -> Path:
+        """Queue ``snap`` to be written as ``run_dir/checkpoint-<step>``; returns that folder. A snapshot of the step
+        already written for its run (a finished run's final state that was also its last boundary's) is not
+        written twice."""
         target = run_dir / f"checkpoint-{snap.step}"
         if not self._thread.is_alive():
             return target
         with self._lock:
+            if self.written.get(snap.run_id) == target and snap.run_id not in self._waiting:
+                return target
             queued = snap.run_id in self._waiting
             self._waiting[snap.run_id] = (snap, run_dir)
             if queued:

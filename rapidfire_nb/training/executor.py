@@ -46,7 +46,14 @@ from .own_params import OwnParameters
 from .prepared_rows import RowPreparer, sft_rows
 from .quiet import quiet_libraries
 from .rng import capture_rng
-from .warm_start import checkpoint_step, keep_own_hyperparameters, start_at, warm_snapshot
+from .warm_start import (
+    checkpoint_step,
+    keep_own_hyperparameters,
+    saved_state,
+    start_at,
+    warm_snapshot,
+    warm_start_from_disk,
+)
 from .worker import HandoffClock, RunHooks, RunWorker
 
 __all__ = ["TorchExecutor"]
@@ -182,7 +189,9 @@ class TorchExecutor(Executor):
 
     def has_boundary(self, run_id: int) -> bool:
         run = self._runs.get(run_id)
-        return run is not None and run.last is not None
+        if run is None:  # finished before this process: its final state on disk (continued after a restart)
+            return saved_state(self.run_dir(run_id)) is not None
+        return run.last is not None
 
     def on_status(self, run_id: int, status: str) -> None:
         if status == "DELETED":
@@ -202,6 +211,9 @@ class TorchExecutor(Executor):
                 if storage_error(exc, str(run.run_dir / "final")) is None:
                     raise
                 self._write_failed(exc, run.run_dir / "final")
+            if run.last is not None:  # its final state stays on disk: continued after a restart
+                snap, folder = run.last, run.run_dir
+                self.callbacks.in_record_order(lambda: self._writer.submit(snap, folder))
         if status == "DELETED":  # never trains again: its trainer, optimizer and adapter leave the device
             self.drop_run(run_id)
 
@@ -311,7 +323,7 @@ class TorchExecutor(Executor):
         args, train_ds, eval_ds, lora = self._inputs(spec, run_dir)
         base = self.models.base_for(spec, args, run_id)
         model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
-        rows = self.prepared.rows(run_id, spec, train_ds, eval_ds)  # tokenized off the device thread?
+        rows = self.prepared.rows(run_id, spec, train_ds, eval_ds, args)  # tokenized off the device thread?
         trainer = self.kind.build_trainer(spec, model, adapter, base.tokenizer, args, rows, self.models)
         own = install_lora_extras(trainer, adapter) if adapter is not None else None
         note_dropped_rows(trainer, train_ds, eval_ds, args, lambda text: self._note(f"run {run_id}: {text}"))
@@ -413,6 +425,11 @@ class TorchExecutor(Executor):
         """
         from .checkpoint import write_snapshot
 
+        if parent_id not in self._runs:  # finished before this process: from its final state on disk
+            parent_dir = self.run_dir(parent_id)
+            folder, step = warm_start_from_disk(parent_id, parent_dir, trainer, adapter, plan, run_dir)
+            keep_own_hyperparameters(trainer)
+            return str(folder), start_at(plan, step)
         snap = warm_snapshot(self._runs.get(parent_id), parent_id, trainer, adapter, plan)
         target = run_dir / f"{WARM_START_PREFIX}{parent_id}-step-{snap.step}"
         run_dir.mkdir(parents=True, exist_ok=True)

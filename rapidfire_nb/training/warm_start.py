@@ -4,21 +4,36 @@ A run restarted from a ``checkpoint-<step>`` folder continues at that step (:fun
 :func:`start_at`); a warm clone starts from its parent's latest boundary snapshot (:func:`warm_snapshot` checks
 that it can) with its own hyperparameters (:func:`keep_own_hyperparameters`). The executor writes the snapshot
 as a resumable checkpoint and the clone's trainer resumes from it with TRL/transformers' own resume.
+
+A parent that finished before this process (``end()``, a restart) is continued from its final state on disk: the
+executor writes a finished run's final snapshot as its ``checkpoint-<final step>`` (the one checkpoint a run keeps),
+and :func:`warm_start_from_disk` copies that folder as the clone's warm start, with the clone's own LoRA settings:
+the same files the parent's snapshot in memory would have given, so the continuation is the same.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 from kernel_scheduler import ChunkPlan, RunStart
+from rapidfire_nb._atomic import COMPLETE_MARKER, atomic_dir
 from rapidfire_nb.errors import ConfigError
+from rapidfire_nb.run_folder import WARM_START_PREFIX, latest_checkpoint, readable_checkpoint
 
 from .checkpoint import BoundarySnapshot
 
-__all__ = ["checkpoint_step", "keep_own_hyperparameters", "start_at", "warm_snapshot"]
+__all__ = [
+    "checkpoint_step",
+    "keep_own_hyperparameters",
+    "saved_state",
+    "start_at",
+    "warm_snapshot",
+    "warm_start_from_disk",
+]
 
 
 def checkpoint_step(folder: Path) -> int:
@@ -72,6 +87,56 @@ def warm_snapshot(
         snap = copy.copy(snap)
         snap.adapter_config = copy.deepcopy(own)  # the clone's own lora_alpha / lora_dropout
     return snap
+
+
+def saved_state(parent_dir: Path) -> Path | None:
+    """A run's latest readable ``checkpoint-<step>`` folder (a finished run's final state), or None."""
+    ckpt = latest_checkpoint(parent_dir)
+    return ckpt if ckpt is not None and readable_checkpoint(ckpt) else None
+
+
+def warm_start_from_disk(
+    parent_id: int, parent_dir: Path, trainer: Any, adapter: str | None, plan: ChunkPlan, run_dir: Path
+) -> tuple[Path, int]:
+    """The warm start of a clone whose parent is not in this process: its latest checkpoint (a finished run's final
+    state) copied into ``run_dir/warm-start-from-run-<parent>-step-<s>`` with the clone's own LoRA settings.
+
+    Args:
+        parent_id: the parent's run id; ``parent_dir`` its run folder.
+        trainer: the clone's built trainer; ``adapter`` its adapter name (None: full fine-tuning).
+        plan: the clone's chunk plan; ``run_dir`` its run folder.
+
+    Returns:
+        ``(warm-start folder, step it starts at)``.
+
+    Raises:
+        ConfigError: no readable checkpoint, another kind of training (LoRA or full), no step left to train, or
+            another batch size.
+    """
+    ckpt = saved_state(parent_dir)
+    if ckpt is None:
+        raise ConfigError(f"run {parent_id} has no checkpoint on disk to warm-start from")
+    step = checkpoint_step(ckpt)
+    if (ckpt / "adapter_model.safetensors").is_file() != (adapter is not None):
+        raise ConfigError("a warm start needs the same kind of training (LoRA or full) as the parent")
+    if step >= plan.total_steps:
+        raise ConfigError(
+            f"the clone's total steps ({plan.total_steps}) must exceed the parent's position "
+            f"(step {step}); raise max_steps"
+        )
+    saved = json.loads((ckpt / "trainer_state.json").read_text()).get("train_batch_size")
+    if saved is not None and saved != trainer.args.train_batch_size:
+        raise ConfigError("the clone batches data differently from its parent; use a cold clone")
+    target = Path(run_dir) / f"{WARM_START_PREFIX}{parent_id}-step-{step}"
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    with atomic_dir(target) as tmp:
+        for item in ckpt.iterdir():
+            if item.is_file() and item.name != COMPLETE_MARKER:  # atomic_dir writes its own, last
+                shutil.copy2(item, Path(tmp) / item.name)
+        if adapter is not None:
+            own = trainer.model.peft_config[adapter]  # the clone's own lora_alpha / lora_dropout
+            own.save_pretrained(str(tmp))
+    return target, step
 
 
 def keep_own_hyperparameters(trainer: Any) -> None:

@@ -49,10 +49,13 @@ def test_a_completed_parent_without_its_final_state_says_so() -> None:
     h = Harness([PARENT], num_chunks=2)
     try:
         assert h.sched.wait(timeout=TIMEOUT)
-        h.fake.boundary_override[1] = False  # e.g. it ended before a restart
+        h.fake.boundary_override[1] = False  # e.g. its checkpoint was removed
         state, message = _continue(h, 1)
         assert state == "rejected"
-        assert "run 1 is COMPLETED at step 4, but its final state is not in this kernel" in message, message
+        assert (
+            "run 1 is COMPLETED at step 4, but its final state is neither in this kernel nor on disk"
+            in message
+        ), message
         assert message.endswith("use a cold clone (warm_start=False)")
         child = h.sched.run_snapshot(2)
         assert child is not None and child.status is RunStatus.FAILED and child.error == message

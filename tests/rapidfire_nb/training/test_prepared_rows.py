@@ -107,3 +107,44 @@ def test_packing_is_left_to_the_trainer() -> None:
     args, _ = build_training_args(leaf, output_dir="unused", default_seed=SEED)
     _, tok = tiny_create_model({"model_name": "tiny"})
     assert sft_rows(args, qa_dataset(4).map(qa_to_chat), None, tok) is None
+
+
+def test_the_builder_thread_honours_deletes_bad_input_and_the_spec() -> None:
+    import threading
+
+    from rapidfire_nb.errors import ConfigError
+    from rapidfire_nb.training.prepared_rows import RowPreparer
+
+    release, seen = threading.Event(), []
+
+    def inputs(run_id: int, spec: Any) -> tuple[Any, Any, Any, Any]:
+        if spec == "bad":
+            raise ConfigError("max_length: must be > 0")
+        seen.append(run_id)
+        assert release.wait(10)
+        return None, ["raw"], None, "tokenizer"
+
+    prep = RowPreparer(inputs, lambda args, train, eval_rows, tok: (["tokenized"], None))
+    spec = object()
+    first, deleted = prep.start(1, spec), prep.start(2, spec)
+    assert first is not None and deleted is not None
+    prep.discard(2)  # deleted before its preparation began: never prepared
+    release.set()
+    first.result(timeout=10)
+    assert deleted.cancelled() and seen == [1]
+    assert prep.rows(1, object(), ["raw"], None, _Args()) == (["raw"], None)  # another spec: its own rows
+    bad = prep.start(3, "bad")
+    assert bad is not None
+    with pytest.raises(ConfigError, match="max_length"):
+        bad.result(timeout=10)
+    third = prep.start(4, spec)
+    assert third is not None
+    third.result(timeout=10)
+    args = _Args()
+    assert prep.rows(4, spec, ["raw"], None, args) == (["tokenized"], None)
+    assert args.dataset_kwargs == {"skip_prepare_dataset": True} and prep.prepared == 1
+    prep.close()
+
+
+class _Args:
+    dataset_kwargs: Any = None
