@@ -180,3 +180,18 @@ export function scaleCue(scale) {
   if (scale.range) return `outliers clipped · auto (${scale.clipped} point${scale.clipped === 1 ? "" : "s"} off the range)`;
   return "";
 }
+
+/**
+ * The message that tells the kernel a view's plot settings when they changed since `lastKey` (else null): the
+ * static copy written when the experiment ends draws its curves with them (rapidfire_nb/panel/pull.py
+ * `plot_settings_request` checks the message). Smoothing is clamped to the slider's 0..0.99.
+ * @param {string} lastKey the key last sent ("" none) @param {string[]} metrics the plots' metrics, in order
+ * @param {number} smoothing @param {"auto"|"linear"|"log"} yScale
+ * @returns {{key: string, msg: {type: "plot_settings", metrics: string[], smoothing: number, y_scale: string}}|null}
+ */
+export function plotSettingsChange(lastKey, metrics, smoothing, yScale) {
+  const s = Number.isFinite(smoothing) ? Math.min(Math.max(smoothing, 0), 0.99) : 0;
+  const msg = { type: /** @type {const} */ ("plot_settings"), metrics: [...metrics], smoothing: s, y_scale: yScale };
+  const key = JSON.stringify(msg);
+  return key === lastKey ? null : { key, msg };
+}

@@ -12,6 +12,7 @@
  *                   {type:"op", op_id, kind, run_id, changes, warm_start} per click (op_id made once per click),
  *                   {type:"pull", req, since, version, ops_version} about every second while the page is visible,
  *                   on focus, after an ack and when a message shows a gap (pull.js: one in flight at a time).
+ *                   {type:"plot_settings", metrics, smoothing, y_scale} when a view's curve settings change.
  *   kernel -> view: {type:"snapshot", reset, snapshot, points, now}, {type:"points", points},
  *                   {type:"update", snapshot|null, points|null, now}, {type:"ack", ack},
  *                   {type:"plotly"} + one buffer (plotly.min.js), {type:"error", message}; the state messages

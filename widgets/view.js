@@ -6,7 +6,8 @@
  * devices one chip per device: "cpu:0 · run 3", "cpu:1 · idle", "cuda:2 · lost"), one reserved line for op notices (nothing below moves), the compare bar
  * (best run by a metric, "stop all but the best k", CSV export), the run table (widgets/table.js), the curve
  * controls (x axis step / samples / wall time, smoothing, y scale auto / linear / log), the legend, the curves (widgets/plots.js),
- * the parallel-coordinates view (widgets/compare.js) and the ops log. When the experiment ends, the static copy
+ * the parallel-coordinates view (widgets/compare.js) and the ops log. The plots' metrics, smoothing and y scale
+ * go to the kernel when they change (`plot_settings`): the static copy is drawn with them. When the experiment ends, the static copy
  * the kernel sends (`frozen`) replaces it all.
  *
  * Test hooks: data-rf-panel[data-closed] (no op applies here), [data-rf-elapsed][data-training], [data-rf-stats],
@@ -20,10 +21,12 @@
  */
 
 import { ComparePanel } from "./compare.js";
+import { plotSettingsChange } from "./curves.js";
 import { h } from "./dom.js";
 import { EtaSmoother } from "./eta.js";
 import { csvName, download, metricsCsv, runsCsv } from "./export.js";
 import { fmtClock, fmtDuration, isDarkColor, runColor, setDarkRunColors, statsText, STATUSES } from "./format.js";
+import { safeSend } from "./ops.js";
 import { PlotArea } from "./plots.js";
 import { bestRun, bulkStopReason, nextSort, stopAllButBest } from "./rank.js";
 import {
@@ -59,6 +62,8 @@ export class PanelView {
     this.xAxis = /** @type {"step"|"samples"|"wall"} */ ("step");
     this.showDeleted = false;
     this.smoothing = 0;
+    /** the plot settings last sent to the kernel (sendPlotSettings) */
+    this.settingsKey = "";
     /** the y scale: "auto" (each plot's own, widgets/curves.yScale) until the user picks linear or log */
     this.yScale = /** @type {"auto"|"linear"|"log"} */ ("auto");
     /** runs' status and pruned marks at the last plot: a change redraws the curves (their ✂ markers) */
@@ -429,7 +434,15 @@ export class PanelView {
       if (this.disposed || this.state.frozenHtml !== null) return;
       this.plots.draw(this);
       this.compare.draw(this.themeKey);
+      this.sendPlotSettings();
     });
+  }
+
+  /** Tell the kernel the curves' metrics, smoothing and y scale when they change (the static copy uses them). */
+  sendPlotSettings() {
+    if (!this.state.snapshot) return; // the metrics follow the trainer kind's defaults once a snapshot is here
+    const c = plotSettingsChange(this.settingsKey, this.plots.slots.map((s) => s.metric), this.smoothing, this.yScale);
+    if (c && safeSend(this.model, c.msg)) this.settingsKey = c.key;
   }
 
   /** plotly.js is loaded. @param {any} Plotly */

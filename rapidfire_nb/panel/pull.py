@@ -35,7 +35,7 @@ from typing import Any
 from ..view.wire import clean_json, encode_points
 from .progress import PanelSource
 
-__all__ = ["POINTS_PER_MESSAGE", "Feed", "pull_request", "same_reply_route"]
+__all__ = ["POINTS_PER_MESSAGE", "Feed", "plot_settings_request", "pull_request", "same_reply_route"]
 
 #: Points per message (keeps each websocket frame a few MB at most).
 POINTS_PER_MESSAGE = 20_000
@@ -85,6 +85,29 @@ def pull_request(content: Mapping[str, Any]) -> tuple[str, int | None, int | Non
         _int_or_none(content.get("version")),
         _int_or_none(content.get("ops_version")),
     )
+
+
+#: Bounds of a front end's ``plot_settings`` message (it comes from a browser): plots, characters per metric name.
+MAX_PLOTS, MAX_METRIC_CHARS = 8, 200
+_Y_SCALES = ("auto", "linear", "log")
+
+
+def plot_settings_request(content: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The curve settings of a front end's ``plot_settings`` message (``{"metrics": [str], "smoothing": number,
+    "y_scale": "auto"|"linear"|"log"}``), as the static copy's ``plot_settings``
+    (:func:`rapidfire_nb.panel.static.plot_settings`); None when any field is missing or bad: 1 to
+    :data:`MAX_PLOTS` metric names of 1 to :data:`MAX_METRIC_CHARS` characters, a finite smoothing in 0..0.999
+    (a bool is not a number), a known y scale."""
+    metrics, smoothing, scale = content.get("metrics"), content.get("smoothing"), content.get("y_scale")
+    if not isinstance(metrics, list) or not 0 < len(metrics) <= MAX_PLOTS:
+        return None
+    if not all(isinstance(m, str) and 0 < len(m) <= MAX_METRIC_CHARS for m in metrics):
+        return None
+    if not isinstance(smoothing, (int, float)) or isinstance(smoothing, bool) or not 0 <= smoothing <= 0.999:
+        return None  # NaN fails the comparison too
+    if not isinstance(scale, str) or scale not in _Y_SCALES:
+        return None
+    return {"metrics": list(metrics), "smoothing": float(smoothing), "y_scale": scale}
 
 
 class Feed:

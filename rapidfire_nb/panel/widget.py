@@ -14,7 +14,9 @@ How data flows (measured facts behind it are in ``shared/DESIGN.md``, "The noteb
 * Comm handlers (``on_msg``; the kernel's shell thread, or a subshell thread) answer in place, so the answer is
   a reply to the front end's request (its parent header): ``hello`` (sent by every rendered view) -> a full
   ``snapshot`` with every metric point so far (covers reloads, second views, redisplay); ``pull`` -> what that
-  front end lacks; ``op`` -> ``source.submit_op`` once per ``op_id``, then an ``ack``; ``need_plotly`` ->
+  front end lacks; ``op`` -> ``source.submit_op`` once per ``op_id``, then an ``ack``; ``plot_settings`` (the
+  view's curve metrics, smoothing, y scale, checked by :func:`~.pull.plot_settings_request`) -> kept for the static
+  copy (:meth:`RunPanel.static_bundle`), no answer; ``need_plotly`` ->
   plotly.min.js from the installed ``plotly`` package as one binary buffer (never inlined in ``_esm``: it would
   cost 4.8 MB per widget and per saved notebook). Two threads write the widget: one lock (``_lock``) guards
   every send and trait set, and the sequence numbers.
@@ -64,7 +66,7 @@ from ..view import format_chunk_line
 from ..view.wire import clean_json, decode_points, encode_points  # noqa: F401  (re-exported: the wire format)
 from .esm_bundle import bundle_esm
 from .progress import PanelSource, Pump, TextProgress, print_chunk_line
-from .pull import Feed, pull_request, same_reply_route
+from .pull import Feed, plot_settings_request, pull_request, same_reply_route
 from .static import static_bundle
 
 if TYPE_CHECKING:
@@ -195,6 +197,7 @@ class RunPanel(anywidget.AnyWidget):
         self._last_error: str | None = None
         self._closed = False
         self._frozen = False
+        self._plot_settings: dict[str, Any] | None = None  # the front end's last valid ``plot_settings``
         self._display_handles: list[Any] = []  # IPython DisplayHandles of this panel's outputs
         self.on_msg(self._on_frontend_msg)
         self._pump = Pump(self.pump_once, poll_interval, name="rapidfire-panel-pump")
@@ -218,6 +221,8 @@ class RunPanel(anywidget.AnyWidget):
                 self._guarded(self._feed.full)
             elif kind == "pull":
                 self._guarded(lambda: self._feed.answer(*pull_request(content)))
+            elif kind == "plot_settings":  # a bad one (it comes from a browser) is ignored
+                self._plot_settings = plot_settings_request(content) or self._plot_settings
 
     # -- pump side: the fast path -----------------------------------------------------------------------
     def _emit(self, content: dict[str, Any], buffers: list[bytes] | None = None) -> None:
@@ -321,8 +326,12 @@ class RunPanel(anywidget.AnyWidget):
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def static_bundle(self, note: str | None = None) -> dict[str, str]:
-        """The panel's current state as ``{"text/html", "text/plain"}`` (:func:`~rapidfire_nb.panel.static.static_bundle`)."""
+        """The panel's current state as ``{"text/html", "text/plain"}`` (:func:`~rapidfire_nb.panel.static.static_bundle`),
+        its curves drawn with the plot settings a view last reported (``plot_settings``), else the defaults."""
         snapshot = clean_json(self._source.panel_snapshot())
+        with self._lock:
+            if self._plot_settings is not None:
+                snapshot = {**snapshot, "plot_settings": dict(self._plot_settings)}
         points, _ = self._source.metrics_since(0)
         return static_bundle(snapshot, points, note=note)
 
