@@ -13,7 +13,8 @@ import { createSeq, sequence } from "./pull.js";
 
 /**
  * @typedef {{run_id: number, status: string, on_device: boolean, device?: string|null, hparams: Record<string, any>,
- *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number, epoch?: number,
+ *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number,
+ *   chunks_note?: string|null, epoch?: number,
  *   samples_seen: number, loss: number|null, eval_loss: number|null, metrics?: Record<string, number|null>,
  *   error: string|null, stop_reason?: string|null, pruned?: boolean,
  *   parent_id: number|null,

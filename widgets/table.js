@@ -11,7 +11,8 @@
  * title; whose chunk boundary a warm clone waits for), tr[data-config-for],
  * th[data-sort-key][aria-sort], button[data-op] (button[data-op="continue"]: a COMPLETED or STOPPED run's
  * "Continue…", the clone form with warm start on and its max_steps ready), button[data-config], form[data-clone-form],
- * [data-clone-warning], td[data-rf-device-cell] (the Device column: only when some run has a device, i.e. the
+ * [data-clone-warning], td[data-rf-chunks-note] (the Chunks cell of a run whose chunks are not whole epochs': the
+ * snapshot's chunks_note in its title, a * after the count), td[data-rf-device-cell] (the Device column: only when some run has a device, i.e. the
  * experiment trains on several: `run_fit(devices=...)`).
  */
 
@@ -221,7 +222,10 @@ export class RunTable {
     cells.step.classList.toggle("rf-bar-failed", run.status === "FAILED");
     cells.step.classList.toggle("rf-bar-done", run.status === "COMPLETED");
     const nTotal = run.num_segments || this.state.snapshot?.num_chunks;
-    setText(cells.chunks, nTotal ? `${run.chunks_done}/${nTotal}` : String(run.chunks_done ?? "–"));
+    const chunks = nTotal ? `${run.chunks_done}/${nTotal}` : String(run.chunks_done ?? "–");
+    // why the chunks are not whole epochs' (a max_steps that ends inside one): a marker, the reason on hover
+    setText(cells.chunks, run.chunks_note ? `${chunks} *` : chunks, run.chunks_note || "");
+    cells.chunks.toggleAttribute("data-rf-chunks-note", !!run.chunks_note);
     for (const m of this.metricCols) {
       if (cells[`m:${m}`]) setText(cells[`m:${m}`], fmtMetric(run.metrics && m in run.metrics ? run.metrics[m] : run[m]));
     }

@@ -51,6 +51,7 @@ from .text import (
     best_run,
     chunk_line,
     chunk_position,
+    chunks_note,
     early_stopping_text,
     final_summary,
     fmt_metric,
@@ -365,7 +366,7 @@ def kernel_snapshot(
         entry = _run_entry(
             row, rows, kernel.hparam_columns, status, snap, live_step, kernel.accepting, ENDED_HINT, device
         )
-        runs.append(entry)
+        runs.append({**entry, "chunks_note": chunks_note(entry, kernel.num_chunks)})
     if kernel.runs is None:
         progress = progress_text(
             ((parse_status(r.get("status")), None) for r in rows.runs), kernel.num_chunks, NOT_HERE
@@ -467,6 +468,7 @@ def _from_store(
         )
         for r in rows.runs
     ]
+    runs = [{**r, "chunks_note": chunks_note(r, num_chunks)} for r in runs]  # why not whole epochs' chunks
     statuses = [parse_status(r["status"]) for r in runs]
     positions = [
         chunk_position(int(r.get("chunks_done") or 0), num_chunks) if num_chunks else None for r in runs

@@ -110,6 +110,8 @@ def test_the_widget_bundle_is_one_working_module(tmp_path: Path) -> None:
         "eta",
         "pull",
         "run_name",
+        "plot_settings",
+        "chunks_note",
     ],
 )
 def test_pure_front_end_modules_in_node(name: str) -> None:
