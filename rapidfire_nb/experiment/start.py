@@ -8,6 +8,7 @@ thread). Runs on the caller's thread, before the scheduler thread starts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, MutableSet, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,16 @@ def _group_difference(existing: dict[int, dict[str, Any]], specs: Any, most: int
     return "; " + "; ".join(found) if found else ""
 
 
+def _same_group(recorded: Any, inputs: FitInputs) -> bool:
+    """Whether the group fingerprint ``recorded`` in the store is this group's: its ``fingerprint``, or the one
+    recorded before runs had names (TRL's ``training_args.run_name`` was a training argument then:
+    ``LeafConfig.legacy_fingerprint``)."""
+    if recorded == inputs.fingerprint:
+        return True
+    legacy = [getattr(spec, "legacy_fingerprint", None) for spec in inputs.specs]
+    return all(legacy) and recorded == json.dumps([fingerprint() for fingerprint in legacy])
+
+
 def check_group(
     name: str, store: Any, inputs: FitInputs, trained_here: bool
 ) -> dict[int, dict[str, Any]] | None:
@@ -81,7 +92,7 @@ def check_group(
     existing = {r["run_id"]: r for r in store.runs() if r.get("source") in (None, "fit")}
     if not existing:
         return existing
-    if store.get_meta(meta_keys.FINGERPRINT) != inputs.fingerprint:
+    if not _same_group(store.get_meta(meta_keys.FINGERPRINT), inputs):
         raise ExperimentError(
             f"experiment {name!r} already holds a different config group ({len(existing)} runs"
             f"{_group_difference(existing, inputs.specs)}). Use a new experiment name, or "

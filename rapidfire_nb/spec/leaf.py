@@ -89,6 +89,8 @@ class LeafConfig:
             trackers), or ``None``; ``training["run_name"]`` (TRL's field) is moved here. Not part of
             :meth:`fingerprint` and not a hyperparameter (:mod:`rapidfire_nb.spec.names`).
         tags: Free labels of the run (a tuple of str; the trackers' tags); not part of :meth:`fingerprint`.
+        trl_run_name: ``training["run_name"]`` as written, when the name was given there (set when it is moved):
+            what :meth:`legacy_fingerprint` needs; in no view.
 
     Raises:
         ConfigError: At construction, when a knob is left, the trainer type is unknown, GRPO has no
@@ -112,6 +114,7 @@ class LeafConfig:
     generation_config: Any = None
     run_name: str | None = None
     tags: tuple[str, ...] = ()
+    trl_run_name: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trainer_type", schema.normalize_trainer_type(self.trainer_type))
@@ -139,6 +142,7 @@ class LeafConfig:
                 )
             if self.run_name is None:
                 object.__setattr__(self, "run_name", given)
+            object.__setattr__(self, "trl_run_name", given)
         object.__setattr__(self, "run_name", check_run_name(self.run_name))
         object.__setattr__(self, "tags", check_tags(self.tags))
 
@@ -167,12 +171,14 @@ class LeafConfig:
         return hash(self.fingerprint())
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{f.name}={redact(getattr(self, f.name))!r}" for f in dataclasses.fields(self))
+        fields = ", ".join(
+            f"{f.name}={redact(getattr(self, f.name))!r}" for f in dataclasses.fields(self) if f.repr
+        )
         return f"LeafConfig({fields})"
 
     # ------------------------------------------------------------------ views
     def _plain(self) -> dict[str, Any]:
-        return {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.repr}
 
     def to_json(self) -> dict[str, Any]:
         """Every field as JSON data (functions as ``"module.qualname"``; secret-like values as ``"<redacted>"``).
@@ -198,6 +204,16 @@ class LeafConfig:
             Compact JSON with sorted keys.
         """
         plain = {k: v for k, v in self._plain().items() if k not in _LABELS}
+        return json.dumps(omit_secrets(plain), sort_keys=True, separators=(",", ":"))
+
+    def legacy_fingerprint(self) -> str:
+        """The fingerprint recorded before runs had names: TRL's ``training_args.run_name`` was then a training
+        argument like any other (as written, template unfilled). Equal to :meth:`fingerprint` unless the name was
+        given there; ``run_fit`` accepts an experiment recorded with either."""
+        if self.trl_run_name is None:
+            return self.fingerprint()
+        plain = {k: v for k, v in self._plain().items() if k not in _LABELS}
+        plain["training"] = {**plain["training"], "run_name": self.trl_run_name}
         return json.dumps(omit_secrets(plain), sort_keys=True, separators=(",", ":"))
 
     def hparams(self) -> dict[str, Any]:

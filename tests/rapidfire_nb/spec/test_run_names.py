@@ -5,6 +5,7 @@ existed reopens with the same fingerprints)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,34 @@ def test_fill_run_name_formats_lists_and_floats_for_reading() -> None:
     values = {"lora.target_modules": ["q_proj", "v_proj"], "learning_rate": 0.00030000000000000003}
     assert fill_run_name("{lora.target_modules} {learning_rate}", values) == "q_proj,v_proj 0.0003"
     assert fill_run_name("plain", {}) == "plain" and fill_run_name(None, {}) is None
+
+
+def test_an_experiment_recorded_with_trls_run_name_before_names_is_the_same_group(tmp_path: Path) -> None:
+    """Before names, ``RFSFTConfig(run_name=...)`` was a training argument in the fingerprint: ``run_fit`` on such an
+    experiment accepts the group (its recorded fingerprint is the legacy one), and still refuses another group."""
+    from rapidfire_nb.experiment.inputs import FitInputs
+    from rapidfire_nb.experiment.start import check_group
+    from rapidfire_nb.store import Store
+
+    cfg = RFModelConfig(
+        model_name="m", training_args=RFSFTConfig(run_name="r-{max_steps}", max_steps=List([2, 3]))
+    )
+    specs = tuple(RFGridSearch(cfg, "SFT").expand())
+    old = [
+        json.loads(s.fingerprint()) for s in specs
+    ]  # what the code before names recorded: run_name as written
+    for plain in old:
+        plain["training"]["run_name"] = "r-{max_steps}"
+    recorded = json.dumps([json.dumps(p, sort_keys=True, separators=(",", ":")) for p in old])
+    inputs = FitInputs(
+        specs, "SFT", json.dumps([s.fingerprint() for s in specs]), (), print, [], None, None, None, 1, 0
+    )
+    assert recorded != inputs.fingerprint
+    store = Store(tmp_path / "exp")
+    store.upsert_run(1, status="COMPLETED", config={}, hparams={}, source="fit")
+    store.set_meta("fingerprint", recorded)
+    assert set(check_group("exp", store, inputs, trained_here=False) or {}) == {1}
+    store.set_meta("fingerprint", json.dumps(["another group"]))
+    with pytest.raises(Exception, match="already holds a different config group"):
+        check_group("exp", store, inputs, trained_here=False)
+    store.close()
