@@ -377,14 +377,17 @@ export class PanelView {
 
   renderLegend() {
     const runs = visibleRuns(this.state, this.showDeleted);
-    const key = runs.map((r) => `${r.run_id}:${r.status === "DELETED"}:${this.hiddenRuns.has(r.run_id)}`).join(",");
+    const key = runs.map((r) => `${r.run_id}:${r.status === "DELETED"}:${this.hiddenRuns.has(r.run_id)}:` +
+      `${/** @type {any} */ (r).run_name || ""}`).join(",");
     if (key === this.legendKey) return;
     this.legendKey = key;
     this.legendEl.replaceChildren(...runs.map((r) => {
       const off = this.hiddenRuns.has(r.run_id);
       return h("button", { type: "button", class: `rf-legend-item${off ? " rf-legend-off" : ""}` +
         `${r.status === "DELETED" ? " rf-legend-deleted" : ""}`, "data-run-id": r.run_id,
-        "aria-pressed": String(!off), title: off ? `show run ${r.run_id} in the curves` : `hide run ${r.run_id}`,
+        "aria-pressed": String(!off),
+        title: (off ? `show run ${r.run_id} in the curves` : `hide run ${r.run_id}`) + // its name, when it has one
+          (/** @type {any} */ (r).run_name ? ` (${/** @type {any} */ (r).run_name})` : ""),
         onclick: () => {
           if (this.hiddenRuns.has(r.run_id)) this.hiddenRuns.delete(r.run_id); else this.hiddenRuns.add(r.run_id);
           this.renderLegend();
