@@ -199,8 +199,9 @@ def _find_experiment(name: str | None) -> Experiment:
 
 
 #: The status table's first columns (what fits a ~1000 px output); the hyperparameters follow. ``device`` is
-#: there only when the experiment trains on several devices (``run_fit(devices=...)``; get_runs_info's column).
-_STATUS_FIRST = ["status", "device", "loss", "eval_loss", "step", "chunks", "epoch"]
+#: there only when the experiment trains on several devices (``run_fit(devices=...)``; get_runs_info's column),
+#: ``run_name`` only when a run has a name (next to the id, the index).
+_STATUS_FIRST = ["run_name", "status", "device", "loss", "eval_loss", "step", "chunks", "epoch"]
 
 
 def _status(exp: Experiment) -> Any:

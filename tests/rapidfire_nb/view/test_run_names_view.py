@@ -81,3 +81,19 @@ def test_malformed_labels_read_as_none() -> None:
     assert run_labels(None) == {"run_name": None, "tags": []}
     assert run_labels({"run_name": 3, "tags": "x"}) == {"run_name": None, "tags": []}
     assert run_labels({"run_name": "", "tags": ["a", 1]}) == {"run_name": None, "tags": ["a"]}
+
+
+def test_rapidfire_status_shows_the_name_next_to_the_id(tmp_path: Path) -> None:
+    import types
+
+    from rapidfire_nb import magic
+
+    store = _store(tmp_path)
+    exp = types.SimpleNamespace(
+        panel_snapshot=lambda: reopened_snapshot("e", StoreRows.read(store)),
+        get_runs_info=lambda: tables.runs_table(store, {}, [], False),
+    )
+    df = magic._status(exp)  # type: ignore[arg-type]
+    assert df.index.name == "run_id" and list(df.columns[:2]) == ["run_name", "status"]
+    assert list(df.run_name) == ["lr1e-04-r8", None, "lr1e-04-r8 (clone)"]
+    store.close()
