@@ -128,9 +128,6 @@ export class PlotArea {
     return slot;
   }
 
-  /** Kept for the views' calls: every draw re-renders the traces (Plotly.react diffs them). */
-  invalidate() {}
-
   refreshMetricOptions() {
     // a plot the user did not pick shows the trainer kind's default (GRPO: reward, eval_reward)
     plotMetrics(this.state.snapshot, this.slots.map((p) => p.picked)).forEach((m, i) => {

@@ -325,26 +325,9 @@ export function deviceChips(snap) {
   });
 }
 
-/** Ids of the runs training right now, on any device (several at once with several devices).
- * @param {Snapshot|null|undefined} snap @returns {number[]} */
-export function trainingRuns(snap) {
-  if (!snap) return [];
-  const ids = new Set(Object.values(snap.device_runs || {}).filter((v) => typeof v === "number"));
-  if (typeof snap.on_device === "number") ids.add(snap.on_device);
-  for (const r of snap.runs || []) if (r.on_device) ids.add(r.run_id);
-  return [...ids].sort((a, b) => a - b);
-}
-
 /** Whether the run table shows a Device column: some run has a device (several devices). @param {Snapshot|null|undefined} snap */
 export function hasDeviceColumn(snap) {
   return (snap?.runs || []).some((r) => typeof r.device === "string" && r.device !== "");
-}
-
-/** Whether something trains (a run on a device, or runs in the rotation). @param {Snapshot} snap */
-export function isActive(snap) {
-  return snap.on_device !== null && snap.on_device !== undefined
-    || Object.keys(snap.device_runs || {}).length > 0
-    || (snap.runs || []).some((r) => r.status === "NEW" || r.status === "ONGOING");
 }
 
 /**

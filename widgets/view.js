@@ -125,7 +125,7 @@ export class PanelView {
       this.opsEl);
     this.el.replaceChildren(this.root);
     if (this.state.live) this.statusLine.hidden = true;
-    if (this.state.frozenHtml !== null) this.showFrozen(); else this.renderAll(true);
+    if (this.state.frozenHtml !== null) this.showFrozen(); else this.renderAll();
   }
 
   buildCompareBar() {
@@ -186,7 +186,7 @@ export class PanelView {
     if (change.notices) this.renderNotices();
     if (change.snapshot) {
       this.statusLine.hidden = true;
-      this.renderAll(change.full);
+      this.renderAll();
     } else {
       if (change.table) {
         this.table.render();
@@ -213,8 +213,7 @@ export class PanelView {
     this.el.replaceChildren(box);
   }
 
-  /** @param {boolean} [full] */
-  renderAll(full = false) {
+  renderAll() {
     this.renderHeader();
     this.refreshBestOptions();
     this.updateBest(false);
@@ -222,7 +221,6 @@ export class PanelView {
     this.renderLegend();
     this.renderOps();
     this.renderNotices();
-    if (full) this.plots.invalidate();
     this.schedulePlot();
   }
 

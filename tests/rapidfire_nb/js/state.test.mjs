@@ -6,7 +6,7 @@ import { test } from "node:test";
 import { fmtElapsed, fmtHparam, fmtNum, parseValue, shortHparam } from "../../../widgets/format.js";
 import { inboxRequest, opBody, readCookie } from "../../../widgets/ops.js";
 import {
-  clickFailed, clickSent, createState, deviceChips, dismissNotice, earlyStoppingText, hasDeviceColumn, trainingRuns, expireClick, fadeNotice, isActive, isPending,
+  clickFailed, clickSent, createState, deviceChips, dismissNotice, earlyStoppingText, hasDeviceColumn, expireClick, fadeNotice, isPending,
   MAX_NOTICES,
   metricOrder, noticesNewestFirst, postedToServer, reduce, statusCounts, visibleRuns,
 } from "../../../widgets/state.js";
@@ -135,16 +135,13 @@ test("plotly buffers are handed back, unknown messages ignored", () => {
   assert.deepEqual(reduce(s, null, 0), {});
 });
 
-test("runs: visible, counted, active", () => {
+test("runs: visible, counted", () => {
   const s = createState();
   reduce(s, { type: "snapshot", reset: true, points: null,
     snapshot: snapshot([run(3, "DELETED"), run(1, "COMPLETED"), run(2, "STOPPED")], []) }, 0);
   assert.deepEqual(visibleRuns(s, false).map((r) => r.run_id), [1, 2]);
   assert.deepEqual(visibleRuns(s, true).map((r) => r.run_id), [1, 2, 3]);
   assert.deepEqual(statusCounts(s), { DELETED: 1, COMPLETED: 1, STOPPED: 1 });
-  assert.equal(isActive(s.snapshot), false);
-  assert.equal(isActive({ ...s.snapshot, on_device: 2 }), true);
-  assert.equal(isActive({ ...s.snapshot, runs: [run(4, "NEW")] }), true);
 });
 
 test("early stopping: the snapshot's line, nothing without one", () => {
@@ -207,9 +204,7 @@ test("several devices: one header chip each, two runs training at once, the Devi
     ["cpu:0 · run 1", "training", 1], ["cpu:1 · run 2", "training", 2], ["cuda:2 · lost", "lost", null],
     ["cuda:3 · idle", "idle", null]]);
   assert.match(chips[2].title, /worker died/);
-  assert.deepEqual(trainingRuns(snap), [1, 2]);
   assert.equal(hasDeviceColumn(snap), true);
-  assert.equal(isActive({ ...snap, on_device: null, runs: [] }), true); // a device trains
   // the server page: names from the store, state unknown
   const page = deviceChips({ ...snap, devices: [{ name: "cpu:0", state: "—", run_id: null }] });
   assert.deepEqual(page.map((c) => [c.text, c.state]), [["cpu:0 · —", "—"]]);
@@ -220,6 +215,4 @@ test("one device: no chips, no Device column, the single run on the device", () 
   assert.deepEqual(deviceChips(snap), []);
   assert.deepEqual(deviceChips({ ...snap, devices: [] }), []);
   assert.equal(hasDeviceColumn(snap), false);
-  assert.deepEqual(trainingRuns(snap), [1]);
-  assert.deepEqual(trainingRuns(null), []);
 });
