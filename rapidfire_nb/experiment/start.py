@@ -21,6 +21,7 @@ from ..errors import ExperimentError
 from ..run_folder import run_dir
 from ..spec.bundles import GroupSettings, TrainingCallbacks
 from ..view.stops import StopInfo, answered_ops, stop_history
+from ..view.text import run_labels
 from .binding import SessionBinding
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs
@@ -467,8 +468,18 @@ def _record_group(session: FitSession, store: Any, existing: Mapping[int, Mappin
         meta.update(inputs.meta())  # a finished experiment keeps the inputs it was trained with
     store.update_meta(meta)
     session.recorder.record_editable(session.specs())
-    known = {r["run_id"] for r in store.runs()}
+    known = {r["run_id"]: r for r in store.runs()}
     for snap in session.scheduler.snapshot():
         if snap.run_id in known:
+            _relabel(store, known[snap.run_id], snap.spec)
             continue
         store_new_run(store, snap, "fit", total_steps=snap.total_steps, num_segments=snap.num_segments)
+
+
+def _relabel(store: Any, row: Mapping[str, Any], spec: Any) -> None:
+    """A stored run whose name or tags this ``run_fit``'s group gives otherwise (the fingerprint leaves them out:
+    the same run) takes the new ones: its stored config is the spec's (what the panel, the page and
+    ``get_runs_info()`` read)."""
+    config = spec.to_json() if hasattr(spec, "to_json") else None
+    if isinstance(config, dict) and run_labels(config) != run_labels(row.get("config")):
+        store.upsert_run(int(row["run_id"]), config=config)

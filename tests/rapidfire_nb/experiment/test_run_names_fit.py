@@ -1,7 +1,8 @@
 """Run names through a real (tiny) ``run_fit``: a name template filled per run reaches ``get_runs_info()``, the panel's
 snapshot and TensorBoard (folder ``run-<id>`` kept, the name as its text summary), and survives an
 ``Experiment(name)`` reopen (a new kernel: read from the store). An experiment trained before its runs had names
-reopens with the same group named: the fingerprints are equal, so ``run_fit`` continues it instead of refusing it."""
+reopens with the same group named: the fingerprints are equal, so ``run_fit`` continues it instead of refusing it,
+and its runs take the names (a name is a label: a run may be renamed so)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,4 @@ def test_an_experiment_trained_before_names_reopens_with_the_group_named(tmp_pat
     finally:
         again.end()
     assert list(info.run_id) == [1, 2] and list(info.status) == ["COMPLETED", "COMPLETED"]
-    assert (
-        "run_name" not in info.columns
-    )  # the runs keep what the store recorded (no name): a name is a label
+    assert list(info.run_name) == ["lr0.001", "lr0.0005"]  # the same runs (ids, statuses), named now
