@@ -228,8 +228,9 @@ class MlflowTracker(BackendTracker):
 
     # ------------------------------------------------------------------ runs
     def start_run(self, run: TrackedRun, status: str) -> None:
-        """Continue the stored MLflow run and set its status; else create run ``run-<id>`` with its params and
-        tags, at once unless the run is NEW (then when it first changes status, see the module docstring)."""
+        """Continue the stored MLflow run (renamed when the run's name changed) and set its status; else create the
+        run, named as the run (``run-<id>`` without a name), with its params and tags, at once unless the run is NEW
+        (then when it first changes status, see the module docstring)."""
         mid = self._runs.get(run.run_id)
         if mid is None:
             if status == "DELETED":
@@ -240,8 +241,14 @@ class MlflowTracker(BackendTracker):
             mid = self._create(run)
             if status == "ONGOING":
                 return  # created RUNNING
-        elif _STATUS.get(status) in (None, self._client.get_run(mid).info.status):
-            return  # nothing to set, or an earlier kernel left it so (its end time stays)
+        else:
+            info = self._client.get_run(mid).info
+            if (
+                run.run_name and info.run_name != run.run_name
+            ):  # renamed by a later run_fit (a name is a label)
+                self._client.update_run(mid, name=run.run_name)
+            if _STATUS.get(status) in (None, info.status):
+                return  # nothing to set, or an earlier kernel left it so (its end time stays)
         self._set(mid, status)
 
     def _create(self, run: TrackedRun, at: float | None = None) -> str:

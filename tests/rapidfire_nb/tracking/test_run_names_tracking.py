@@ -70,6 +70,12 @@ def test_mlflow_names_the_run_and_tags_it(
     assert "r=8" not in tags  # '=' MLflow refuses in a key: only listed in rapidfire.tags
     assert tags["rapidfire.run_id"] == "1"  # the id beside the name
     assert "rapidfire.tags" not in got["2"].data.tags and "sweep" not in got["3"].data.tags
+    # a restarted kernel whose run_fit renames run 2: the same MLflow run, renamed
+    again = _tracker("mlflow", tmp_path, "names", state)
+    again.start_run(TrackedRun(2, {}, {"model_name": "m", "run_name": "renamed"}, "SFT"), "COMPLETED")
+    again.close()
+    assert client.get_run(state["mlflow"]["runs"]["2"]).info.run_name == "renamed"
+    assert len(state["mlflow"]["runs"]) == 3
 
 
 def test_trackio_names_the_run_keeps_the_name_and_tells_repeats_apart(tmp_path: Path) -> None:
