@@ -13,8 +13,9 @@ The rules the widget modules (``widgets/*.js``) follow, checked here:
 Each imported module becomes ``const __rf_name = (() => { <its text>; return { <its exports> }; })();``
 (its own scope, evaluated once, in dependency order) and each import a destructuring
 ``const { a, b: c } = __rf_name;``. Comments (``//`` and ``/* ... */``, also after code on a line), indentation,
-trailing blanks and empty lines are left out of the bundle (:func:`strip_comments`): anywidget sends ``_esm`` to
-every view and a notebook saved with widget state keeps it for every panel, so it stays small.
+trailing blanks and empty lines are left out of the bundle (:func:`strip_comments`): ``_esm`` is a synced trait,
+sent with each panel's widget state and kept for every panel by a notebook saved with widget state, so it stays
+small.
 Standard library only.
 """
 

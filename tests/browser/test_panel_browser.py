@@ -1,6 +1,7 @@
 """The panel in a real JupyterLab + Chromium, fed by the fake source: curves grow, Stop on run 2 stops it (the
 notice does not move the table), a warm clone's curve joins its parent, the table sorts, the best run is
-highlighted, smoothing, CSV export, "stop all but the best k", and the training clock stops once nothing trains.
+highlighted, smoothing, CSV export, "stop all but the best k", the training clock stops once nothing trains, and
+the static copy (``freeze``'s) is drawn with the panel's plot settings.
 
 Screenshots go to ``artifacts/browser/``; with ``RF_UPDATE_SCREENSHOTS=1`` the light and dark ones are also copied
 to ``docs/screenshots/panel.png`` and ``docs/screenshots/panel-dark.png``.
@@ -30,6 +31,8 @@ source = FakeSource(4, total_steps=600, num_chunks=4, steps_per_tick=2, tick_s=0
 panel = RunPanel(source)
 panel
 """
+#: The static copy ``RunPanel.freeze`` would write now (the widget stays: a closed widget's view goes away).
+STATIC_CELL = 'from IPython.display import HTML\nHTML(panel.static_bundle()["text/html"])'
 
 
 def _points(panel: Any) -> int:
@@ -73,7 +76,7 @@ def test_panel_streams_and_stops_run_2(lab: Any) -> None:
 
 def _scenario(lab: Any, phase: _Phases) -> None:
     page = lab.page
-    lab.open_notebook("panel_demo.ipynb", [CELL])
+    lab.open_notebook("panel_demo.ipynb", [CELL, STATIC_CELL])
     phase("notebook open, kernel idle")
     lab.run_cell(0)
     panel = page.locator("[data-rf-panel]")
@@ -238,6 +241,14 @@ def _scenario(lab: Any, phase: _Phases) -> None:
     page.set_viewport_size({"width": 1060, "height": 1150})
     _check_stop_all_but_best_and_frozen_clock(page, panel)
     phase("stop all but best, clock frozen when idle")
+    # the static copy (freeze's, at the end) is drawn with the live panel's plot settings (smoothing 0.6 above)
+    lab.run_cell(1)
+    line = page.locator("[data-rf-static] [data-rf-plot-settings]")
+    line.wait_for(timeout=15_000)
+    text = line.inner_text()
+    assert "smoothing 0.6 (raw curves faint) · y scale auto" in text, text
+    assert text.endswith("as the live panel had them"), text
+    phase("the static copy with the panel's plot settings")
 
     errors = [m for m in lab.console if m.startswith("pageerror") or "rapidfire" in m.lower()]
     assert not errors, errors

@@ -85,7 +85,7 @@ def test_bundle_refuses_what_it_does_not_inline(tmp_path: Path, files: dict[str,
 @needs_node
 def test_the_widget_bundle_is_one_working_module(tmp_path: Path) -> None:
     text = RunPanel._esm
-    # anywidget sends _esm to every view and a notebook saved with widget state keeps it per panel (and plotly.js,
+    # _esm is synced with each panel's state and a notebook saved with widget state keeps it per panel (plotly.js,
     # 4.8 MB, must never be inlined): comments and indentation are stripped (esm_bundle.strip_comments)
     assert not re.search(r"^import\b", text, re.M) and len(text) < 100_000
     (tmp_path / "panel.mjs").write_text(text)
