@@ -90,7 +90,8 @@ export function parcoordsData(state, metric, best = null) {
   const color = (/** @type {number} */ id) => (best === null || id === best ? runColor(id) : withAlpha(runColor(id), 0.45));
   const colorscale = n > 1 ? runs.flatMap((r, i) => [[i / n, color(r.run_id)], [(i + 1) / n, color(r.run_id)]])
     : [[0, runColor(runs[0]?.run_id ?? 1)], [1, runColor(runs[0]?.run_id ?? 1)]];
-  const hover = runs.map((r) => [`run ${r.run_id}${r.run_id === best ? " ★ best" : ""}`,
+  const named = (/** @type {any} */ r) => (r.run_name ? ` (${r.run_name})` : ""); // next to the id; shown as text
+  const hover = runs.map((r) => [`run ${r.run_id}${named(r)}${r.run_id === best ? " ★ best" : ""}`,
     ...cols.map((c) => `${shortHparam(c)} ${fmtHparam((r.hparams || {})[c])}`),
     `${metric} ${fmtNum(values.get(r.run_id))}`].join(" · "));
   return {

@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import "./_dom_shim.mjs";
+import { parcoordsData } from "../../../widgets/compare.js";
 import { createState, reduce } from "../../../widgets/state.js";
 import { RunTable, runNameLabel } from "../../../widgets/table.js";
 
@@ -50,4 +51,13 @@ test("no named run: no name line and no fixed-width mark; a run renamed by a lat
   assert.equal(nameSpan(t, 1).textContent, "base");
   assert.equal(t.table.classList.contains("rf-named"), true);
   assert.equal(runNameLabel(run(4, { run_name: "" })), null);
+});
+
+test("Compare runs: the hover line names a named run next to its id", () => {
+  const runs = [run(1, { run_name: "base <b>", status: "COMPLETED", eval_loss: 2, hparams: { learning_rate: 1e-4 } }),
+    run(2, { status: "COMPLETED", eval_loss: 3, hparams: { learning_rate: 2e-4 } })];
+  const { hover } = parcoordsData({ series: new Map(), snapshot: { hparam_columns: ["learning_rate"], runs } },
+    "eval_loss", 1);
+  assert.equal(hover[0], "run 1 (base <b>) ★ best · lr 1e-4 · eval_loss 2"); // shown as text, never as markup
+  assert.equal(hover[1], "run 2 · lr 2e-4 · eval_loss 3");
 });
