@@ -269,6 +269,20 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def pruning_saved(runs: Iterable[Mapping[str, Any]]) -> str:
+    """What early stopping saved: `` (saved 96 of 192 steps)`` — the steps the pruned runs did not train (their
+    ``total_steps - completed_steps``) out of every run's full budget (DELETED runs left out); ``""`` when nothing
+    was pruned or the numbers are unknown."""
+    runs = [r for r in runs if r.get("status") != RunStatus.DELETED.value]
+    budget = sum(_count(r.get("total_steps")) or 0 for r in runs)
+    saved = sum(
+        max(0, (_count(r.get("total_steps")) or 0) - (_count(r.get("completed_steps")) or 0))
+        for r in runs
+        if r.get("pruned")
+    )
+    return f" (saved {saved:,} of {budget:,} steps)" if budget > 0 and saved > 0 else ""
+
+
 def early_stopping_text(
     progress: Mapping[str, Any] | None, runs: Iterable[Mapping[str, Any]] = ()
 ) -> str | None:
@@ -281,7 +295,8 @@ def early_stopping_text(
 
     Returns:
         ``"Optuna: 11 of 24 trials asked · 5 pruned · 3 running"`` for a search, ``"successive halving (η=2) on
-        eval_loss: 4 pruned, next rung at chunk 4"`` for a rung policy (``"no rung left"`` once none is ahead),
+        eval_loss: 4 pruned (saved 96 of 192 steps), next rung at chunk 4"`` for a rung policy (``"no rung left"``
+        once none is ahead; what pruning saved: :func:`pruning_saved`),
         the policy's label for any other; None without a progress dict. Values of the wrong type are left out,
         never raised on (the dict may come from an older store).
     """
@@ -291,6 +306,7 @@ def early_stopping_text(
     label = label if isinstance(label, str) and label else "early stopping"
     name = progress.get("name")
     name = name if isinstance(name, str) and name else label
+    runs = [r for r in runs if r.get("status") != RunStatus.DELETED.value]  # a deleted run is not counted
     pruned_runs = sum(1 for r in runs if r.get("pruned"))
     kind = progress.get("kind")
     if kind == "search" and _count(progress.get("trials")) is not None:
@@ -306,7 +322,7 @@ def early_stopping_text(
         text = f"{name} on {metric}" if isinstance(metric, str) and metric else name
         rung = _count(progress.get("next_rung"))
         ahead = f"next rung at chunk {rung}" if rung is not None else "no rung left"
-        return f"{text}: {pruned_runs} pruned, {ahead}"
+        return f"{text}: {pruned_runs} pruned{pruning_saved(runs)}, {ahead}"
     return label
 
 

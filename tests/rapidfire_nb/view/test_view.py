@@ -334,6 +334,17 @@ def test_early_stopping_text_for_each_policy() -> None:
         "successive halving (η=2) on eval_loss: 2 pruned, next rung at chunk 4"
     )
     assert view.early_stopping_text({**HALVING, "next_rung": None}, pruned).endswith("2 pruned, no rung left")
+    # what pruning saved: the pruned runs' untrained steps of every run's full budget (a deleted run left out)
+    budget = [
+        {"pruned": True, "status": "STOPPED", "completed_steps": 12, "total_steps": 48},
+        {"pruned": True, "status": "STOPPED", "completed_steps": 24, "total_steps": 48},
+        {"status": "COMPLETED", "completed_steps": 48, "total_steps": 48},
+        {"status": "ONGOING", "completed_steps": 30, "total_steps": 48},
+        {"pruned": True, "status": "DELETED", "completed_steps": 0, "total_steps": 48},
+    ]
+    assert view.early_stopping_text(HALVING, budget) == (
+        "successive halving (η=2) on eval_loss: 2 pruned (saved 60 of 192 steps), next rung at chunk 4"
+    )
     assert view.early_stopping_text({"label": "MyPolicy(x)"}) == "MyPolicy(x)"
     assert view.early_stopping_text(None) is None and view.early_stopping_text({}) is None
     # an older or hand-written dict: wrong types are left out, never raised on
