@@ -150,5 +150,9 @@ def test_after_the_kernel_the_store_still_says_why(halved: dict[str, Any]) -> No
     snap = {r["run_id"]: r for r in whole["runs"]}
     assert sum(1 for r in snap.values() if r["pruned"]) == int((info.status == "STOPPED").sum())
     pruned = sum(1 for r in snap.values() if r["pruned"])  # the header's line, from the store's meta
-    assert whole["early_stopping"] == f"successive halving (η=2) on eval_loss: {pruned} pruned, no rung left"
+    saved = sum(r["total_steps"] - r["completed_steps"] for r in snap.values() if r["pruned"])
+    budget = sum(r["total_steps"] for r in snap.values())
+    assert saved > 0 and whole["early_stopping"] == (
+        f"successive halving (η=2) on eval_loss: {pruned} pruned (saved {saved} of {budget} steps), no rung left"
+    )
     again.end()

@@ -442,3 +442,29 @@ def test_store_snapshot_names_the_stored_devices_state_unknown() -> None:
         {"name": "cuda:0", "state": "idle", "run_id": None},
         {"name": "cuda:1", "state": "—", "run_id": None},
     ]
+
+
+def test_a_pruned_run_shows_stopped_once_the_store_has_the_value_it_was_pruned_on() -> None:
+    """The scheduler prunes a run right after its chunk-end eval; the recorder writes that eval point and then the
+    STOPPED status, ~0.3 s later: the panel shows the prune when the store has both, never the badge first."""
+    snap = _snap(
+        2, RunStatus.STOPPED, stop_reason="pruned at chunk 2/4: eval_loss 2.1 not in the best 1", pruned=True
+    )
+    kernel = KernelState(
+        started_at=1.0, num_chunks=4, hparam_columns=[], runs=[_snap(1, RunStatus.ONGOING), snap]
+    )
+    before = view.kernel_snapshot("exp", _rows(_row(1, "ONGOING"), _row(2, "ONGOING")), kernel)["runs"][1]
+    assert (before["status"], before["pruned"], before["stop_reason"]) == ("ONGOING", False, None)
+    after = view.kernel_snapshot("exp", _rows(_row(1, "ONGOING"), _row(2, "STOPPED")), kernel)["runs"][1]
+    assert (after["status"], after["pruned"]) == ("STOPPED", True)
+    assert after["stop_reason"].startswith("pruned at chunk 2/4")
+    user = _snap(2, RunStatus.STOPPED, stop_reason="stopped by the user (panel)")  # a user's stop: at once
+    kernel = KernelState(
+        started_at=1.0, num_chunks=4, hparam_columns=[], runs=[_snap(1, RunStatus.ONGOING), user]
+    )
+    assert (
+        view.kernel_snapshot("exp", _rows(_row(1, "ONGOING"), _row(2, "ONGOING")), kernel)["runs"][1][
+            "status"
+        ]
+        == "STOPPED"
+    )
