@@ -362,9 +362,8 @@ def kernel_snapshot(
         snap = live.get(row["run_id"])
         status = snap.status.value if snap is not None else str(row.get("status"))
         if snap is not None and snap.pruned and row.get("status") != status:
-            status = str(
-                row.get("status")
-            )  # pruned: shown once the store has the eval point it was decided on
+            # pruned: shown once the store has the eval point it was decided on (written just before it)
+            status = str(row.get("status"))
         live_step = kernel.live_steps.get(row["run_id"])
         device = run_device(snap, stored, row["run_id"])
         entry = _run_entry(
