@@ -157,14 +157,16 @@ def test_checkpoint_dir_holds_final_adapter_and_tokenizer(done: dict[str, Any]) 
     assert len({info.loc[rid, "checkpoint_dir"] for rid in range(1, 5)}) == 4
 
 
-def test_only_the_latest_boundary_checkpoint_is_kept(done: dict[str, Any]) -> None:
+def test_only_the_latest_checkpoint_is_kept_a_finished_runs_final_state(done: dict[str, Any]) -> None:
+    """Boundaries at steps 1, 2, 3 and the end at 4: a finished run keeps one checkpoint, its final state (what a
+    continuation after ``end()`` or a restart starts from), and no boundary checkpoint before it."""
     import torch
 
     runs = done["exp"].path / "runs"
     for rid in range(1, 5):
         ckpts = sorted(p.name for p in (runs / str(rid)).glob("checkpoint-*"))
-        assert ckpts == ["checkpoint-3"], f"run {rid}: {ckpts}"  # boundaries 1, 2, 3; step 4 is the end
-        ckpt = runs / str(rid) / "checkpoint-3"
+        assert ckpts == ["checkpoint-4"], f"run {rid}: {ckpts}"
+        ckpt = runs / str(rid) / "checkpoint-4"
         names = {p.name for p in ckpt.iterdir()}
         assert {
             "COMPLETE",
@@ -175,14 +177,13 @@ def test_only_the_latest_boundary_checkpoint_is_kept(done: dict[str, Any]) -> No
             "adapter_model.safetensors",
             "adapter_config.json",
         } <= names
-        assert json.loads((ckpt / "trainer_state.json").read_text())["global_step"] == 3
-        assert torch.load(ckpt / "scheduler.pt", weights_only=False)["last_epoch"] == 3
+        assert json.loads((ckpt / "trainer_state.json").read_text())["global_step"] == 4
+        assert torch.load(ckpt / "scheduler.pt", weights_only=False)["last_epoch"] == 4
         optimizer = torch.load(ckpt / "optimizer.pt", weights_only=False)
         assert len(optimizer["state"]) == len(done["trained"][rid])  # AdamW moments of every adapter tensor
-        assert all(int(s["step"]) == 3 for s in optimizer["state"].values())
+        assert all(int(s["step"]) == 4 for s in optimizer["state"].values())
         assert {"python", "numpy", "cpu"} <= set(torch.load(ckpt / "rng_state.pth", weights_only=False))
-        # the boundary adapter is the step-3 state, not the final one
-        assert max_abs_diff(adapter_from_folder(ckpt), done["trained"][rid]) > 0.0
+        assert max_abs_diff(adapter_from_folder(ckpt), done["trained"][rid]) == 0.0  # the final adapter
         leftovers = [p.name for p in (runs / str(rid)).iterdir() if p.name.startswith(".")]
         assert leftovers == [], f"run {rid}: half-written folders left: {leftovers}"
 
