@@ -83,11 +83,11 @@ export function nextSort(current, key) {
 
 /**
  * Run ids ranked best first by `metric` (its direction: losses low, accuracies high), among `runs` that have a
- * value. @param {Run[]} runs @param {Map<number, number>} values @param {string} metric @returns {number[]}
+ * value (DELETED and FAILED runs are not ranked: a failed run's last values are not a result). @param {Run[]} runs @param {Map<number, number>} values @param {string} metric @returns {number[]}
  */
 export function rankRuns(runs, values, metric) {
   const sign = metricDirection(metric) === "max" ? -1 : 1;
-  return runs.filter((r) => r.status !== "DELETED" && values.has(r.run_id))
+  return runs.filter((r) => r.status !== "DELETED" && r.status !== "FAILED" && values.has(r.run_id))
     .sort((a, b) => sign * (/** @type {number} */ (values.get(a.run_id)) - /** @type {number} */ (values.get(b.run_id)))
       || a.run_id - b.run_id)
     .map((r) => r.run_id);

@@ -124,7 +124,8 @@ def run_value(run: Mapping[str, Any], metric: str) -> Any:
 def best_run(
     runs: Iterable[Mapping[str, Any]], metric: str = "eval_loss", mode: str | None = None
 ) -> tuple[int, float] | None:
-    """``(run_id, value)`` of the best run by ``metric`` among the runs that are not DELETED (finite values only).
+    """``(run_id, value)`` of the best run by ``metric`` among the runs that are not DELETED or FAILED (a failed
+    run's last values are not a result; finite values only).
 
     Args:
         runs: snapshot run entries (values read by :func:`run_value`).
@@ -138,7 +139,7 @@ def best_run(
     best: tuple[int, float] | None = None
     for run in runs:
         value = run_value(run, metric)
-        if run.get("status") == "DELETED" or not _finite(value):
+        if run.get("status") in ("DELETED", "FAILED") or not _finite(value):
             continue
         if best is None or sign * value < sign * best[1]:
             best = (int(run["run_id"]), float(value))

@@ -43,6 +43,9 @@ test("the best run for a metric: lowest loss, highest accuracy, latest finite va
   assert.equal(bestRun(s, "eval_loss"), 2); // run 3 is deleted
   assert.equal(bestRun(s, "accuracy"), 2);
   assert.equal(bestRun(s, "reward"), null);
+  // a FAILED run's last values are not a result: never the best (the store's best_run says the same)
+  const f = stateWith([run(1, "COMPLETED", { eval_loss: 0.9 }), run(2, "FAILED", { eval_loss: 0.2 })]);
+  assert.equal(bestRun(f, "eval_loss"), 1);
 });
 
 test("the best run by loss/eval_loss is the one the table shows best: points the snapshot has not caught up with do not count", () => {

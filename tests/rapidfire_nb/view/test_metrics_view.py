@@ -199,3 +199,14 @@ def test_an_early_stopping_metric_the_runs_never_log_is_refused_before_training(
             group, create, qa_dataset(16), qa_dataset(4), early_stopping=SuccessiveHalving(metric="eval_los")
         )
     assert built == []
+
+
+def test_a_failed_run_is_never_the_best() -> None:
+    """A run whose compute_metrics failed keeps a finite eval_loss from that evaluation: it is not a result."""
+    runs = [
+        {"run_id": 1, "status": "COMPLETED", "eval_loss": 6.2},
+        {"run_id": 2, "status": "FAILED", "eval_loss": 6.0},
+        {"run_id": 3, "status": "DELETED", "eval_loss": 5.0},
+    ]
+    assert best_run(runs, "eval_loss", "min") == (1, 6.2)
+    assert best_run(runs[1:], "eval_loss", "min") is None
