@@ -139,6 +139,10 @@ def queued_message(op: Op, on_device: bool) -> str:
     return OP_KINDS[op.kind].queued.format(
         run_id=op.run_id,
         when="at the end of its current chunk" if on_device else "now",
-        how="warm start from its latest chunk boundary" if op.payload.get("warm_start") else "from scratch",
+        how=(
+            "warm start from its latest chunk boundary or final state"
+            if op.payload.get("warm_start")
+            else "from scratch"
+        ),
         child_id=op.payload.get("child_id"),
     )

@@ -87,6 +87,6 @@ def test_queued_messages_say_when() -> None:
     assert queued_message(_op(OpKind.DELETE), False) == "delete requested for run 1 — applies now"
     clone = Op(OpKind.CLONE, 2, payload={"warm_start": True, "child_id": 5})
     assert queued_message(clone, False) == (
-        "clone of run 2 requested (warm start from its latest chunk boundary) — run 5 joins the rotation at the "
+        "clone of run 2 requested (warm start from its latest chunk boundary or final state) — run 5 joins the rotation at the "
         "next chunk boundary"
     )

@@ -53,7 +53,7 @@ def test_queued_messages_fill_the_table_templates() -> None:
     assert queued_message(Op(OpKind.DELETE, 4), False) == "delete requested for run 4 — applies now"
     clone = Op(OpKind.CLONE, 1, payload={"warm_start": True, "child_id": 5})
     assert queued_message(clone, False) == (
-        "clone of run 1 requested (warm start from its latest chunk boundary) — run 5 joins the rotation at the "
+        "clone of run 1 requested (warm start from its latest chunk boundary or final state) — run 5 joins the rotation at the "
         "next chunk boundary"
     )
 
