@@ -190,12 +190,25 @@ def _find_experiment(name: str | None) -> Experiment:
     exp = experiment_mod.live_experiment(name)
     if exp is not None:
         return exp
-    from .paths import experiment_dir, experiments_root
+    from .paths import experiment_dir
 
-    if not (experiment_dir(experiments_root(), name) / "store.sqlite").exists():
-        raise UsageError(f"no experiment named {name!r} under {experiments_root()}")
-    with experiment_mod.registry.keep_current():  # opened to read it: it must not become the current one
-        return experiment_mod.Experiment(name)
+    roots = _roots()
+    for root in roots:
+        if (experiment_dir(root, name) / "store.sqlite").exists():
+            with (
+                experiment_mod.registry.keep_current()
+            ):  # opened to read it: it must not become the current one
+                return experiment_mod.Experiment(name, experiment_path=root)
+    raise UsageError(f"no experiment named {name!r} under {' or '.join(str(r) for r in roots)}")
+
+
+def _roots() -> list[Path]:
+    """Where ``%rapidfire`` looks for experiments: the roots of this kernel's experiments (their
+    ``experiment_path``; the current one's first), then ``$RF_HOME`` (else the user data dir)."""
+    from .experiment import registry
+    from .paths import experiments_root
+
+    return list(dict.fromkeys([*registry.live_roots(), experiments_root()]))
 
 
 #: The status table's first columns (what fits a ~1000 px output); the hyperparameters follow. ``device`` is
@@ -249,16 +262,17 @@ def _chunks(run: dict[str, Any] | None, done: Any) -> str:
 
 
 def _list_experiments() -> Any:
-    """One row per experiment in the store (a :class:`~.experiment.frames.ListFrame`: shown without an index)."""
+    """One row per experiment under :func:`_roots` (a :class:`~.experiment.frames.ListFrame`: shown without an
+    index; a ``root`` column when experiments live under more than one root)."""
     import pandas as pd
 
     from .experiment.frames import ListFrame
-    from .paths import experiment_dir, experiments_root, list_experiments
+    from .paths import experiment_dir, list_experiments
     from .store import Store
 
-    root = experiments_root()
+    roots = _roots()
     rows = []
-    for name in list_experiments(root):
+    for root, name in ((r, n) for r in roots for n in list_experiments(r)):
         with Store(experiment_dir(root, name), read_only=True) as store:
             runs = store.runs()
             meta = store.meta()
@@ -272,9 +286,11 @@ def _list_experiments() -> Any:
                 "trainer_type": meta.get(meta_keys.TRAINER_TYPE),
                 "statuses": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
                 "created_at": _local_time(pd, meta.get(meta_keys.CREATED_AT)),
+                "root": str(root),
             }
         )
-    return ListFrame(rows, columns=["experiment", "runs", "trainer_type", "statuses", "created_at"])
+    columns = ["experiment", "runs", "trainer_type", "statuses", "created_at"]
+    return ListFrame(rows, columns=columns + (["root"] if len({r["root"] for r in rows}) > 1 else []))
 
 
 def _local_time(pd: Any, unix_s: Any) -> Any:

@@ -63,6 +63,13 @@ def any_training() -> bool:
     return any(exp.training for exp in list(_BY_PATH.values()))
 
 
+def live_roots() -> list[Path]:
+    """The experiments roots of this process' experiments (``experiment_path``), the current one's first."""
+    current = current_experiment()
+    ordered = ([current] if current is not None else []) + list(_BY_PATH.values())
+    return list(dict.fromkeys(Path(exp.path).parent for exp in ordered))
+
+
 def live_experiment(name: str) -> Any:
     """The live Experiment object of that name in this process, if any."""
     return _BY_NAME.get(name)

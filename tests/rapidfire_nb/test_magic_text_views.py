@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from IPython.core.error import UsageError
 
 from rapidfire_nb import magic
 from rapidfire_nb.experiment.frames import ListFrame, RunsFrame
@@ -99,3 +100,29 @@ def test_a_chunk_line_of_a_later_epoch_names_it() -> None:
     # was "chunk 5/4"
     assert format_chunk_line(run, num_chunks=4) == "run 2  chunk 1/4 of epoch 2  step 50/80"
     assert format_chunk_line({**run, "chunks_done": 3}, num_chunks=4) == "run 2  chunk 3/4  step 50/80"
+
+
+def test_list_and_e_name_look_under_this_kernels_experiment_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass: with Experiment(..., experiment_path=ROOT) in the kernel, %rapidfire list was empty and
+    -e NAME said 'no experiment named ... under <the default root>'."""
+    from rapidfire_nb import Experiment
+
+    mine, default = tmp_path / "mine", tmp_path / "default"
+    for name in ("alpha", "beta"):
+        make_experiment(mine, name).close()
+    make_experiment(default, "gamma").close()
+    monkeypatch.setenv("RF_HOME", str(default))
+    exp = Experiment("alpha", experiment_path=mine)
+    try:
+        df = magic._list_experiments()
+        assert list(df.experiment) == ["alpha", "beta", "gamma"]  # this kernel's root first, then $RF_HOME
+        assert list(df.root) == [str(mine), str(mine), str(default)]
+        beta = magic._find_experiment("beta")
+        assert beta.path == mine / "beta"
+        with pytest.raises(UsageError, match=f"no experiment named 'delta' under {mine} or {default}"):
+            magic._find_experiment("delta")
+        beta.end()
+    finally:
+        exp.end()
