@@ -246,7 +246,12 @@ def _status(exp: Experiment) -> Any:
             df = df.drop(columns=[col])
     if {"completed_steps", "total_steps"} <= set(df.columns):
         df.insert(
-            1, "step", [f"{int(c or 0)}/{int(t or 0)}" for c, t in zip(df.completed_steps, df.total_steps)]
+            1,
+            "step",  # "–" while a run's budget is unknown (a clone not built yet), as the panel shows it
+            [
+                f"{int(c or 0)}/{int(t)}" if t and t == t else "–"
+                for c, t in zip(df.completed_steps, df.total_steps)
+            ],
         )
         df = df.drop(columns=["completed_steps", "total_steps"])
     first = [c for c in _STATUS_FIRST if c in df.columns]

@@ -75,12 +75,17 @@ def test_status_marks_pruned_runs_and_gives_chunks_done_of_total(
     assert list(df.status) == ["PRUNED", "STOPPED", "COMPLETED"]  # PRUNED is a mark: the API keeps STOPPED
     assert list(df.chunks) == ["1/4", "4/1", "0/4"] and "chunks_done" not in df.columns
     assert list(df.columns[:6]) == ["status", "loss", "eval_loss", "step", "chunks", "epoch"]
+    assert list(df.step) == ["3/12", "12/12", "0/12"]
     assert PRUNE in repr(df) and df.loc[2, "stop_reason"] == BULK
     out = capsys.readouterr().out
     assert out == (
         "[rapidfire] run 2: 1 chunk in all, with 2 chunks per epoch: its step budget (4 steps: max_steps, or a "
         "fractional num_train_epochs) ends in chunk 1/2 of epoch 1\n"
     )
+    # a clone not built yet has no budget: "–", as the panel shows it
+    unbuilt = runs_table(store, {}, [], False).assign(total_steps=[12, 12, 0])
+    exp.get_runs_info = lambda: unbuilt
+    assert list(magic._status(exp).step) == ["3/12", "12/12", "–"]  # type: ignore[arg-type]
 
 
 def test_list_has_no_zero_based_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
