@@ -138,6 +138,16 @@ class CloneBuilder:
                 child.waiting_clone = None
                 self.apply(op)
 
+    def any_building(self) -> bool:
+        """True while a child or new run is still to be built: pending (being prepared, its build queued for or
+        running on its device, e.g. ``add_run`` after an off-loop preparation, or waiting for its parent's
+        boundary) and not DELETED or FAILED; False once training halted (lock held). ``wait()`` waits for it: the
+        child has not trained yet, though nothing else may be left to train."""
+        if self._core.halted is not None:
+            return False
+        gone = (RunStatus.DELETED, RunStatus.FAILED)
+        return any(r.pending and r.status not in gone for r in self._core.runs.values())
+
     def any_waiting(self) -> bool:
         """True while a warm clone waits for its parent's first boundary (lock held)."""
         return any(r.waiting_clone is not None for r in self._core.runs.values())

@@ -290,7 +290,7 @@ class Scheduler:
             return core.reached(chunks) and not core.unapplied
         if core.busy or self._slots.any_running() or core.unapplied or self._slots.pending():
             return False
-        return self._roster.choose() is None
+        return self._roster.choose() is None and not self._clones.any_building()
 
     def _main(self) -> None:
         if self.on_thread_start is not None:

@@ -172,7 +172,10 @@ class OpApplier:
             run = core.runs[op.run_id]
         if op.kind is OpKind.CLONE:  # prepared off the loop, then built on its device between segments
             self._clones.request(op)
-            core.emit(run)
+            # the parent is unchanged, so not emitted: a finished run restored from the store has no chunk plan,
+            # and its snapshot (epoch 0.0) would overwrite its stored row
+            with core.lock:
+                core.changed.notify_all()
             return
         info = OP_KINDS[op.kind]
         assert info.result is not None, op.kind

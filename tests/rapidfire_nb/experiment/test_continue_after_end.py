@@ -70,6 +70,13 @@ def _continue(exp: Any) -> dict[str, Any]:
     }
 
 
+def _parent_row(exp: Any) -> dict[str, Any]:
+    """Run 1's progress as ``get_runs_info`` shows it (from the store once the experiment ended)."""
+    keys = ("status", "completed_steps", "total_steps", "chunks_done", "epoch", "checkpoint_dir")
+    row = exp.get_runs_info().set_index("run_id").loc[1]
+    return {k: row[k] for k in keys}
+
+
 def test_a_run_finished_before_this_run_fit_is_continued_exactly_as_in_its_own_session(
     tmp_path: Path,
 ) -> None:
@@ -82,8 +89,13 @@ def test_a_run_finished_before_this_run_fit_is_continued_exactly_as_in_its_own_s
     folder = tmp_path / "cont-end" / "runs" / "1"
     assert sorted(p.name for p in folder.glob("checkpoint-*")) == [f"checkpoint-{PARENT_STEPS}"]  # one, final
     again = _fit("cont-end", tmp_path)  # run 1 is COMPLETED from the store: no trainer built for it
+    parent_before = _parent_row(again)
     got = _continue(again)
     again.end()
+    # the clone leaves the parent's stored row as it was (its epoch was written 0.0: a run restored from the
+    # store has no chunk plan, and the clone op's snapshot of it was stored)
+    assert parent_before["epoch"] == pytest.approx(PARENT_STEPS / 8)
+    assert _parent_row(again) == parent_before
 
     assert got["child"] == want["child"] == 2
     for out in (want, got):
@@ -113,3 +125,25 @@ def test_a_run_whose_final_state_is_not_on_disk_is_refused_before_it_gets_an_id(
     assert again.wait(timeout=120)
     assert again.run_snapshot(child).status.value == "COMPLETED"
     again.end()
+
+
+def test_wait_returns_once_the_continuation_trained_while_its_rows_are_tokenized_off_the_loop(
+    tmp_path: Path,
+) -> None:
+    """``wait()`` after continuing a finished run in a reopened experiment (``background=True``) returns once the
+    continuation trained. 2,000 rows: its rows are tokenized off the loop, then it is built on the loop; before,
+    ``wait()`` returned True during that build (nothing pending, nothing else to train) with the child NEW."""
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.testing import tiny_create_model
+
+    exp = Experiment("cont-wait", experiment_path=tmp_path, quiet=True)
+    exp.run_fit(_group(), tiny_create_model, qa_dataset(2000), num_chunks=2, seed=1)
+    exp.end()
+    again = Experiment("cont-wait", experiment_path=tmp_path, quiet=True)
+    again.run_fit(_group(), tiny_create_model, qa_dataset(2000), num_chunks=2, seed=1, background=True)
+    child = again.clone_modify(1, {"max_steps": MORE}, warm_start=True)
+    assert again.wait(timeout=120)
+    snap, loss = again.run_snapshot(child), result_series(again.get_results(), child, "loss")
+    again.end()
+    assert (snap.status.value, snap.step) == ("COMPLETED", MORE)
+    assert [s for s, _ in loss] == list(range(PARENT_STEPS + 1, MORE + 1))
