@@ -236,25 +236,10 @@ def free_memory(devices: Any) -> tuple[int, str] | None:
         cuda = free_cuda_bytes()
         if cuda is not None:
             return cuda
-    ram = _available_ram()
+    from ..training.free_memory import available_ram
+
+    ram = available_ram()
     return None if ram is None else (ram, "CPU RAM")
-
-
-def _available_ram() -> int | None:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _folder_bytes(folder: Path) -> int:

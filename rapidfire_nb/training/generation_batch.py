@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from .free_memory import available_ram, free_cuda_bytes
 from .generation_eval import GenerationEvaluator
 from .generation_spec import GenerationMetricsError
 from .rng import capture_rng, restore_rng
@@ -116,15 +117,10 @@ def alone_reason(kind: str, adapter: str | None, evaluator: GenerationEvaluator,
 
 
 def _free_bytes(device: torch.device) -> int | None:
-    """Free memory of ``device`` in bytes (CUDA: ``mem_get_info``; CPU: the host's available memory)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except Exception:  # psutil missing: no cap
-        return None
+    """Free memory of ``device`` in bytes (:mod:`~rapidfire_nb.training.free_memory`: the CUDA device's, else the
+    host's available memory), or None when not readable (no cap)."""
+    cuda = free_cuda_bytes() if device.type == "cuda" else None
+    return cuda[0] if cuda is not None else available_ram()
 
 
 @dataclass
@@ -362,11 +358,12 @@ class GenerationBatcher:
         model = members[0].model
         element = next(model.parameters()).element_size()
         per_run = kv_cache_bytes(model.config, rows, width + new_tokens, element)
-        fits = runs_per_call(len(members), per_run, _free_bytes(device))
+        free = _free_bytes(device)  # measured once: the note says what the cap was decided on
+        fits = runs_per_call(len(members), per_run, free)
         if fits < len(members):
             self._note(
                 f"generation eval: {fits} of {len(members)} runs per batched generate (each run's KV cache "
-                f"{per_run / 2**20:.1f} MB; free memory {(_free_bytes(device) or 0) / 2**20:.0f} MB)"
+                f"{per_run / 2**20:.1f} MB; free memory {(free or 0) / 2**20:.0f} MB)"
             )
         return fits
 
