@@ -8,6 +8,7 @@ from __future__ import annotations
 import pickle
 import re
 import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from rapidfire_nb import magic
+from rapidfire_nb.experiment import registry
 from rapidfire_nb.experiment.frames import ListFrame, RunsFrame
 from rapidfire_nb.experiment.tables import runs_table
 from rapidfire_nb.store import Store
@@ -92,6 +94,8 @@ def test_list_has_no_zero_based_index(tmp_path: Path, monkeypatch: pytest.Monkey
     for name in ("alpha", "beta"):
         make_experiment(tmp_path, name).close()
     monkeypatch.setenv("RF_HOME", str(tmp_path))
+    # only $RF_HOME: experiments other tests left live in this process add their roots to the list
+    monkeypatch.setattr(registry, "live_roots", lambda: [])
     df = magic._list_experiments()
     assert isinstance(df, ListFrame) and list(df.experiment) == ["alpha", "beta"]  # still a column
     first = repr(df).splitlines()[1]
@@ -119,6 +123,10 @@ def test_list_and_e_name_look_under_this_kernels_experiment_path(
         make_experiment(mine, name).close()
     make_experiment(default, "gamma").close()
     monkeypatch.setenv("RF_HOME", str(default))
+    # only this test's experiments: others that tests left live in this process add their roots to the list
+    monkeypatch.setattr(registry, "_BY_PATH", weakref.WeakValueDictionary())
+    monkeypatch.setattr(registry, "_BY_NAME", weakref.WeakValueDictionary())
+    monkeypatch.setattr(registry, "_CURRENT", [None])
     exp = Experiment("alpha", experiment_path=mine)
     try:
         df = magic._list_experiments()
