@@ -154,7 +154,7 @@ class BaseModels(ModelProvider):
 
     def __init__(self, create_model_fn: Callable[[dict[str, Any]], Any], note: Callable[[str], None]) -> None:
         self.create_model_fn = create_model_fn
-        self._note = note
+        self.note = note  # public: kinds tell the user why a shared computation is skipped
         self._bases: dict[str, SharedBase] = {}
         self._settings: dict[str, dict[str, Any]] = {}  # shared base key -> its SHARED_MODEL_FIELDS values
         self._shared: dict[Hashable, Any] = {}
@@ -199,9 +199,9 @@ class BaseModels(ModelProvider):
             quantized = quant.cpu_note(model)
             if quantized is not None:  # a 4-bit base trained on the CPU: evaluations must not repack it
                 quant.keep_cpu_weights_unpacked(model)
-                self._note(quantized)
+                self.note(quantized)
             if own is not None:
-                self._note(f"{own}: such runs get their own base copy (create_model_fn is called for each)")
+                self.note(f"{own}: such runs get their own base copy (create_model_fn is called for each)")
             else:
                 self._note_disagreement(key, shared, run_id)
                 self._settings[key] = shared
@@ -231,7 +231,7 @@ class BaseModels(ModelProvider):
             if not differ:  # the same settings: another tokenizer made it a base of its own
                 continue
             who = f"run {run_id}" if run_id is not None else "a run"
-            self._note(
+            self.note(
                 f"{who} differs from a base of its model already loaded in settings that act on the shared model: "
                 f"{', '.join(differ)}; it gets its own base copy (create_model_fn is called again)"
             )

@@ -5,6 +5,8 @@
 * Full fine-tuning: one frozen reference per distinct base (a copy of the pristine base, shared by the runs
   on it) instead of TRL loading one per run from the model's path; ``ref_model_name``/``ref_model_kwargs``
   load another one through ``create_model_fn`` (one per distinct name and keywords).
+* Either way the reference log-probs of a micro-batch are computed once and shared by the runs that train on
+  it (:mod:`.dpo_reference`), bit-identical to each run's own computation.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from rapidfire_nb.spec import LeafConfig
 
 from ..models import ModelProvider
-from . import hooks
+from . import dpo_reference, hooks
 from .base import TrainerKind
 
 __all__ = ["DPOKind"]
@@ -37,6 +39,21 @@ class DPOKind(TrainerKind):
 
     def building(self, model: Any, adapter: str | None) -> AbstractContextManager[None]:
         return hooks.reference_free_build(model, adapter)
+
+    def build_trainer(
+        self,
+        spec: LeafConfig,
+        model: Any,
+        adapter: str | None,
+        tokenizer: Any,
+        args: Any,
+        datasets: tuple[Any, Any],
+        models: ModelProvider,
+    ) -> Any:
+        """The run's ``DPOTrainer`` (as every kind's), taking its reference log-probs from the shared cache."""
+        trainer = super().build_trainer(spec, model, adapter, tokenizer, args, datasets, models)
+        dpo_reference.install(trainer, models)
+        return trainer
 
 
 def reference_model(spec: LeafConfig, model: Any, args: Any, models: ModelProvider) -> Any:
