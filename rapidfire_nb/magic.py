@@ -213,15 +213,17 @@ def _roots() -> list[Path]:
 
 #: The status table's first columns (what fits a ~1000 px output); the hyperparameters follow. ``device`` is
 #: there only when the experiment trains on several devices (``run_fit(devices=...)``; get_runs_info's column),
-#: ``run_name`` only when a run has a name (next to the id, the index).
-_STATUS_FIRST = ["run_name", "status", "device", "loss", "eval_loss", "step", "chunks", "epoch"]
+#: ``pack`` only when some run trains packed (``run_fit(packing=...)``), ``run_name`` only when a run has a name
+#: (next to the id, the index).
+_STATUS_FIRST = ["run_name", "status", "device", "pack", "loss", "eval_loss", "step", "chunks", "epoch"]
 
 
 def _status(exp: Experiment) -> Any:
     """``get_runs_info()`` for reading: indexed by run id, metrics first, steps and chunks as ``done/total``, a run
     early stopping pruned as ``PRUNED`` (its status stays STOPPED: the panel's mark), no config or checkpoint path
     (the API's table has them), the error / stop_reason columns only when a run failed / stopped (the reason whole),
-    each run's device after its status when the experiment trains on several devices.
+    each run's device after its status when the experiment trains on several devices, its pack (``None``: alone)
+    when some run trains packed.
     With an early-stopping policy or a search, its line is printed first (``[rapidfire] Optuna: 3 of 6 trials asked
     · 1 pruned · 2 running``, :func:`rapidfire_nb.view.early_stopping_text`), and a line for each run whose chunks
     are not a whole number of epochs' (:func:`rapidfire_nb.view.text.chunks_note`: its max_steps ends inside one)."""

@@ -26,6 +26,7 @@ __all__ = [
     "METRIC_NAMES",
     "NAME",
     "NUM_CHUNKS",
+    "PACKS",
     "PANEL_METRICS",
     "SEED",
     "TRACKED_RUNS",
@@ -98,6 +99,11 @@ DEVICES = "devices"
 """Run id (str) -> the device it trains on (``{"3": "cpu:1"}``), written when the experiment trains on several
 devices (``run_fit(devices=...)``); the server page and restarts read it."""
 
+PACKS = "packs"
+"""Run id (str) -> the id of the pack it trains in (the pack's smallest run id; ``{"3": 1}``), for the runs that
+train packed (``run_fit(packing=...)``, :mod:`rapidfire_nb.spec.packs`); a run that left packing is removed. The
+panel, the server page, ``get_runs_info()`` and a restarted kernel read it."""
+
 # ------------------------------------------------------------------------------------------------ progress
 
 CLOCK = "clock"
@@ -143,6 +149,7 @@ ALL = frozenset(
         METRIC_NAMES,
         EVAL_METRIC_NAMES,
         DEVICES,
+        PACKS,
         CLOCK,
         EARLY_STOPPING,
         EARLY_STOPPING_BOOK,

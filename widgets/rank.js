@@ -40,13 +40,14 @@ export function latestValues(state, metric) {
   return out;
 }
 
-/** A run's value in a sortable column (``run``, ``status``, ``device``, ``hp:<name>``, ``step``, ``chunks``, ``loss``,
+/** A run's value in a sortable column (``run``, ``status``, ``device``, ``pack``, ``hp:<name>``, ``step``, ``chunks``, ``loss``,
  * ``eval_loss``, ``samples``, or ``m:<metric>``). @param {Run} run @param {string} key
  * @param {Map<number, number>} [metric] latest values of the metric column */
 export function sortValue(run, key, metric) {
   if (key === "run") return run.run_id;
   if (key === "status") return run.status;
   if (key === "device") return run.device ?? null;
+  if (key === "pack") return run.pack ?? null;
   if (key === "step") return run.completed_steps;
   if (key === "chunks") return run.chunks_done;
   if (key === "samples") return run.samples_seen;

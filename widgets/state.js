@@ -12,7 +12,8 @@ import { DEFAULT_METRICS, requestedText as opRequestedText } from "./format.js";
 import { createSeq, sequence } from "./pull.js";
 
 /**
- * @typedef {{run_id: number, status: string, on_device: boolean, device?: string|null, hparams: Record<string, any>,
+ * @typedef {{run_id: number, status: string, on_device: boolean, device?: string|null, pack?: number|null,
+ *   hparams: Record<string, any>,
  *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number,
  *   chunks_note?: string|null, epoch?: number,
  *   samples_seen: number, loss: number|null, eval_loss: number|null, metrics?: Record<string, number|null>,
@@ -328,6 +329,12 @@ export function deviceChips(snap) {
 /** Whether the run table shows a Device column: some run has a device (several devices). @param {Snapshot|null|undefined} snap */
 export function hasDeviceColumn(snap) {
   return (snap?.runs || []).some((r) => typeof r.device === "string" && r.device !== "");
+}
+
+/** Whether the run table shows a Pack column: some run trains packed (`run_fit(packing=...)`).
+ * @param {Snapshot|null|undefined} snap */
+export function hasPackColumn(snap) {
+  return (snap?.runs || []).some((r) => typeof r.pack === "number");
 }
 
 /**

@@ -13,7 +13,8 @@
  * "Continue…", the clone form with warm start on and its max_steps ready), button[data-config], form[data-clone-form],
  * [data-clone-warning], td[data-rf-chunks-note] (the Chunks cell of a run whose chunks are not whole epochs': the
  * snapshot's chunks_note in its title, a * after the count), td[data-rf-device-cell] (the Device column: only when some run has a device, i.e. the
- * experiment trains on several: `run_fit(devices=...)`).
+ * experiment trains on several: `run_fit(devices=...)`), td[data-rf-pack-cell] (the Pack column: the pack's id, "" alone;
+ * only when some run trains packed: `run_fit(packing=...)`).
  */
 
 import { h, setKids, setText } from "./dom.js";
@@ -22,7 +23,7 @@ import {
 } from "./format.js";
 import { canContinue, cloneForm } from "./clone_form.js";
 import { latestValues, sortRuns } from "./rank.js";
-import { hasDeviceColumn, isPending, isPruned, kindMetrics, runMark, visibleRuns } from "./state.js";
+import { hasDeviceColumn, hasPackColumn, isPending, isPruned, kindMetrics, runMark, visibleRuns } from "./state.js";
 
 /**
  * @typedef {import("./state.js").State} State
@@ -93,15 +94,16 @@ export class RunTable {
 
   colCount() {
     return 6 + this.metricCols.length + (this.state.snapshot?.hparam_columns?.length || 0) +
-      (hasDeviceColumn(this.state.snapshot) ? 1 : 0);
+      (hasDeviceColumn(this.state.snapshot) ? 1 : 0) + (hasPackColumn(this.state.snapshot) ? 1 : 0);
   }
 
   render() {
     const snap = this.state.snapshot;
     const cols = snap?.hparam_columns || [];
     const device = hasDeviceColumn(snap);
+    const pack = hasPackColumn(snap);
     this.metricCols = kindMetrics(snap).columns;
-    this.renderHead(cols, device);
+    this.renderHead(cols, device, pack);
     // any named run: the Run column takes the name's fixed width at once, so a later (clone's) name moves nothing
     this.table.classList.toggle("rf-named", (snap?.runs || []).some((r) => !!/** @type {any} */ (r).run_name));
     const sort = this.host.sort;
@@ -110,7 +112,7 @@ export class RunTable {
     const wanted = /** @type {HTMLElement[]} */ ([]);
     for (const run of runs) {
       let row = this.rows.get(run.run_id);
-      if (!row) { row = this.makeRow(run, cols, device); this.rows.set(run.run_id, row); }
+      if (!row) { row = this.makeRow(run, cols, device, pack); this.rows.set(run.run_id, row); }
       this.updateRow(row, run, cols);
       wanted.push(row.tr);
       if (noteOf(run)) wanted.push(row.errorTr);
@@ -131,10 +133,10 @@ export class RunTable {
     this.host.onCounts();
   }
 
-  /** @param {string[]} cols @param {boolean} device whether the Device column shows */
-  renderHead(cols, device) {
+  /** @param {string[]} cols @param {boolean} device whether the Device column shows @param {boolean} pack the Pack column */
+  renderHead(cols, device, pack) {
     const sort = this.host.sort;
-    const colsKey = `${cols.join("\u0000")}\u0001${device}\u0001${this.metricCols.join("\u0000")}`;
+    const colsKey = `${cols.join("\u0000")}\u0001${device}\u0001${pack}\u0001${this.metricCols.join("\u0000")}`;
     const key = `${colsKey}|${sort.key}|${sort.dir}`;
     if (key === this.headKey && this.theadRow.children.length) return;
     const colsChanged = this.headKey.split("|")[0] !== colsKey;
@@ -149,6 +151,8 @@ export class RunTable {
     this.theadRow.replaceChildren(
       th("run", "Run", "rf-col-run", "run id (and name)"), th("status", "Status", "rf-col-status", "status"),
       ...(device ? [th("device", "Device", "rf-col-device", "the device the run trains on (its worker process)")] : []),
+      ...(pack ? [th("pack", "Pack", "rf-num rf-col-pack",
+        "the pack the run trains in (its smallest run id): a pack's runs share one forward/backward per step; – alone")] : []),
       ...cols.map((c) => th(`hp:${c}`, shortHparam(c), "rf-num rf-col-hp", c)),
       ...tailCols(this.metricCols).map(([k, t, tip]) => th(k, t, `rf-num${k === "step" ? " rf-col-step" : ""}`, tip)),
       h("th", { class: "rf-col-actions" }));
@@ -157,13 +161,14 @@ export class RunTable {
     this.rows.clear(); // rebuilt with the new columns
   }
 
-  /** @param {Run} run @param {string[]} cols @param {boolean} device @returns {Row} */
-  makeRow(run, cols, device) {
+  /** @param {Run} run @param {string[]} cols @param {boolean} device @param {boolean} pack @returns {Row} */
+  makeRow(run, cols, device, pack) {
     /** @type {Record<string, HTMLElement>} */ const cells = {};
     const td = (/** @type {string} */ name, /** @type {string} */ cls = "") => (cells[name] = h("td", { class: cls }));
     const tr = h("tr", { class: "rf-run-row" });
     tr.append(td("run", "rf-col-run"), td("status", "rf-col-status"),
       ...(device ? [td("device", "rf-col-device")] : []),
+      ...(pack ? [td("pack", "rf-num rf-col-pack")] : []),
       ...cols.map((c) => td(`hp:${c}`, "rf-num rf-col-hp")),
       td("step", "rf-num rf-col-step"), td("chunks", "rf-num"), ...this.metricCols.map((m) => td(`m:${m}`, "rf-num")),
       td("samples", "rf-num"), td("actions", "rf-col-actions"));
@@ -210,6 +215,13 @@ export class RunTable {
     if (cells.device) {
       cells.device.dataset.rfDeviceCell = run.device || "";
       setText(cells.device, run.device || "–", run.device ? `run ${run.run_id} trains on ${run.device}` : "");
+    }
+    if (cells.pack) {
+      const packed = typeof run.pack === "number";
+      cells.pack.dataset.rfPackCell = packed ? String(run.pack) : "";
+      setText(cells.pack, packed ? String(run.pack) : "–", packed
+        ? `run ${run.run_id} trains in pack ${run.pack}: one forward/backward per step with the pack's other runs`
+        : `run ${run.run_id} trains alone (time-sliced)`);
     }
     for (const c of cols) {
       const v = run.hparams ? run.hparams[c] : undefined;

@@ -211,6 +211,7 @@ class Experiment:
         panel_metrics: Sequence[str] | None = None,
         best_by: str | None = None,
         batch_generation: bool = True,
+        packing: bool | str = "auto",
     ) -> None:
         """Train every config of ``param_config`` concurrently, chunk by chunk.
 
@@ -262,10 +263,11 @@ class Experiment:
                 decoding gives each run exactly its answers alone; default True). False: each run generates alone
                 at its chunk end (for comparison and debugging). Off with a note when ``early_stopping``'s metric
                 is a generated one.
+            packing: ``"auto"`` (default): LoRA runs that see the same batches share one forward/backward per
+                step where it pays (CUDA; :mod:`rapidfire_nb.spec.packs`); True: on any device; False: never.
 
-        In a Jupyter kernel this returns once everything is validated and the runs are prepared; training
-        goes on in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until
-        training ends.
+        In a Jupyter kernel this returns once everything is validated and the runs are prepared; training goes on
+        in a background thread (``experiment.wait()`` blocks). In a plain script it blocks until training ends.
 
         Raises:
             ConfigError: bad input, before any training starts.

@@ -21,6 +21,7 @@ from .. import meta_keys, schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
 from ..schema.trainer_kinds import check_metric_choice, check_metric_name, is_trainer_metric
+from ..spec.packs import check_packing_option, refuse_unpackable
 from ..training.quantization import refuse_quantized_full_finetunes
 from .resources import check_group_fits
 
@@ -69,6 +70,8 @@ class FitArgs:
         panel_metrics: 1 or 2 metric names for the panel's default plots, or None (the trainer kind's).
         best_by: the metric runs are ranked by (panel star, ``end()``, ``get_runs_info()``), or None (the kind's).
         batch_generation: batch the chunk-end generation eval of the runs on one shared base (True or False).
+        packing: ``"auto"``, True or False: train the LoRA runs that see the same batches as packs
+            (:mod:`rapidfire_nb.spec.packs`).
     """
 
     param_config: Any
@@ -90,6 +93,7 @@ class FitArgs:
     panel_metrics: Sequence[str] | None = None
     best_by: str | None = None
     batch_generation: bool = True
+    packing: bool | str = "auto"
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ class FitInputs:
             ``panel_metrics`` (:mod:`rapidfire_nb.view.metrics_view` reads it).
         batch_generation: batched generation eval (``run_fit``'s, False when the early-stopping metric is a
             generated one: a rung needs each run's value at its own chunk end).
+        packing: ``"auto"``, True or False (checked; with True some two runs share a pack).
         notes: lines for the user about the inputs (said once when training starts).
     """
 
@@ -138,6 +143,7 @@ class FitInputs:
     panel_metrics: tuple[str, ...] | None = None
     best_by: str | None = None
     batch_generation: bool = True
+    packing: bool | str = "auto"
     notes: tuple[str, ...] = ()
 
     def meta(self) -> dict[str, Any]:
@@ -181,7 +187,9 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
             of a base quantized through ``model_kwargs.quantization_config``, or runs that do not fit the disk of
             ``exp_dir`` or the device, or LoRA beyond full rank (:func:`~.resources.check_group_fits`), or
             ``panel_metrics`` / ``best_by`` naming a metric the trainer kind never logs
-            (:func:`~rapidfire_nb.schema.trainer_kinds.check_metric_choice`).
+            (:func:`~rapidfire_nb.schema.trainer_kinds.check_metric_choice`), ``packing`` not ``"auto"``, True or
+            False, or ``packing=True`` for a group where no two runs can share a pack
+            (:func:`~rapidfire_nb.spec.packs.refuse_unpackable`, naming each run and why).
     """
     _check_numbers(args)
     _check_datasets(args.train_dataset, args.eval_dataset)
@@ -239,6 +247,7 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         panel_metrics=plots,
         best_by=best_by,
         batch_generation=batch_generation,
+        packing=_packing(args.packing, specs, param_config.trainer_type, args.seed),
         notes=notes,
     )
 
@@ -268,6 +277,19 @@ def _batch_generation(
         )
         return False, (note,)
     return given, ()
+
+
+def _packing(given: object, specs: tuple[Any, ...], trainer_type: str, seed: int) -> bool | str:
+    """``run_fit``'s ``packing``, checked: ``"auto"``, True or False; with True, some two runs must share a pack.
+
+    Raises:
+        ConfigError: another value (:func:`~rapidfire_nb.spec.packs.check_packing_option`), or True for a group
+            where no two runs can share a pack (:func:`~rapidfire_nb.spec.packs.refuse_unpackable`).
+    """
+    packing = check_packing_option(given)
+    if packing is True:
+        refuse_unpackable(dict(enumerate(specs, start=1)), trainer_type, seed)
+    return packing
 
 
 def _check_numbers(args: FitArgs) -> None:

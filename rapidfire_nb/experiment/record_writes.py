@@ -29,6 +29,7 @@ __all__ = [
     "MetricNames",
     "check_store_file",
     "confirm_tracked",
+    "record_pack",
     "editable_fields",
     "logged_points",
     "metric_numbers",
@@ -144,6 +145,20 @@ def confirm_tracked(store: Any, run_id: int) -> None:
     confirmed = list(store.get_meta(meta_keys.TRACKED_RUNS, []) or [])
     if run_id not in confirmed:
         store.set_meta(meta_keys.TRACKED_RUNS, sorted([*confirmed, run_id]))
+
+
+def record_pack(store: Any, run_id: int, pack_id: int | None) -> None:
+    """Keep run ``run_id``'s pack in meta ``packs`` (``{"3": 1}``: run 3 trains in pack 1); ``pack_id`` None: it left
+    packing (its key removed). Written only when it changes; the panel, the page and ``get_runs_info()`` read it."""
+    packs = dict(store.get_meta(meta_keys.PACKS, {}) or {})
+    key = str(run_id)
+    if packs.get(key) == pack_id:
+        return
+    if pack_id is None:
+        packs.pop(key, None)
+    else:
+        packs[key] = int(pack_id)
+    store.set_meta(meta_keys.PACKS, packs)
 
 
 def metric_numbers(logs: Mapping[str, Any]) -> dict[str, float]:

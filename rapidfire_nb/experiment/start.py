@@ -25,7 +25,7 @@ from ..view.text import run_labels
 from .binding import SessionBinding
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs
-from .record_writes import store_new_run
+from .record_writes import record_pack, store_new_run
 from .recorder import Recorder
 from .reporter import Reporter
 from .restore import (
@@ -192,7 +192,8 @@ def open_session(
 
 def _callbacks(store: Any, reporter: Reporter, recorder: Recorder, late: SessionBinding) -> TrainingCallbacks:
     """The executor's callbacks: metrics, final folders and the record order through the recorder, notes to the
-    reporter, storage failures to the session (bound later), generation metric names into the store's meta."""
+    reporter, storage failures to the session (bound later), generation metric names and packs into the store's
+    meta."""
     return TrainingCallbacks(
         metric_sink=recorder.on_metrics,
         notes=reporter.say,
@@ -200,6 +201,7 @@ def _callbacks(store: Any, reporter: Reporter, recorder: Recorder, late: Session
         on_storage_error=late.storage_failed,
         in_record_order=recorder.in_order,
         on_eval_metrics=lambda names: recorder.in_order(lambda: _note_eval_metrics(store, names)),
+        on_pack=lambda run_id, pack: recorder.in_order(lambda: record_pack(store, run_id, pack)),
     )
 
 
@@ -246,6 +248,7 @@ def _group_settings(inputs: FitInputs) -> GroupSettings:
         checkpoint_every=inputs.checkpoint_every,
         eval_generation_samples=inputs.eval_generation_samples,
         batch_generation=inputs.batch_generation,
+        packing=inputs.packing,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from kernel_scheduler import DEFAULT_DEVICE, RunSnapshot, RunStatus
 
 from .. import meta_keys
+from ..view.devices_view import stored_packs
 from ..view.metrics_view import best_run, metric_choice, resolve_metrics
 from ..view.stops import stop_history
 from ..view.text import run_labels
@@ -26,7 +27,7 @@ def runs_table(
 ) -> Any:
     """``get_runs_info()``: columns ``run_id[, run_name], status, <hparams...>, completed_steps, total_steps,
     chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device][,
-    tags], config``.
+    pack][, tags], config``.
 
     ``run_name`` (after ``run_id``, when any run shown has a name) is the run's name (``RFModelConfig(run_name=...)``,
     a template filled per run, ``"<parent> (clone)"`` for a clone; shown whole), None for a run without one;
@@ -56,6 +57,10 @@ def runs_table(
     ``device`` (after ``stop_reason``, only when the experiment trained on several devices: ``run_fit(devices=...)``)
     is the device each run trains on, e.g. ``"cpu:1"`` or ``"cuda:3"`` (store meta ``devices``).
 
+    ``pack`` (after it, only when some run trains packed: ``run_fit(packing=...)``) is the id of the pack a run
+    trains in (the pack's smallest run id: one forward/backward per step for all of them), None for a run that trains
+    alone; ints and None in an object column, never a NaN (store meta ``packs``).
+
     Args:
         live: the scheduler's snapshots by run id (empty when nothing trains in this process).
         columns: this process's hyperparameter columns (added after the stored ones).
@@ -74,6 +79,7 @@ def runs_table(
     stops = stop_history(store.ops())
     devices = dict(store.get_meta(meta_keys.DEVICES, {}) or {})
     devices.update({str(rid): s.device for rid, s in live.items() if s.device and s.device != DEFAULT_DEVICE})
+    packs = stored_packs(store.meta())
     cols = list(store.get_meta(meta_keys.HPARAM_COLUMNS, []) or [])
     cols += [c for c in columns if c not in cols]
     rows = []
@@ -85,11 +91,18 @@ def runs_table(
     named, tagged = any(row["run_name"] for row in rows), any(row["tags"] for row in rows)
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
     tail += ["device"] if devices else []
+    tail += ["pack"] if packs else []
     tail += ["tags"] if tagged else []
     head = ["run_id", "run_name", "status"] if named else ["run_id", "status"]
     table = RunsFrame(rows, columns=[*head, *cols, *tail, "config"])
     best = best_run(table.to_dict("records"), picked["best_by"]["metric"], picked["best_by"]["mode"])
     table.attrs["best_by"] = {**picked["best_by"], "run_id": best[0] if best else None}
+    if packs:  # ints and None in an object column (from [1, None] pandas would make floats and a NaN)
+        import pandas as pd
+
+        table["pack"] = pd.Series(
+            [packs.get(int(r)) for r in table["run_id"]], index=table.index, dtype=object
+        )
     for name in (
         *(["run_name"] if named else []),
         "checkpoint_dir",

@@ -220,10 +220,17 @@ def _chunks_cell(run: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
     return f'<td style="{_TD}{_NUM}"' + (f' title="{_e(note)}">{text} *' if note else f">{text}") + "</td>"
 
 
+def _pack_text(run: Mapping[str, Any]) -> str:
+    """The Pack cell: the id of the pack the run trains in, ``-`` alone."""
+    pack = run.get("pack")
+    return str(pack) if isinstance(pack, int) else "-"
+
+
 def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best: int | None) -> str:
     cols = [c for c in snapshot.get("hparam_columns") or [] if isinstance(c, str)]
     device = any(r.get("device") for r in runs)  # several devices (run_fit(devices=...)): a Device column
-    first = ["Run", "Status", *(["Device"] if device else [])]
+    pack = any(isinstance(r.get("pack"), int) for r in runs)  # some run trains packed: a Pack column
+    first = ["Run", "Status", *(["Device"] if device else []), *(["Pack"] if pack else [])]
     metrics = _metric_columns(snapshot)
     heads = [*first, *cols, "Step", "Chunks", *(metric_title(m) for m in metrics), "Samples"]
     fixed = {*first, "Step", "Chunks", *(metric_title(m) for m in metrics), "Samples"}
@@ -244,6 +251,7 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
                 if device
                 else []
             ),
+            *([f'<td style="{_TD}" data-rf-pack-cell="">{_e(_pack_text(run))}</td>'] if pack else []),
             *(f'<td style="{_TD}{_NUM}">{_clipped(_hparam(hparams.get(c)))}</td>' for c in cols),
             f'<td style="{_TD}{_NUM}">{_e(run.get("completed_steps") or 0)}/{_e(run.get("total_steps") or 0)}</td>',
             _chunks_cell(run, snapshot),

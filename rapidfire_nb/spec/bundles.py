@@ -62,6 +62,8 @@ class GroupSettings:
             rows for every run); ``None``: every eval row.
         batch_generation: the LoRA runs of one shared base generate their chunk-end eval answers in one batched
             ``generate`` (:mod:`rapidfire_nb.training.generation_batch`); False: each run alone.
+        packing: ``"auto"`` (pack the LoRA runs of equal :func:`~rapidfire_nb.spec.packs.pack_key` on CUDA), True
+            (on any device) or False (every run time-sliced): ``run_fit``'s ``packing``, checked.
     """
 
     trainer_type: str
@@ -71,6 +73,7 @@ class GroupSettings:
     checkpoint_every: int = 1
     eval_generation_samples: int | None = None
     batch_generation: bool = True
+    packing: bool | str = "auto"
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,8 @@ class TrainingCallbacks:
             ``fn`` may run on another thread (the recorder's). Default: at once.
         on_eval_metrics: ``on_eval_metrics(names)`` with the names of generation metrics (``eval_<name>`` from
             ``compute_metrics``, GRPO's eval rewards) as runs first log them, each name once.
+        on_pack: ``on_pack(run_id, pack_id)``: the run joined pack ``pack_id`` (the pack's id is its smallest run
+            id) or left packing (None); device thread. Not sent from a worker process (ignored there).
     """
 
     metric_sink: MetricSink = _ignore
@@ -109,3 +114,4 @@ class TrainingCallbacks:
     on_storage_error: Callable[[StorageError], None] = _log_storage_error
     in_record_order: Callable[[Callable[[], None]], None] = _at_once
     on_eval_metrics: Callable[[list[str]], None] = _ignore
+    on_pack: Callable[[int, int | None], None] = _ignore

@@ -13,7 +13,7 @@ from kernel_scheduler import DEFAULT_DEVICE, RunSnapshot, RunStatus
 from .. import meta_keys
 from .ops_view import parse_status
 
-__all__ = ["DEVICE_STATES", "device_list", "device_status", "run_device", "stored_devices"]
+__all__ = ["DEVICE_STATES", "device_list", "device_status", "run_device", "stored_devices", "stored_packs"]
 
 #: A device's state in a snapshot's ``devices``: a run trains there, nothing does, its worker died, or (the server
 #: page: the store does not record it) unknown.
@@ -57,6 +57,19 @@ def stored_devices(meta: Mapping[str, Any]) -> dict[int, str]:
         if isinstance(dev, str) and dev and dev != DEFAULT_DEVICE and str(rid).isdigit():
             out[int(rid)] = dev
     return out
+
+
+def stored_packs(meta: Mapping[str, Any]) -> dict[int, int]:
+    """Run id -> the id of the pack it trains in (the pack's smallest run id), from meta ``packs``; a run not packed
+    is absent (empty when no run trains packed: ``run_fit(packing=...)``)."""
+    stored = meta.get(meta_keys.PACKS)
+    if not isinstance(stored, Mapping):
+        return {}
+    return {
+        int(rid): pack
+        for rid, pack in stored.items()
+        if isinstance(pack, int) and not isinstance(pack, bool) and str(rid).isdigit()
+    }
 
 
 def run_device(snap: RunSnapshot | None, stored: Mapping[int, str], run_id: int) -> str | None:

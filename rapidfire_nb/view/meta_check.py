@@ -49,6 +49,10 @@ def _devices(v: Any) -> bool:
     return isinstance(v, dict) and all(isinstance(d, str) for d in v.values())
 
 
+def _packs(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(p, int) and not isinstance(p, bool) for p in v.values())
+
+
 def _editable(v: Any) -> bool:
     return isinstance(v, dict) and all(
         isinstance(f, dict) and all(isinstance(t, str) for t in f.values()) for f in v.values()
@@ -75,6 +79,7 @@ META_SHAPES: Mapping[str, tuple[str, Callable[[Any], bool]]] = {
     meta_keys.PANEL_METRICS: ('{"plots": [names] | null, "best_by": name | null}', _panel_metrics),
     meta_keys.EDITABLE_FIELDS: ("an object: run id -> {field: JSON type name}", _editable),
     meta_keys.DEVICES: ("an object: run id -> device name", _devices),
+    meta_keys.PACKS: ("an object: run id -> pack id", _packs),
     meta_keys.CLOCK: ('{"busy_s": seconds, "busy_since": unix seconds | null}', _clock),
     meta_keys.EARLY_STOPPING: ("an object (the policy's progress)", _object),
 }

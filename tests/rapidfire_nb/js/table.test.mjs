@@ -5,6 +5,7 @@ import { test } from "node:test";
 import "./_dom_shim.mjs";
 import { createState, reduce } from "../../../widgets/state.js";
 import { canContinue, cloneFieldOrder, continueBudget } from "../../../widgets/clone_form.js";
+import { sortValue } from "../../../widgets/rank.js";
 import { RunTable } from "../../../widgets/table.js";
 
 function run(status, done, total, extra = {}) {
@@ -91,4 +92,31 @@ test("the clone form's DOM: the differing fields in the grid, the others in a cl
   assert.ok(more && !more.open);
   assert.deepEqual(more.querySelectorAll("input").map((i) => i.getAttribute("name")), ["max_steps", "seed"]);
   assert.equal(form.querySelectorAll("input")[0].getAttribute("name"), "learning_rate"); // the first field
+});
+
+test("the Pack column: only when some run trains packed; the pack's id, '–' for a run alone; sortable", () => {
+  const make = (runs) => {
+    const s = createState();
+    reduce(s, { type: "snapshot", reset: true, snapshot: { experiment: "e", runs, hparam_columns: [], ops: [],
+      metric_names: [] }, points: { names: [], run: [], step: [], samples: [], name: [], value: [] } }, 0);
+    const table = new RunTable(s, { send() {} }, { showDeleted: false, sort: { key: "run", dir: 1 },
+      bestRunId: null, bestMetric: "loss", onSort() {}, onCounts() {} });
+    table.render();
+    return table;
+  };
+  const plain = make([run("ONGOING", 1, 4), run("ONGOING", 1, 4, { run_id: 2 })]);
+  assert.equal(plain.rows.get(1).cells.pack, undefined); // nobody packed: no column
+  assert.equal(plain.colCount(), 6 + 2); // run, status, step, chunks, samples, actions + loss, eval_loss
+  const packed = make([run("ONGOING", 1, 4, { pack: 1 }), run("ONGOING", 1, 4, { run_id: 2, pack: 1 }),
+    run("ONGOING", 1, 4, { run_id: 3, pack: null })]);
+  assert.equal(packed.colCount(), 6 + 2 + 1);
+  const heads = [...packed.theadRow.children].map((th) => th.getAttribute("data-sort-key"));
+  assert.deepEqual(heads.slice(0, 3), ["run", "status", "pack"]);
+  const cell = (id) => packed.rows.get(id).cells.pack;
+  assert.equal(cell(2).textContent, "1");
+  assert.equal(cell(2).dataset.rfPackCell, "1");
+  assert.equal(cell(3).textContent, "–");
+  assert.equal(cell(3).dataset.rfPackCell, "");
+  assert.equal(sortValue(run("ONGOING", 1, 4, { pack: 5 }), "pack"), 5);
+  assert.equal(sortValue(run("ONGOING", 1, 4), "pack"), null);
 });
