@@ -29,6 +29,7 @@ __all__ = [
     "MetricNames",
     "check_store_file",
     "confirm_tracked",
+    "forget_packs",
     "record_pack",
     "editable_fields",
     "logged_points",
@@ -159,6 +160,15 @@ def record_pack(store: Any, run_id: int, pack_id: int | None) -> None:
     else:
         packs[key] = int(pack_id)
     store.set_meta(meta_keys.PACKS, packs)
+
+
+def forget_packs(store: Any, run_ids: Any) -> None:
+    """Remove runs ``run_ids`` from meta ``packs`` (a new session's runs that train again: its executor says their
+    packs afresh, so a pack of an earlier kernel is never shown for a run that now trains alone)."""
+    packs = dict(store.get_meta(meta_keys.PACKS, {}) or {})
+    kept = {k: v for k, v in packs.items() if k not in {str(r) for r in run_ids}}
+    if kept != packs:
+        store.set_meta(meta_keys.PACKS, kept)
 
 
 def metric_numbers(logs: Mapping[str, Any]) -> dict[str, float]:

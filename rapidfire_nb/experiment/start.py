@@ -25,7 +25,7 @@ from ..view.text import run_labels
 from .binding import SessionBinding
 from .clones import rebuild_clone_spec
 from .inputs import FitInputs, check_same_inputs
-from .record_writes import record_pack, store_new_run
+from .record_writes import forget_packs, record_pack, store_new_run
 from .recorder import Recorder
 from .reporter import Reporter
 from .restore import (
@@ -459,7 +459,8 @@ def _note_eval_metrics(store: Any, names: list[str]) -> None:
 
 
 def _record_group(session: FitSession, store: Any, existing: Mapping[int, Mapping[str, Any]]) -> None:
-    """Write the group's meta, editable fields and the rows of runs the store does not know yet."""
+    """Write the group's meta, editable fields and the rows of runs the store does not know yet; the runs that train
+    again leave their earlier kernel's packs (this session's executor says theirs)."""
     inputs = session.inputs
     meta: dict[str, Any] = {
         meta_keys.FINGERPRINT: inputs.fingerprint,
@@ -477,6 +478,7 @@ def _record_group(session: FitSession, store: Any, existing: Mapping[int, Mappin
             _relabel(store, known[snap.run_id], snap.spec)
             continue
         store_new_run(store, snap, "fit", total_steps=snap.total_steps, num_segments=snap.num_segments)
+    forget_packs(store, [s.run_id for s in session.scheduler.snapshot() if not s.status.is_finished()])
 
 
 def _relabel(store: Any, row: Mapping[str, Any], spec: Any) -> None:

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from kernel_scheduler import RunStatus
 from rapidfire_nb import magic, meta_keys, view
 from rapidfire_nb.experiment.binding import SessionBinding
 from rapidfire_nb.experiment.record_writes import record_pack
 from rapidfire_nb.experiment.reporter import Reporter
-from rapidfire_nb.experiment.start import _callbacks
+from rapidfire_nb.experiment.start import _callbacks, _record_group
 from rapidfire_nb.experiment.tables import runs_table
 from rapidfire_nb.store import Store
 from rapidfire_nb.view.snapshot import StoreRows
@@ -94,3 +95,20 @@ def test_rapidfire_status_shows_the_pack_after_the_status(store: Store) -> None:
     df = magic._status(exp)  # type: ignore[arg-type]
     assert list(df.columns[:2]) == ["status", "pack"]
     assert df["pack"].tolist() == [1, 1, None]
+
+
+def test_a_new_session_forgets_the_packs_of_the_runs_that_train_again(store: Store) -> None:
+    """After a restart the executor says the packs of the runs it trains afresh; a finished run keeps its pack."""
+    store.set_meta(meta_keys.PACKS, {"1": 1, "2": 1, "3": 1})
+    statuses = {1: RunStatus.INTERRUPTED, 2: RunStatus.ONGOING, 3: RunStatus.COMPLETED}
+    snaps = [types.SimpleNamespace(run_id=i, status=st, spec=object()) for i, st in statuses.items()]
+    session = types.SimpleNamespace(
+        inputs=types.SimpleNamespace(fingerprint="f", trainer_type="SFT", meta=dict, panel_meta=dict),
+        columns=[],
+        recorder=types.SimpleNamespace(record_editable=lambda specs: None),
+        specs=list,
+        scheduler=types.SimpleNamespace(snapshot=lambda: snaps),
+    )
+    _record_group(session, store, {r["run_id"]: r for r in store.runs()})  # type: ignore[arg-type]
+    assert store.get_meta(meta_keys.PACKS) == {"3": 1}
+    assert runs_table(store, {}, [], False)["pack"].tolist() == [None, None, 1]
