@@ -190,10 +190,10 @@ def pack_fields(spec: LeafConfig, trainer_type: str, default_seed: int | None = 
     """
     kind = str(trainer_type).upper()
     out: dict[str, Any] = {"trainer_type": kind}
-    out.update({name: jsonable(getattr(spec, name)) for name in _MODEL_FIELDS})
+    out.update({name: _value(getattr(spec, name)) for name in _MODEL_FIELDS})
     for attr in _DICT_FIELDS:
         values = getattr(spec, attr) or {}
-        out.update({f"{attr}.{k}": jsonable(v) for k, v in values.items() if not is_secret_key(str(k))})
+        out.update({f"{attr}.{k}": _value(v) for k, v in values.items() if not is_secret_key(str(k))})
     skip = OWN_FIELDS | LABEL_FIELDS
     defaults = _defaults(lambda: schema.trainer_config_class(kind))
     for name, value in spec.training.items():
@@ -202,14 +202,22 @@ def pack_fields(spec: LeafConfig, trainer_type: str, default_seed: int | None = 
             and not is_secret_key(name)
             and (name in _AS_WRITTEN or not defaults(name, value))
         ):
-            out[name] = jsonable(value)
+            out[name] = _value(value)
     if "seed" not in spec.training:
         out["seed"] = default_seed if default_seed is not None else _SEED_FROM_RUN_FIT
     lora_defaults = _defaults(schema.lora_config_class)
     for name, value in (spec.lora or {}).items():
         if name not in OWN_LORA_FIELDS and not lora_defaults(name, value):
-            out[f"lora.{name}"] = jsonable(value)
+            out[f"lora.{name}"] = _value(value)
     return out
+
+
+def _value(value: Any) -> Any:
+    """``value`` as JSON; a function also by identity (two lambdas of one module share a qualified name, and a
+    different ``formatting_func`` makes different rows)."""
+    if callable(value) and not isinstance(value, type):
+        return [jsonable(value), f"id {id(value)}"]
+    return jsonable(value)
 
 
 def _defaults(cls: Callable[[], type]) -> Callable[[str, Any], bool]:

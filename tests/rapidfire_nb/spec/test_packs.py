@@ -118,6 +118,12 @@ def test_the_base_and_the_lora_layout_split_a_pack() -> None:
     assert pack_key(_leaf(), "DPO") != plain  # another trainer kind
 
 
+def test_a_formatting_function_splits_by_identity_not_by_name() -> None:
+    first, second = (lambda row: row), (lambda row: {**row})  # one qualified name: "<lambda>"
+    assert pack_key(_leaf(formatting_func=first), "SFT") == pack_key(_leaf(formatting_func=first), "SFT")
+    assert pack_key(_leaf(formatting_func=first), "SFT") != pack_key(_leaf(formatting_func=second), "SFT")
+
+
 def test_a_field_set_to_its_default_equals_one_left_out_but_a_seed_is_run_fits() -> None:
     # TRL's defaults: 8 rows per device, no gradient accumulation; a secret never splits a pack
     assert pack_key(_leaf({"gradient_accumulation_steps": 1, "hub_token": "x"}), "SFT") == pack_key(
