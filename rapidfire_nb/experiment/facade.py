@@ -422,11 +422,11 @@ class Experiment:
 
         Returns:
             pandas DataFrame with columns ``run_id, status, <hparams...>, completed_steps, total_steps, chunks_done,
-            epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device], config``
-            (``config``: the run's whole config as a dict, last so that the compared values come first); the
-            generation metrics are the ``eval_<name>`` values of ``compute_metrics`` with ``generation_config`` (e.g.
-            ``eval_rougeL``) and GRPO's ``eval_reward``/``eval_rewards/<function>/mean``, each run's latest.
-            DELETED runs are left out unless ``include_deleted``.
+            epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device][, pack],
+            config`` (``config``: the run's whole config, last: the compared values come first; ``pack``: when
+            some run trains packed); the generation metrics are the ``eval_<name>`` values of ``compute_metrics``
+            with ``generation_config`` (``eval_rougeL``) and GRPO's ``eval_reward``/``eval_rewards/<f>/mean``, each
+            run's latest. DELETED runs are left out unless ``include_deleted``.
         """
         session = self._flush()
         return tables.runs_table(
