@@ -49,7 +49,7 @@ DEFAULT_MAX_BYTES = 256 * 2**20
 chunk's micro-batches (SmolLM2, batch 8, 512 tokens: ~0.2 MB each); the least recently used go first."""
 
 _NON_MODEL_KEYS = frozenset({"completion_mask", "ref_chosen_logps", "ref_rejected_logps"})  # as TRL's
-_ADAPTER_PARTS = ("lora_", "modules_to_save", "trainable_tokens")  # PEFT's names: not in the disabled forward
+_ADAPTER_PARTS = ("lora_", "modules_to_save", "trainable_tokens", "token_adapter")  # PEFT: off when disabled
 
 
 def sharing_enabled() -> bool:
@@ -116,12 +116,13 @@ class ReferenceCache:
             Two tensors of shape ``(batch,)``, bit-identical to TRL's own reference computation, or ``None``.
         """
         module = reference_module(trainer)
-        reason = random_draw_reason(trainer, module)
+        weights, dropout = _walk(module)
+        reason = _draw_reason(trainer, module, dropout)
         if reason is not None:
             self.note_once(reason)
             return None
         self._pinned.setdefault(id(module), module)
-        settings = _settings(trainer, module)
+        settings = _settings(trainer, module, weights)
         family = hashlib.blake2b(settings, digest_size=16).digest()
         if family in self._unsafe:
             self.note_once(self._unsafe[family])
@@ -284,16 +285,16 @@ def random_draw_reason(trainer: Any, module: Any) -> str | None:
     mode with ``p > 0``; numeric ``*dropout*`` values of the model config (attention dropout is read from the
     config, not a module) while training; NEFTune (``neftune_noise_alpha``: noise on the input embeddings).
     """
-    import torch
+    return _draw_reason(trainer, module, _walk(module)[1])
 
+
+def _draw_reason(trainer: Any, module: Any, dropout: str | None) -> str | None:
     if not module.training:
         return None
     if getattr(trainer.args, "neftune_noise_alpha", None) is not None:
         return "neftune_noise_alpha adds random noise to the reference forward's embeddings"
-    for name, sub in module.named_modules():
-        if isinstance(sub, torch.nn.Dropout) and sub.p > 0 and sub.training:
-            if not any(part.startswith(_ADAPTER_PARTS) for part in name.split(".")):
-                return f"dropout p={sub.p} at {name} draws random numbers in the reference forward"
+    if dropout is not None:
+        return dropout
     config = getattr(module, "config", None)
     for attr, value in sorted(vars(config).items() if config is not None else ()):
         if (
@@ -306,19 +307,43 @@ def random_draw_reason(trainer: Any, module: Any) -> str | None:
     return None
 
 
-def _settings(trainer: Any, module: Any) -> bytes:
+def _walk(module: Any) -> tuple[tuple[int, int, int], str | None]:
+    """One pass over the modules the reference forward reaches (PEFT's adapter modules skipped).
+
+    Returns:
+        ``(number of weights, sum of their in-place versions, hash of their ids)``: any in-place change of a
+        weight raises the sum (versions only grow), a replaced weight changes the ids; and the first dropout
+        drawing random numbers (``p > 0`` in train mode), or ``None``.
+    """
+    import torch
+
+    count = versions = 0
+    ids: list[int] = []
+    reason = None
+    stack = [("", module)]
+    while stack:
+        name, sub = stack.pop()
+        for p in sub._parameters.values():
+            if p is not None:
+                count, versions = count + 1, versions + p._version
+                ids.append(id(p))
+        if reason is None and isinstance(sub, torch.nn.Dropout) and sub.p > 0 and sub.training:
+            reason = f"dropout p={sub.p} at {name or type(sub).__name__} draws random numbers in the reference forward"
+        for child_name, child in sub._modules.items():
+            if child is not None and not child_name.startswith(_ADAPTER_PARTS):
+                stack.append((f"{name}.{child_name}" if name else child_name, child))
+    return (count, versions, hash(tuple(ids))), reason
+
+
+def _settings(trainer: Any, module: Any, weights: tuple[int, int, int]) -> bytes:
     """Bytes of everything besides the inputs that changes the reference result (see the module docstring)."""
     import torch
 
-    versions = hashlib.blake2b(digest_size=16)
-    for name, p in module.named_parameters():
-        if not any(part.startswith(_ADAPTER_PARTS) for part in name.split(".")):
-            versions.update(f"{id(p)}:{p._version};".encode())
     autocast = [(d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda")]
     fields = (
         "adapters-off" if trainer.ref_model is None else "ref_model",
         id(module),
-        versions.hexdigest(),
+        weights,
         bool(module.training),
         autocast,
         str(trainer.accelerator.device),

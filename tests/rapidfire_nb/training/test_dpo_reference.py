@@ -184,6 +184,40 @@ def test_a_reference_forward_that_draws_random_numbers_is_not_shared(monkeypatch
     assert len(notes) == 1 and "drew random numbers" in notes[0], notes
 
 
+def test_a_hit_needs_the_same_inputs_and_unchanged_reference_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    calls: list[int] = []
+
+    def computing(trainer: Any, inputs: Any) -> tuple[Any, Any]:
+        calls.append(1)
+        return torch.zeros(1), torch.ones(1)
+
+    monkeypatch.setattr(dpo_reference, "reference_logps", computing)
+    cache = dpo_reference.ReferenceCache()
+    reference = torch.nn.Linear(2, 2).eval()
+    trainer = _fake_trainer(reference)
+    ids = torch.arange(6).reshape(2, 3)
+    batch = {"input_ids": ids, "completion_mask": torch.ones(2, 3)}
+    got = [cache.reference(trainer, batch), cache.reference(trainer, {**batch, "input_ids": ids.clone()})]
+    assert (cache.computed, cache.hits) == (1, 1) and got[1] is not None and float(got[1][1]) == 1.0
+    cache.reference(trainer, {**batch, "input_ids": ids.flip(1)})  # other bytes (same shape and dtype)
+    cache.reference(
+        trainer, {**batch, "completion_mask": torch.ones(2, 3, dtype=torch.float64)}
+    )  # other dtype
+    assert (cache.computed, cache.hits) == (3, 1)
+    with torch.no_grad():
+        reference.weight.add_(0.0)  # an in-place change (even of no value): the reference may differ
+    cache.reference(trainer, batch)
+    trainer.ld_alpha = 0.5  # a setting that changes the reference
+    cache.reference(trainer, batch)
+    assert (cache.computed, cache.hits, len(calls)) == (5, 1, 5)
+    small = dpo_reference.ReferenceCache(max_bytes=len(cache._entries.popitem()[1].content) + 8)
+    for flip in (False, True, False):
+        small.reference(trainer, {**batch, "input_ids": ids.flip(1) if flip else ids})
+    assert (small.computed, small.hits, len(small)) == (3, 0, 1), "bounded: the oldest entry was dropped"
+
+
 def test_dropout_in_the_reference_forward_refuses_sharing() -> None:
     import torch
 
