@@ -21,7 +21,7 @@ from .. import meta_keys, schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
 from ..schema.trainer_kinds import check_metric_choice, check_metric_name, is_trainer_metric
-from ..spec.packs import check_packing_option, refuse_unpackable
+from ..spec.packs import check_packing_option, packing_note, plan_packs, refuse_unpackable
 from ..training.quantization import refuse_quantized_full_finetunes
 from .resources import check_group_fits
 
@@ -226,6 +226,7 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
     batch_generation, notes = _batch_generation(
         args.batch_generation, param_config.trainer_type, policy, specs
     )
+    packing, packing_notes = _packing(args.packing, specs, param_config.trainer_type, args.seed)
     check_group_fits(specs, exp_dir, plan)  # the runs fit the disk and the device
     refuse_quantized_full_finetunes(specs)  # full fine-tuning of a quantized base: before anything loads
     return FitInputs(
@@ -247,8 +248,8 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         panel_metrics=plots,
         best_by=best_by,
         batch_generation=batch_generation,
-        packing=_packing(args.packing, specs, param_config.trainer_type, args.seed),
-        notes=notes,
+        packing=packing,
+        notes=notes + packing_notes,
     )
 
 
@@ -279,17 +280,25 @@ def _batch_generation(
     return given, ()
 
 
-def _packing(given: object, specs: tuple[Any, ...], trainer_type: str, seed: int) -> bool | str:
+def _packing(
+    given: object, specs: tuple[Any, ...], trainer_type: str, seed: int
+) -> tuple[bool | str, tuple[str, ...]]:
     """``run_fit``'s ``packing``, checked: ``"auto"``, True or False; with True, some two runs must share a pack.
+    Also the line said when training starts: which runs pack, which train alone and why
+    (:func:`~rapidfire_nb.spec.packs.packing_note`).
 
     Raises:
         ConfigError: another value (:func:`~rapidfire_nb.spec.packs.check_packing_option`), or True for a group
             where no two runs can share a pack (:func:`~rapidfire_nb.spec.packs.refuse_unpackable`).
     """
     packing = check_packing_option(given)
+    runs = dict(enumerate(specs, start=1))
     if packing is True:
-        refuse_unpackable(dict(enumerate(specs, start=1)), trainer_type, seed)
-    return packing
+        refuse_unpackable(runs, trainer_type, seed)
+    if packing is False:
+        return packing, ()
+    note = packing_note(plan_packs(runs, trainer_type, seed), packing, "cuda" if _cuda_count() else "cpu")
+    return packing, (note,) if note else ()
 
 
 def _check_numbers(args: FitArgs) -> None:

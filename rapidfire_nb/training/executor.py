@@ -43,6 +43,7 @@ from .models import (
 )
 from .offload import Parked, park, unpark
 from .own_params import OwnParameters
+from .pack_runs import PackRuns, packs_for
 from .prepared_rows import RowPreparer, sft_rows
 from .quiet import quiet_libraries
 from .rng import capture_rng
@@ -133,6 +134,7 @@ class TorchExecutor(Executor):
         self.generation = (
             GenerationBatcher(self.callbacks.metric_sink, self._note) if group.batch_generation else None
         )
+        self.packs: PackRuns | None = packs_for(self, group, self._note)  # packed steps (training/packing.py)
 
     # ------------------------------------------------------------------ Executor API
     def add_run(
@@ -175,8 +177,9 @@ class TorchExecutor(Executor):
         return self.prepared.start(run_id, spec)
 
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
-        run = self._runs[run_id]
-        return run.worker.run_until(stop_step)
+        if self.packs is not None:
+            return self.device.call(lambda: self.packs.segment(run_id, stop_step))  # type: ignore[union-attr]
+        return self._runs[run_id].worker.run_until(stop_step)
 
     @property
     def runs(self) -> Mapping[int, _Run]:
@@ -196,6 +199,10 @@ class TorchExecutor(Executor):
     def on_status(self, run_id: int, status: str) -> None:
         if status == "DELETED":
             self.prepared.discard(run_id)  # a clone deleted while its rows were tokenized is never built
+        if self.packs is not None:
+            self.packs.on_status(
+                run_id, status
+            )  # trained ahead in a pack: put back where the scheduler sees it
         run = self._runs.get(run_id)
         if run is None:
             return
@@ -226,6 +233,8 @@ class TorchExecutor(Executor):
         if run is None:
             return
         self._writer.written.pop(run_id, None)
+        if self.packs is not None:
+            self.packs.drop(run_id)
 
         def release() -> None:
             if self.generation is not None:
@@ -343,17 +352,18 @@ class TorchExecutor(Executor):
         resume, start = self._start_position(run_id, trainer, adapter, plan, run_dir, warm_from, resume_from)
         if resume is not None:
             restore_counters(trainer, resume)  # e.g. TRL's num_tokens goes on counting from the checkpoint
+        hooks = RunHooks(
+            activate=lambda: self._activate(run_id),
+            on_boundary=lambda step, rng: self._on_boundary(run_id, step, rng),
+            on_log=lambda step, logs: self._on_log(run_id, step, logs),
+            on_final=lambda step, rng: self._on_final(run_id, rng),
+        )
         worker = RunWorker(
             run_id,
             trainer,
             plan,
             self.device,
-            RunHooks(
-                activate=lambda: self._activate(run_id),
-                on_boundary=lambda step, rng: self._on_boundary(run_id, step, rng),
-                on_log=lambda step, logs: self._on_log(run_id, step, logs),
-                on_final=lambda step, rng: self._on_final(run_id, rng),
-            ),
+            hooks if self.packs is None else self.packs.wrap(run_id, spec, hooks),
             initial_rng=initial_rng,
             eval_at_boundaries=eval_ds is not None,
             resume_from_checkpoint=resume,

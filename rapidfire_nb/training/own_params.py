@@ -62,6 +62,31 @@ class OwnParameters:
         else:  # nn.Module's own, until the first clip checked the list
             self.model.__dict__.pop("zero_grad", None)
 
+    def force(self, params: list[Any]) -> bool:
+        """Walk only ``params`` (the run's adapter weights, in model order) from now on, even while other runs'
+        parameters hold gradients: a packed step (:mod:`~rapidfire_nb.training.packing`) leaves every run's
+        gradients on the shared base until each run's optimizer step. The logged norm of a run with
+        ``max_grad_norm == 0`` (transformers' ``_get_grad_norm``) is taken over ``params`` too. False (nothing
+        changed) when the trainer clips its own way or its optimizer holds other parameters.
+        """
+        optimizer = (
+            self.trainer.optimizer
+        )  # None before the run's first step: train() builds it from ``params``
+        optimized = (
+            {id(p) for g in optimizer.param_groups for p in g["params"]} if optimizer is not None else None
+        )
+        if "_clip_grad_norm" not in self.trainer.__dict__ or optimized not in (None, {id(p) for p in params}):
+            return False
+        self._own = list(params)
+        self.activate()
+        accelerator, own = self.trainer.accelerator, self._own
+
+        def grad_norm(model: Any, grad_norm: Any = None) -> Any:
+            return accelerator.clip_grad_norm_(own, float("inf")) if grad_norm is None else grad_norm
+
+        self.trainer._get_grad_norm = grad_norm
+        return True
+
     def clip(self, model: Any) -> Any:
         """``Trainer._clip_grad_norm(model)`` over the run's own parameters (its own walk when not checked)."""
         if model is not self.model:

@@ -197,6 +197,23 @@ class RunWorker:
         assert isinstance(result, SegmentResult), result
         return result
 
+    def glet_or_new(self) -> greenlet:
+        """The run's ``train()`` greenlet (made, not started, before its first segment); device thread."""
+        if self._glet is None:
+            self._glet = greenlet(self._main)
+        return self._glet
+
+    def start_packed(self, stop_step: int) -> Any:
+        """A packed segment (:mod:`~rapidfire_nb.training.packing`) begins: train until the run's first rendezvous
+        (returned), its boundary at ``stop_step``, its end or its error (a ``SegmentResult``); device thread."""
+        self.stop_step = stop_step
+        return self.glet_or_new().switch()
+
+    def resume_packed(self, answer: Any) -> Any:
+        """Hand the driver's ``answer`` to the run parked at a rendezvous; what it returns next, as ``start_packed``."""
+        assert self._glet is not None
+        return self._glet.switch(answer)
+
     def _abort(self) -> None:
         if self._glet is not None and not self._glet.dead:
             self._glet.throw(_Abort())

@@ -1,0 +1,405 @@
+"""Packed steps: the LoRA runs of one pack train in lockstep, with one forward and one backward over the shared base.
+
+A pack's runs each keep their own TRL trainer, optimizer, LR schedule, clipping, logging, callbacks, evaluations,
+RNG stream and checkpoints: only the forward and backward of their micro-batches are fused. Every run's
+``train()`` is a greenlet on the device thread (:mod:`~rapidfire_nb.training.worker`); in a packed segment the
+:class:`PackDriver` switches into each run in turn, and each run parks at two rendezvous of its training step:
+
+* **forward**: the shared base's backbone (``LlamaModel`` under ``LlamaForCausalLM``; the module a causal LM's
+  forward and TRL's fused LM head both call) is called with the run's micro-batch. When every run of the pack
+  is there, the driver calls the backbone once on the concatenated micro-batches, each run's rows through its
+  own adapter (:func:`routed_forward` on every ``peft`` LoRA ``Linear``: the base GEMMs once, each adapter on its
+  own rows, no rank padding), and hands each run its rows' hidden states. The LM head and the loss are then
+  each run's own code on its own slice (TRL's fused LM head included), so memory for logits stays one run's.
+* **backward**: ``accelerator.backward(loss)``. When every run is there, the driver back-propagates the sum of
+  the runs' losses (each scaled as accelerate does: ``loss / gradient_accumulation_steps``) once. The gradient
+  reaching each run's loss is exactly 1.0, and each run's adapter sees only its own rows, so each run's
+  gradients are its own.
+
+Exactness: on CPU (fp32) each row's results do not depend on the other rows of the batch (measured: 0.0 over
+every LoRA gradient), so every packed run ends equal to a plain ``trainer.train()`` (tests). LoRA dropout draws
+from each run's own RNG state, in each run's layer order, as alone (the state is swapped in around each
+adapter's dropout). CUDA's GEMMs are not batch-invariant: there the difference is measured, not promised.
+
+Forwards that are not training steps (evaluations, DPO's reference with adapters disabled, generation) run
+alone, with the run's adapter made active first. A backbone call the driver cannot fuse (different shapes,
+positional arguments, a cache) runs alone for each run, in lockstep: still exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from greenlet import getcurrent
+
+from .adapters import activate_adapter
+from .rng import capture_rng, restore_rng
+
+__all__ = ["PackDriver", "PackMember", "fusable_base", "routed_forward"]
+
+#: The rows of each run in the fused backbone call (device thread only; None outside it).
+_ROUTE: list[_Rows] | None = None
+
+
+@dataclass
+class _Rows:
+    adapter: str
+    start: int
+    stop: int
+    rng: dict[str, Any] | None  # the run's RNG state, advanced by its own dropout draws
+
+
+@dataclass
+class _Forward:
+    kwargs: dict[str, Any]
+    rng: dict[str, Any]
+    accumulation: dict[str, Any] = field(default_factory=dict)  # the run's accelerate GradientState
+
+
+@dataclass
+class _Backward:
+    loss: Any
+    rng: dict[str, Any]
+    accumulation: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Raise:
+    exc: BaseException
+
+
+@dataclass
+class PackMember:
+    """One run of a pack, as the driver drives it.
+
+    Attributes:
+        run_id: the run's id.
+        adapter: its adapter's name on the shared base.
+        worker: its :class:`~rapidfire_nb.training.worker.RunWorker`.
+        enter: called before every switch into the run (its ``zero_grad`` and forward back on the shared base).
+        own: its trainable parameters, in model order (its adapter's weights).
+    """
+
+    run_id: int
+    adapter: str
+    worker: Any
+    enter: Any
+    own: list[Any] = field(default_factory=list)
+
+
+def _lora_linear_class() -> type:
+    from peft.tuners.lora.layer import Linear
+
+    return Linear
+
+
+def fusable_base(model: Any, adapters: list[str]) -> str | None:
+    """Why the adapters ``adapters`` of the ``PeftModel`` ``model`` cannot share one fused pass, or None.
+
+    Each adapter must sit only on plain ``peft`` LoRA ``Linear`` layers (no DoRA or other variant, no merged
+    layer, no ``lora_bias``), and the backbone must not recompute activations (gradient checkpointing replays
+    dropout from the process-wide RNG, which each run keeps its own copy of).
+    """
+    linear = _lora_linear_class()
+    from peft.tuners.lora.layer import LoraLayer
+
+    for module in model.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        for name in adapters:
+            if name not in getattr(module, "lora_A", {}):
+                continue
+            if type(module) is not linear:
+                return f"its adapter sits on a {type(module).__name__} layer (packs take plain Linear layers)"
+            if name in module.lora_variant or module.merged or module.lora_bias.get(name, False):
+                return "its adapter is a LoRA variant (DoRA, bias) or merged"
+    if getattr(_causal_lm(model), "is_gradient_checkpointing", False):
+        return "gradient checkpointing"
+    return None
+
+
+def _causal_lm(model: Any) -> Any:
+    """The transformers model under a ``PeftModel`` (``model.base_model.model``)."""
+    return model.base_model.model
+
+
+def routed_forward(layer: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """A ``peft`` LoRA ``Linear``'s forward; inside a fused backbone call, each run's rows through its own adapter.
+
+    The same arithmetic as ``peft.tuners.lora.layer.Linear.forward`` for the rows of each run: the base layer
+    (once, over every run's rows), then ``result + lora_B(lora_A(dropout(x))) * scaling`` on that run's rows, cast
+    back to the base's dtype. A run with no adapter on this layer keeps the base's result.
+    """
+    route = _ROUTE
+    if route is None or args or kwargs or layer.disable_adapters or layer.merged:
+        return type(layer).forward(layer, x, *args, **kwargs)
+    result = layer.base_layer(x)
+    dtype = result.dtype
+    parts = []
+    for rows in route:
+        part = result[rows.start : rows.stop]
+        if rows.adapter in layer.lora_A:
+            lora_a, lora_b = layer.lora_A[rows.adapter], layer.lora_B[rows.adapter]
+            dropout, scaling = layer.lora_dropout[rows.adapter], layer.scaling[rows.adapter]
+            xi = layer._cast_input_dtype(x[rows.start : rows.stop], lora_a.weight.dtype)
+            with _own_rng(rows, xi, dropout):
+                dropped = dropout(xi)
+            part = part + lora_b(lora_a(dropped)) * scaling
+        parts.append(part)
+    return torch.cat(parts).to(dtype)
+
+
+@contextlib.contextmanager
+def _own_rng(rows: _Rows, x: Any, dropout: Any) -> Iterator[None]:
+    """Draw ``dropout``'s mask from the run's own RNG state (swapped in and out around the draw)."""
+    if rows.rng is None or isinstance(dropout, torch.nn.Identity) or not dropout.training:
+        yield
+        return
+    cuda = x.is_cuda
+    saved = torch.cuda.get_rng_state(x.device) if cuda else torch.random.get_rng_state()
+    own = rows.rng["cuda"][x.device.index or 0] if cuda else rows.rng["cpu"]
+    if cuda:
+        torch.cuda.set_rng_state(own, x.device)
+    else:
+        torch.random.set_rng_state(own)
+    try:
+        yield
+    finally:
+        if cuda:
+            rows.rng["cuda"][x.device.index or 0] = torch.cuda.get_rng_state(x.device)
+            torch.cuda.set_rng_state(saved, x.device)
+        else:
+            rows.rng["cpu"] = torch.random.get_rng_state()
+            torch.random.set_rng_state(saved)
+
+
+class PackDriver:
+    """Drives the runs of packs on one shared base through packed segments (device thread only).
+
+    Args:
+        model: the shared ``peft.PeftModel``.
+
+    :meth:`install` patches the base once (the backbone's forward, every LoRA ``Linear``'s forward); outside a
+    packed segment both behave exactly as before (one attribute lookup more per call).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._members: dict[Any, PackMember] = {}  # greenlet -> its run, during a packed segment
+        self.fused_steps = 0  # fused forward passes (tests, benchmark)
+        self.alone_steps = 0  # forwards of a packed segment that ran alone (shapes differed)
+        backbone = _causal_lm(model).base_model
+        self._backbone_forward = type(backbone).forward.__get__(backbone)
+        backbone.forward = self._backbone_call
+        linear = _lora_linear_class()
+        for module in model.modules():
+            if type(module) is linear and "forward" not in module.__dict__:
+                module.forward = functools.partial(routed_forward, module)
+
+    # ------------------------------------------------------------------ installed on each member's trainer
+    def install_backward(self, trainer: Any) -> None:
+        """Route the trainer's ``accelerator.backward`` through the backward rendezvous (once per trainer)."""
+        acc = trainer.accelerator
+        if "backward" in acc.__dict__:
+            return
+        original = acc.backward
+
+        def backward(loss: Any, **kwargs: Any) -> None:
+            member = self._members.get(getcurrent())
+            if member is None or kwargs or acc.scaler is not None or acc.distributed_type != "NO":
+                return original(loss, **kwargs)
+            scaled = loss / acc.gradient_accumulation_steps  # what accelerate's backward does first
+            self._rendezvous(_Backward(scaled, {}))
+            return None
+
+        acc.backward = backward
+
+    # ------------------------------------------------------------------ the packed segment
+    def run(self, members: list[PackMember], stop_step: int) -> dict[int, Any]:
+        """Train every member until ``stop_step`` in lockstep; their ``SegmentResult`` by run id.
+
+        Every member must be parked at the same step with the same next boundary. A member that fails leaves
+        the pack (its result carries the error); the others go on.
+        """
+        pending: dict[int, Any] = {}
+        results: dict[int, Any] = {}
+        accumulation: dict[int, dict[str, Any]] = {}
+        by_id = {m.run_id: m for m in members}
+        for m in members:
+            self._members[m.worker.glet_or_new()] = m
+            m.enter()
+            self._sort(m, m.worker.start_packed(stop_step), pending, results)
+        try:
+            while pending:
+                back = [rid for rid, req in pending.items() if isinstance(req, _Backward)]
+                accumulation = {rid: req.accumulation for rid, req in pending.items()}
+                if back:
+                    answers = self._backward({rid: pending.pop(rid) for rid in back})
+                else:
+                    fwd = {rid: pending.pop(rid) for rid in list(pending)}
+                    answers = self._forward({rid: (by_id[rid], req) for rid, req in fwd.items()})
+                for rid, (answer, rng) in answers.items():
+                    m = by_id[rid]
+                    restore_rng(rng)
+                    _gradient_state().update(accumulation[rid])
+                    m.enter()
+                    self._sort(m, m.worker.resume_packed(answer), pending, results)
+        finally:
+            self._members.clear()
+        return results
+
+    def _sort(self, m: PackMember, req: Any, pending: dict[int, Any], results: dict[int, Any]) -> None:
+        if isinstance(req, (_Forward, _Backward)):
+            pending[m.run_id] = req
+        else:
+            results[m.run_id] = (
+                req  # a SegmentResult (its boundary, its end or its error), or None (released)
+            )
+
+    def _rendezvous(self, request: _Forward | _Backward) -> Any:
+        """In a member's greenlet: hand ``request`` to the driver; returns its answer (or raises its error)."""
+        request.rng = capture_rng()
+        # accelerate's GradientState is one state for the process (sync_gradients, the dataloaders): each run of
+        # the pack sets it in its own steps, so each gets its own back (an optimizer step skips when not synced)
+        request.accumulation = dict(_gradient_state())
+        answer = getcurrent().parent.switch(request)
+        if isinstance(answer, _Raise):
+            raise answer.exc
+        return answer
+
+    def _backbone_call(self, *args: Any, **kwargs: Any) -> Any:
+        member = self._members.get(getcurrent())
+        if member is None:
+            return self._backbone_forward(*args, **kwargs)
+        if args or not torch.is_grad_enabled() or not self.model.training:
+            self._make_active(member)  # an evaluation, DPO's reference, a generation: the run alone
+            return self._backbone_forward(*args, **kwargs)
+        return self._rendezvous(_Forward(kwargs, {}))
+
+    def _make_active(self, member: PackMember) -> None:
+        if self.model.active_adapter != member.adapter:
+            activate_adapter(self.model, member.adapter)
+
+    def _all_trainable(self, members: list[PackMember]) -> None:
+        """Every member's adapter trains in the fused pass (activating one adapter froze the others')."""
+        for m in members:
+            for p in m.own:
+                if not p.requires_grad:
+                    p.requires_grad_(True)
+
+    # ------------------------------------------------------------------ the fused passes
+    def _forward(
+        self, requests: dict[int, tuple[PackMember, _Forward]]
+    ) -> dict[int, tuple[Any, dict[str, Any]]]:
+        """One backbone call over every request's micro-batch, or each alone when they cannot be joined."""
+        global _ROUTE
+        merged = _join([req.kwargs for _m, req in requests.values()]) if len(requests) > 1 else None
+        if merged is not None:
+            kwargs, sizes = merged
+            members = [m for m, _req in requests.values()]
+            self._all_trainable(members)
+            route, start = [], 0
+            for (m, req), size in zip(requests.values(), sizes):
+                route.append(_Rows(m.adapter, start, start + size, dict(req.rng)))
+                start += size
+            _ROUTE = route
+            try:
+                with torch.enable_grad():
+                    out = self._backbone_forward(**kwargs)
+            except Exception:  # e.g. out of memory: each alone gets its own error or result
+                out = None
+            finally:
+                _ROUTE = None
+            if out is not None and getattr(out, "past_key_values", None) is None:
+                self.fused_steps += 1
+                return {
+                    rid: (_slice(out, rows.start, rows.stop), rows.rng or req.rng)
+                    for (rid, (_m, req)), rows in zip(requests.items(), route)
+                }
+        return {rid: self._alone(m, req) for rid, (m, req) in requests.items()}
+
+    def _alone(self, member: PackMember, req: _Forward) -> tuple[Any, dict[str, Any]]:
+        self.alone_steps += 1
+        restore_rng(req.rng)
+        self._make_active(member)
+        try:
+            with torch.enable_grad():
+                out: Any = self._backbone_forward(**req.kwargs)
+        except Exception as exc:
+            out = _Raise(exc)
+        return out, capture_rng()
+
+    def _backward(self, requests: dict[int, _Backward]) -> dict[int, tuple[Any, dict[str, Any]]]:
+        """``backward`` of the sum of the requests' losses, once (each loss's gradient is exactly 1.0)."""
+        losses = [req.loss for req in requests.values()]
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        answer: Any = None
+        try:
+            total.backward()
+        except Exception as exc:  # every member of this pass fails with it, as it would alone
+            answer = _Raise(exc)
+        return {rid: (answer, req.rng) for rid, req in requests.items()}
+
+
+def _gradient_state() -> dict[str, Any]:
+    """accelerate's ``GradientState`` shared dict (every instance's ``__dict__``), to save and put back."""
+    from accelerate.state import GradientState
+
+    return GradientState._shared_state  # type: ignore[no-any-return]
+
+
+def _join(calls: list[dict[str, Any]]) -> tuple[dict[str, Any], list[int]] | None:
+    """The keyword arguments of one backbone call over every call's rows (concatenated on dim 0), and each call's
+    row count; None when they cannot be joined (other keys, shapes, non-tensor values, a cache)."""
+    first = calls[0]
+    if (
+        any(set(c) != set(first) for c in calls)
+        or first.get("past_key_values") is not None
+        or first.get("use_cache")
+    ):
+        return None
+    lead = first.get("input_ids", first.get("inputs_embeds"))
+    if not isinstance(lead, torch.Tensor):
+        return None
+    sizes = [int(c.get("input_ids", c.get("inputs_embeds")).shape[0]) for c in calls]
+    joined: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [c[key] for c in calls]
+        if isinstance(value, torch.Tensor):
+            if all(
+                isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n for v, n in zip(values, sizes)
+            ):
+                if any(v.shape[1:] != value.shape[1:] for v in values):
+                    return None
+                joined[key] = torch.cat(values)
+            elif all(
+                isinstance(v, torch.Tensor) and v.shape == value.shape and torch.equal(v, value)
+                for v in values
+            ):
+                joined[key] = value
+            else:
+                return None
+        elif all(v is value or (not isinstance(v, torch.Tensor) and v == value) for v in values):
+            joined[key] = value
+        else:
+            return None
+    return joined, sizes
+
+
+def _slice(out: Any, start: int, stop: int) -> Any:
+    """The backbone output of rows ``start:stop`` (every tensor, or tuple of tensors, sliced on dim 0)."""
+    values = {}
+    for key, value in out.items():
+        if isinstance(value, torch.Tensor):
+            value = value[start:stop]
+        elif isinstance(value, tuple):
+            value = tuple(v[start:stop] if isinstance(v, torch.Tensor) else v for v in value)
+        values[key] = value
+    return type(out)(**values)
