@@ -173,3 +173,33 @@ def test_a_member_stopped_before_its_turn_goes_back_to_its_boundary_and_ends_exa
     for rid in range(1, 5):
         assert max_abs_diff(adapters[rid], plain[rid].final) == 0.0, rid
         assert losses[rid][-1] == _train_losses(plain[rid].log_history)[-1], rid
+
+
+def test_dpo_runs_with_other_beta_and_loss_pack_and_equal_plain_trl(tmp_path: Any) -> None:
+    """DPO: runs 1-3 (beta 0.1 / 0.3, ``ipo``) form one pack over the shared reference (computed once per
+    micro-batch); run 4 (a shorter ``max_length``) trains alone. Every run equals a plain ``DPOTrainer``."""
+    from rapidfire_nb.testing import tiny_dpo_dataset
+    from tests.rapidfire_nb.test_dpo_grpo import plain_trl
+    from tests.rapidfire_nb.training.test_dpo_reference import SEED as DPO_SEED
+    from tests.rapidfire_nb.training.test_dpo_reference import _assert_equal_plain, _lora_group
+
+    train = tiny_dpo_dataset(8, seed=3)
+    group = _lora_group()
+    exp = Experiment("dpo-packed", experiment_path=tmp_path)
+    exp.run_fit(group, tiny_create_model, train, None, num_chunks=2, seed=DPO_SEED, packing=True)
+    ex = exp.session.executor
+    assert ex.packs is not None
+    fused = [(d.fused_steps, d.alone_steps) for d in ex.packs._drivers.values()]
+    adapters = {
+        rid: adapter_state(run.worker.trainer.model, adapter_name=run.adapter) for rid, run in ex.runs.items()
+    }
+    info = exp.get_runs_info().set_index("run_id")
+    results = exp.get_results()
+    exp.end()
+    assert list(info.status) == ["COMPLETED"] * 4
+    assert list(info["pack"]) == [1, 1, 1, None]
+    assert fused == [(4, 0)]  # 4 steps of one micro-batch, each a fused pass of runs 1-3
+    for rid, leaf in enumerate(group.expand(DPO_SEED), start=1):
+        ref = plain_trl(leaf, tiny_create_model, train, None, tmp_path / f"plain-{rid}")
+        assert max_abs_diff(adapters[rid], ref["weights"]) == 0.0, rid
+        _assert_equal_plain(results, rid, ref)
