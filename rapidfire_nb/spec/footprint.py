@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "activation_bytes",
     "CHECKPOINT_REST_BYTES",
     "FAMILIES",
     "OPTIMIZER_STATES",
@@ -238,6 +239,28 @@ class Footprint:
     memory_bytes: int
     min_rank_dim: int | None = None
     targeted: int = 0
+
+
+def activation_bytes(shapes: BaseShapes, tokens: int, dtype_bytes: int = 4) -> int:
+    """Activations one training micro-batch of ``tokens`` tokens (rows x padded length) holds for its backward,
+    estimated (bytes): what a pack adds per run beside time-slicing, where one run's are alive at a time.
+
+    Per token and decoder layer (a Llama-style layer, what autograd saves for the backward): the two RMSNorms'
+    inputs and outputs and the attention input and output (``8 x hidden``), keys and values
+    (``2 x kv_heads x head_dim``), and the MLP's gate, up, activation, product and down input
+    (``5 x intermediate``); plus the logits once per token (``vocab``; TRL's fused LM head keeps less). LoRA's own
+    tensors (rank-sized) are left out. An upper estimate for SDPA attention, which keeps no ``T x T`` matrix.
+
+    Args:
+        shapes: the base's shapes.
+        tokens: rows x padded length of the micro-batch (tokens).
+        dtype_bytes: bytes per activation element (4: fp32; 2: bf16/fp16 autocast).
+
+    Returns:
+        The estimate, in bytes.
+    """
+    per_layer = 8 * shapes.hidden + 2 * shapes.kv_heads * shapes.head_dim + 5 * shapes.intermediate
+    return int(tokens) * (shapes.layers * per_layer + shapes.vocab) * int(dtype_bytes)
 
 
 def estimate(shapes: BaseShapes, lora: Mapping[str, Any] | None, optim: str | None = None) -> Footprint:

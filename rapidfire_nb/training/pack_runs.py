@@ -22,7 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapidfire_nb.spec.footprint import BaseShapes, activation_bytes, format_bytes
+
 from .checkpoint import write_snapshot
+from .free_memory import available_ram, free_cuda_bytes
 from .packing import PackDriver, PackMember, fusable_base
 from .worker import RunHooks
 
@@ -75,6 +78,8 @@ class PackRuns:
         self._drivers: dict[int, PackDriver] = {}  # by id() of the shared base model
         self.packed_segments = 0
         self._pack_of: dict[int, int | None] = {}
+        self._capped = ""  # the last memory note said
+        self._cap_reason: tuple[int, int, int] = (0, 0, 0)
 
     # ------------------------------------------------------------------ executor hooks
     def add(self, run_id: int, spec: Any) -> None:
@@ -192,7 +197,42 @@ class PackRuns:
             self._note(f"runs {', '.join(str(r.run_id) for r in same)} train alone: {why}")
             self._keys.update({r.run_id: None for r in same})
             return []
-        return [self._member(r) for r in same]
+        same = self._within_memory(run, same)
+        return [self._member(r) for r in same] if len(same) > 1 else []
+
+    def _within_memory(self, run: Any, same: list[Any]) -> list[Any]:
+        """``same`` cut to the members whose activations fit the device's free memory together (one pack of
+        consecutive run ids holding ``run``), with a note once per size; a pack's extra memory against
+        time-slicing is ``k - 1`` runs' activations (:func:`~rapidfire_nb.spec.footprint.activation_bytes`)."""
+        cap = self._memory_cap(run)
+        if cap is None or cap >= len(same):
+            return same
+        i = same.index(run) // cap * cap
+        _tokens, per_run, free = self._cap_reason
+        text = (
+            f"packs of at most {cap} runs on this device: each run adds ~{format_bytes(per_run)} of activations "
+            f"per micro-batch to a pack, and {format_bytes(free)} is free"
+        )
+        if text != self._capped:
+            self._capped = text
+            self._note(text)
+        return same[i : i + cap]
+
+    def _memory_cap(self, run: Any) -> int | None:
+        """How many runs of ``run``'s shape fit one pack in the free memory (>= 1), or None (not known)."""
+        shapes = BaseShapes.from_config(getattr(run.base.model.base_model.model, "config", None))
+        args = run.worker.trainer.args
+        cuda = free_cuda_bytes()
+        free = cuda[0] if cuda is not None else available_ram()
+        if shapes is None or free is None:
+            return None
+        rows = int(args.per_device_train_batch_size) * (
+            2 if run.kind.name == "DPO" else 1
+        )  # chosen + rejected
+        tokens = rows * int(getattr(args, "max_length", None) or 1024)
+        per_run = activation_bytes(shapes, tokens, 2 if (args.bf16 or args.fp16) else 4)
+        self._cap_reason = (tokens, per_run, free)
+        return max(1, 1 + int(0.8 * free) // max(per_run, 1))
 
     def _member(self, run: Any) -> PackMember:
         model, own = run.base.model, run.own

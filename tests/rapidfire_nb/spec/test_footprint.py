@@ -221,3 +221,13 @@ def test_device_memory_is_the_weights_gradients_and_adamw_state_after_a_step(
     shapes = BaseShapes.from_config(tiny_model_config())
     assert shapes is not None
     assert estimate(shapes, lora).memory_bytes == actual
+
+
+def test_activation_bytes_per_micro_batch_of_smollm2() -> None:
+    """Per token: 30 layers x (8 x 576 + 2 x 3 x 64 + 5 x 1536) + 49,152 logits = 429,312 elements; fp32."""
+    from rapidfire_nb.spec.footprint import activation_bytes
+
+    smol = BaseShapes.from_config(SMOLLM2_135M)
+    assert smol is not None
+    assert activation_bytes(smol, 1) == 429_312 * 4
+    assert activation_bytes(smol, 4 * 256, dtype_bytes=2) == 4 * 256 * 429_312 * 2  # 4 rows of 256, bf16: ~0.88 GB

@@ -203,3 +203,36 @@ def test_dpo_runs_with_other_beta_and_loss_pack_and_equal_plain_trl(tmp_path: An
         ref = plain_trl(leaf, tiny_create_model, train, None, tmp_path / f"plain-{rid}")
         assert max_abs_diff(adapters[rid], ref["weights"]) == 0.0, rid
         _assert_equal_plain(results, rid, ref)
+
+
+def test_a_pack_that_would_not_fit_the_free_memory_is_split(
+    data: tuple[Any, Any], plain: dict[int, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for 2 runs' activations (each estimated at 1,000 bytes, 1,300 free), the 4 packable runs train as
+    two packs (1-2 and 3-4), said once, and every run still equals plain TRL."""
+    from rapidfire_nb.training import pack_runs
+
+    monkeypatch.setattr(pack_runs, "activation_bytes", lambda shapes, tokens, dtype_bytes=4: 1000)
+    monkeypatch.setattr(pack_runs, "available_ram", lambda: 1300)
+    monkeypatch.setattr(pack_runs, "free_cuda_bytes", lambda: None)
+    train, evald = data
+    exp = Experiment("packed-split", experiment_path=tmp_path)
+    lines: list[str] = []
+    exp.on_message(lines.append)
+    exp.run_fit(
+        _group(with_outsider=False), tiny_create_model, train, evald, num_chunks=2, seed=SEED, packing=True
+    )
+    adapters, losses = _mine(exp)
+    info = exp.get_runs_info().set_index("run_id")
+    drivers = list(exp.session.executor.packs._drivers.values())
+    exp.end()
+    assert list(info["pack"]) == [1, 1, 3, 3]
+    assert [d.fused_steps for d in drivers] == [24]  # 12 micro-batches, each fused twice (two packs of 2)
+    said = [line for line in lines if "packs of at most 2 runs" in line]
+    assert said == [
+        "[rapidfire] packs of at most 2 runs on this device: each run adds ~1.0 KB of activations per micro-batch"
+        " to a pack, and 1.3 KB is free"
+    ]
+    for rid in range(1, 5):
+        assert losses[rid] == _train_losses(plain[rid].log_history), rid
+        assert max_abs_diff(adapters[rid], plain[rid].final) == 0.0, rid
