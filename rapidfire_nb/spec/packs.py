@@ -87,7 +87,6 @@ need data: :func:`why_not_packed`)."""
 
 _MODEL_FIELDS = ("model_name", "tokenizer", "formatting_func", "model_type", "ref_model_name")
 _DICT_FIELDS = ("model_kwargs", "tokenizer_kwargs", "ref_model_kwargs")
-_QUANTIZED_KEYS = ("quantization_config", "load_in_4bit", "load_in_8bit")
 _SEED_FROM_RUN_FIT = "<run_fit's seed>"
 # Trainer fields compared as written, never read as their default when equal to it: building the real config
 # (rapidfire_nb.spec.build) reads whether the user set them (TRL's default gradient checkpointing is switched off on
@@ -151,7 +150,7 @@ def why_not_packed(spec: LeafConfig, trainer_type: str) -> str | None:
         trainer_type: ``"SFT"``, ``"DPO"`` or ``"GRPO"`` (any case).
 
     Returns:
-        e.g. ``"full fine-tuning"``, ``"GRPO generates in its step"``, ``"DoRA"``, ``"a quantized base"``,
+        e.g. ``"full fine-tuning"``, ``"GRPO generates in its step"``, ``"DoRA"``,
         ``"SFT packing=True (rows packed into one sequence)"``; None when the run may pack.
     """
     if str(trainer_type).upper() == "GRPO":
@@ -167,8 +166,6 @@ def why_not_packed(spec: LeafConfig, trainer_type: str) -> str | None:
     for name, refused, phrase in _TRAINING_REFUSALS:
         if refused(spec.training.get(name)):
             return phrase
-    if any(_set(spec.model_kwargs.get(k)) for k in _QUANTIZED_KEYS):
-        return "a quantized base"
     return None
 
 

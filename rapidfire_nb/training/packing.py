@@ -98,6 +98,19 @@ def _lora_linear_class() -> type:
     return Linear
 
 
+def _lora_linear_classes() -> tuple[type, ...]:
+    """PEFT's LoRA ``Linear`` and, with bitsandbytes installed, its 8-bit and 4-bit LoRA layers (a quantized
+    shared base)."""
+    classes: list[type] = [_lora_linear_class()]
+    try:
+        from peft.tuners.lora import bnb
+
+        classes += [getattr(bnb, name) for name in ("Linear8bitLt", "Linear4bit") if hasattr(bnb, name)]
+    except ImportError:
+        pass
+    return tuple(classes)
+
+
 def fusable_base(model: Any, adapters: list[str]) -> str | None:
     """Why the adapters ``adapters`` of the ``PeftModel`` ``model`` cannot share one fused pass, or None.
 
@@ -105,7 +118,7 @@ def fusable_base(model: Any, adapters: list[str]) -> str | None:
     layer, no ``lora_bias``), and the backbone must not recompute activations (gradient checkpointing replays
     dropout from the process-wide RNG, which each run keeps its own copy of).
     """
-    linear = _lora_linear_class()
+    linear = _lora_linear_classes()
     from peft.tuners.lora.layer import LoraLayer
 
     for module in model.modules():
@@ -114,7 +127,7 @@ def fusable_base(model: Any, adapters: list[str]) -> str | None:
         for name in adapters:
             if name not in getattr(module, "lora_A", {}):
                 continue
-            if type(module) is not linear:
+            if type(module) not in linear:
                 return f"its adapter sits on a {type(module).__name__} layer (packs take plain Linear layers)"
             if name in module.lora_variant or module.merged or module.lora_bias.get(name, False):
                 return "its adapter is a LoRA variant (DoRA, bias) or merged"
@@ -133,25 +146,34 @@ def routed_forward(layer: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
 
     The same arithmetic as ``peft.tuners.lora.layer.Linear.forward`` for the rows of each run: the base layer
     (once, over every run's rows), then ``result + lora_B(lora_A(dropout(x))) * scaling`` on that run's rows, cast
-    back to the base's dtype. A run with no adapter on this layer keeps the base's result.
+    back to the base's dtype. On a quantized base, ``peft.tuners.lora.bnb``'s ``Linear8bitLt`` / ``Linear4bit``
+    arithmetic (the 4-bit result cloned first; the input cast and the output cast back only outside autocast).
+    A run with no adapter on this layer keeps the base's result.
     """
     route = _ROUTE
     if route is None or args or kwargs or layer.disable_adapters or layer.merged:
         return type(layer).forward(layer, x, *args, **kwargs)
+    plain = type(layer) is _lora_linear_class()
     result = layer.base_layer(x)
+    if type(layer).__name__ == "Linear4bit":
+        result = result.clone()  # as PEFT's 4-bit layer does
     dtype = result.dtype
+    convert = plain or not torch.is_autocast_enabled()
     parts = []
     for rows in route:
         part = result[rows.start : rows.stop]
         if rows.adapter in layer.lora_A:
             lora_a, lora_b = layer.lora_A[rows.adapter], layer.lora_B[rows.adapter]
             dropout, scaling = layer.lora_dropout[rows.adapter], layer.scaling[rows.adapter]
-            xi = layer._cast_input_dtype(x[rows.start : rows.stop], lora_a.weight.dtype)
+            xi = x[rows.start : rows.stop]
+            xi = layer._cast_input_dtype(xi, lora_a.weight.dtype) if convert else xi
             with _own_rng(rows, xi, dropout):
                 dropped = dropout(xi)
-            part = part + lora_b(lora_a(dropped)) * scaling
+            out = lora_b(lora_a(dropped)) * scaling
+            part = part + (out.to(dtype) if convert and not plain else out)
         parts.append(part)
-    return torch.cat(parts).to(dtype)
+    joined = torch.cat(parts)
+    return joined.to(dtype) if plain else joined
 
 
 @contextlib.contextmanager
@@ -196,9 +218,9 @@ class PackDriver:
         backbone = _causal_lm(model).base_model
         self._backbone_forward = type(backbone).forward.__get__(backbone)
         backbone.forward = self._backbone_call
-        linear = _lora_linear_class()
+        linear = _lora_linear_classes()
         for module in model.modules():
-            if type(module) is linear and "forward" not in module.__dict__:
+            if type(module) in linear and "forward" not in module.__dict__:
                 module.forward = functools.partial(routed_forward, module)
 
     # ------------------------------------------------------------------ installed on each member's trainer

@@ -230,4 +230,6 @@ def test_activation_bytes_per_micro_batch_of_smollm2() -> None:
     smol = BaseShapes.from_config(SMOLLM2_135M)
     assert smol is not None
     assert activation_bytes(smol, 1) == 429_312 * 4
-    assert activation_bytes(smol, 4 * 256, dtype_bytes=2) == 4 * 256 * 429_312 * 2  # 4 rows of 256, bf16: ~0.88 GB
+    assert (
+        activation_bytes(smol, 4 * 256, dtype_bytes=2) == 4 * 256 * 429_312 * 2
+    )  # 4 rows of 256, bf16: ~0.88 GB

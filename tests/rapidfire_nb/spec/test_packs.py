@@ -159,7 +159,6 @@ def test_a_field_set_to_its_default_equals_one_left_out_but_a_seed_is_run_fits()
         (_leaf({"packing": True}), "SFT", "SFT packing=True (rows packed into one sequence)"),
         (_leaf({"padding_free": True}), "SFT", "padding_free (rows concatenated into one sequence)"),
         (_leaf({"neftune_noise_alpha": 5.0}), "SFT", "NEFTune noise in the shared embedding"),
-        (_leaf(model_kwargs={"load_in_4bit": True}), "SFT", "a quantized base"),
     ],
 )
 def test_runs_that_cannot_pack_say_why(spec: LeafConfig, kind: str, reason: str) -> None:
