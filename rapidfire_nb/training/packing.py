@@ -59,6 +59,7 @@ class _Forward:
     kwargs: dict[str, Any]
     rng: dict[str, Any]
     accumulation: dict[str, Any] = field(default_factory=dict)  # the run's accelerate GradientState
+    modes: _Modes | None = None  # its grad mode and autocast state
 
 
 @dataclass
@@ -66,6 +67,29 @@ class _Backward:
     loss: Any
     rng: dict[str, Any]
     accumulation: dict[str, Any] = field(default_factory=dict)
+    modes: _Modes | None = None
+
+
+@dataclass
+class _Modes:
+    """A greenlet's share of the thread's torch modes (one OS thread runs every run of the pack)."""
+
+    grad: bool
+    autocast: tuple[tuple[str, bool, Any], ...]
+
+    @staticmethod
+    def now() -> _Modes:
+        devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+        return _Modes(
+            torch.is_grad_enabled(),
+            tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices),
+        )
+
+    def restore(self) -> None:
+        torch.set_grad_enabled(self.grad)
+        for device, enabled, dtype in self.autocast:
+            torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
 
 
 @dataclass
@@ -233,9 +257,13 @@ class PackDriver:
 
         def backward(loss: Any, **kwargs: Any) -> None:
             member = self._members.get(getcurrent())
-            if member is None or kwargs or acc.scaler is not None or acc.distributed_type != "NO":
+            if member is None:
                 return original(loss, **kwargs)
-            scaled = loss / acc.gradient_accumulation_steps  # what accelerate's backward does first
+            if kwargs or acc.distributed_type != "NO":  # packable() keeps such runs out of packs
+                raise RuntimeError("a packed run's backward took arguments or a distributed setup")
+            scaled = loss / acc.gradient_accumulation_steps  # what accelerate's backward does, in its order
+            if acc.scaler is not None:  # fp16: each run's own loss scale (its gradients scaled as alone)
+                scaled = acc.scaler.scale(scaled)
             self._rendezvous(_Backward(scaled, {}))
             return None
 
@@ -260,6 +288,7 @@ class PackDriver:
             while pending:
                 back = [rid for rid, req in pending.items() if isinstance(req, _Backward)]
                 accumulation = {rid: req.accumulation for rid, req in pending.items()}
+                modes = {rid: req.modes for rid, req in pending.items()}
                 if back:
                     answers = self._backward({rid: pending.pop(rid) for rid in back})
                 else:
@@ -270,6 +299,8 @@ class PackDriver:
                     restore_rng(rng)
                     _gradient_state().update(accumulation[rid])
                     m.enter()
+                    if modes[rid] is not None:
+                        modes[rid].restore()
                     self._sort(m, m.worker.resume_packed(answer), pending, results)
         finally:
             self._members.clear()
@@ -289,6 +320,7 @@ class PackDriver:
         # accelerate's GradientState is one state for the process (sync_gradients, the dataloaders): each run of
         # the pack sets it in its own steps, so each gets its own back (an optimizer step skips when not synced)
         request.accumulation = dict(_gradient_state())
+        request.modes = _Modes.now()  # grad mode and autocast are the thread's: each run gets its own back
         answer = getcurrent().parent.switch(request)
         if isinstance(answer, _Raise):
             raise answer.exc
