@@ -244,17 +244,22 @@ def rapidfire(
     fmt: Any,
     halving: bool,
     optuna: bool = False,
+    packing: bool | str = "auto",
 ) -> dict[str, Any]:
-    """(b), (c) or (d): one rapidfire_nb experiment, without early stopping, with successive halving, or RFOptuna."""
+    """(b), (c), (d) or (e): one rapidfire_nb experiment, without early stopping, with successive halving, with
+    RFOptuna, or with successive halving and every run in one pack (``packing=True``)."""
     from rapidfire_nb import Experiment
     from rapidfire_nb.automl import SuccessiveHalving
 
-    exp = Experiment("optuna" if optuna else "es" if halving else "all", experiment_path=out)
+    name = "optuna" if optuna else ("es-packed" if packing is True else "es") if halving else "all"
+    exp = Experiment(name, experiment_path=out)
     exp.quiet = True
     group = _optuna_search(case, steps, fmt) if optuna else _group(case, steps, fmt)
     policy = SuccessiveHalving(metric="eval_loss", mode="min", reduction_factor=2) if halving else None
     t0, wall0 = time.perf_counter(), time.time()
-    exp.run_fit(group, create, train, evald, num_chunks=NUM_CHUNKS, seed=SEED, early_stopping=policy)
+    exp.run_fit(
+        group, create, train, evald, num_chunks=NUM_CHUNKS, seed=SEED, early_stopping=policy, packing=packing
+    )
     end = time.perf_counter() - t0
     info, results, ops = exp.get_runs_info(), exp.get_results(), exp.ops()
     last_point: dict[int, float] = {}  # run id -> the wall time of its last logged metric
@@ -309,6 +314,7 @@ def report(rows: dict[str, dict[str, Any]], labels: dict[int, str]) -> str:
         "b": "(b) rapidfire_nb",
         "c": "(c) rapidfire_nb + SuccessiveHalving(η=2)",
         "d": "(d) RFOptuna(budget=8, 4 at once, hyperband)",
+        "e": "(e) = (c) with packing=True (one pack)",
     }
     for key, r in rows.items():
         rel = (r["final"] - a["final"]) / a["final"] * 100
@@ -356,6 +362,9 @@ def main() -> None:
         "--rows", type=int, default=None, help="training rows (default: the case's; one epoch)"
     )
     parser.add_argument("--no-optuna", action="store_true", help="leave out (d) RFOptuna")
+    parser.add_argument(
+        "--packing", action="store_true", help="add (e): (c) with packing=True (on CPU 'auto' does not pack)"
+    )
     ns = parser.parse_args()
     case = CASES[ns.model]
     rows_n = ns.rows or case.rows
@@ -378,9 +387,14 @@ def main() -> None:
         out = Path(tmp)
         rows = {"a": plain_trl(case, train, evald, steps, out, create, fmt)}
         print(f"(a) done at {time.perf_counter() - t0:.0f} s; load average {_load()}", flush=True)
-        cases = {"b": {"halving": False}, "c": {"halving": True}, "d": {"halving": False, "optuna": True}}
+        cases: dict[str, dict[str, Any]] = {
+            "b": {"halving": False},
+            "c": {"halving": True},
+            "d": {"halving": False, "optuna": True},
+            "e": {"halving": True, "packing": True},
+        }
         for key, kw in cases.items():
-            if key == "d" and ns.no_optuna:
+            if (key == "d" and ns.no_optuna) or (key == "e" and not ns.packing):
                 continue
             rows[key] = rapidfire(case, train, evald, steps, out, create, fmt, **kw)
             print(f"({key}) done at {time.perf_counter() - t0:.0f} s; load average {_load()}", flush=True)
@@ -388,7 +402,7 @@ def main() -> None:
     print(report(rows, labels))
     if "b" in rows:
         print(ranking(rows["b"]["chunks"], labels, rows["a"]["winner"]))
-    for key in ("c", "d"):
+    for key in ("c", "d", "e"):
         for rid, message in sorted(rows.get(key, {}).get("pruned", {}).items()):
             print(f"  ({key}) run {rid} ({rows[key]['labels'].get(rid, '?')}): {message}")
     print(f"benchmark wall time {time.perf_counter() - t0:.0f} s; load average {_load()}")
