@@ -19,6 +19,12 @@ prints its error and the next one runs; the report is written to ``--out`` after
 3c. **batched generation eval** (issue 39): the main job's 4 runs at short sizes, ``batch_generation=True`` (the 4
    runs answer in one ``generate`` per prompt slice, each row through its run's adapter) against ``False`` (4 calls),
    bf16: the generating seconds of each, their ratio, and the largest ``eval_rougeL`` difference (0.0 expected).
+3d. **packed steps** (issue 38): 4 SmolLM2 LoRA runs of one pack (learning rates and ranks differ; fp32,
+   ``gradient_checkpointing=False``) time-sliced (``run_fit(packing=False)``) against packed (``packing=True``: one
+   forward/backward over the base per micro-batch), and plain ``SFTTrainer(...).train()`` of each (run first, so it
+   also pays CUDA's warm-up): wall and training seconds, tokens/s, ``max_memory_allocated``, the ratio packed /
+   sliced (target >= 2x tokens/s) and each way's max |final adapter - plain TRL| (stated: CUDA's GEMMs are not
+   batch-invariant, no deterministic settings here). Code shared with ``benchmarks/packed_steps.py``.
 4. **two workers on one GPU**: ``run_fit(devices=["cuda:0", "cuda:0"])`` is refused (one worker per GPU), so this
    section drives :class:`rapidfire_nb.devices.WorkerExecutor` directly: two worker processes that both see GPU 0
    (``CUDA_VISIBLE_DEVICES=0``), one run each, trained at the same time, against one worker training both runs
@@ -61,6 +67,7 @@ SECTIONS: dict[str, tuple[str, float]] = {
     "memory": ("(3) memory: 1 LoRA run vs 4 sharing one base", 45.0),
     "quantized": ("(3b) 4-bit NF4 base: 1 LoRA run vs 4 sharing it, vs plain TRL", 50.0),
     "generation": ("(3c) batched generation eval: 4 runs in one generate vs 4 calls", 60.0),
+    "packed": ("(3d) packed steps: 4 LoRA runs time-sliced vs packed, vs plain TRL", 90.0),
     "workers": ("(4) two workers on one GPU", 60.0),
     "offload": ("(4b) parked full fine-tuning off the GPU (the GPU-only tests)", 40.0),
     "main": ("(5) the main job on CUDA in bf16", 0.0),
@@ -617,6 +624,56 @@ def section_generation(a: argparse.Namespace, lines: list[str]) -> None:
     )
 
 
+def section_packed(a: argparse.Namespace, lines: list[str]) -> None:
+    """4 LoRA runs of one pack: plain TRL, time-sliced and packed (seconds, tokens/s, memory, max |diff| to plain)."""
+    import gc
+
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    import packed_steps as ps
+
+    cuda = _cuda()
+    model, steps, batch, max_length = ("tiny", 4, 4, 64) if a.cpu_smoke else ("smollm2", 16, 8, 128)
+    w = ps.workload(model, "SFT", steps * batch)
+    group = ps.group_of(w, "SFT", 4, steps, batch, max_length, bf16=False, fp16=False)
+    lines.append(
+        f"{w['name']} fp32, 4 LoRA runs (lr {', '.join(map(str, ps.LRS[:4]))}; r {', '.join(map(str, ps.RANKS[:4]))} "
+        f"on q/k/v/o), {steps} steps x batch {batch}, max_length {max_length}, 2 chunks, no eval"
+    )
+    got: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for side in ("plain", "sliced", "packed"):
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated() if cuda else 0
+            o = got[side] = ps.train_side(side, w, group, f"{tmp}/{side}", max_length, 2)
+            tokens = 4 * o["epoch_tokens"]
+            peak = (torch.cuda.max_memory_allocated() - before) / 2**20 if cuda else 0.0
+            packs = (
+                f"; packed segments {o['packed_segments']}, (fused, alone) passes {o['fused']}"
+                if side != "plain"
+                else ""
+            )
+            lines.append(
+                f"{side}: wall {o['seconds']:.1f} s ({tokens / o['seconds']:.0f} tokens/s), training "
+                f"{o['training']:.1f} s ({tokens / o['training']:.0f} tokens/s), max_memory_allocated "
+                f"{peak:.0f} MiB above {before / 2**20:.0f}{packs}"
+            )
+    sliced, packed = got["sliced"], got["packed"]
+    ratio, wall = sliced["training"] / packed["training"], sliced["seconds"] / packed["seconds"]
+    verdict = ("met" if ratio >= 2.0 else "NOT met") if cuda else "no CUDA here: not judged"
+    lines.append(
+        f"tokens/s packed / sliced: training {ratio:.2f}x (target >= 2x: {verdict}), wall {wall:.2f}x; "
+        f"packed / plain TRL: training {got['plain']['training'] / packed['training']:.2f}x"
+    )
+    for side in ("sliced", "packed"):
+        diff = ps.adapters_difference(got[side]["adapters"], got["plain"]["adapters"])
+        lines.append(f"max |final adapter {side} - plain TRL| = {diff:.3e} over the 4 runs")
+
+
 def section_offload(a: argparse.Namespace, lines: list[str]) -> None:
     """The tests that skip without CUDA: a parked full fine-tuning run's weights and AdamW state leave the GPU
     and come back bit-exact (``training/offload.py``)."""
@@ -647,6 +704,7 @@ FUNCS = {
     "memory": section_memory,
     "quantized": section_quantized,
     "generation": section_generation,
+    "packed": section_packed,
     "workers": section_workers,
     "offload": section_offload,
     "main": section_main,
