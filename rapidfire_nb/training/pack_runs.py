@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rapidfire_nb.spec.footprint import BaseShapes, activation_bytes, format_bytes
@@ -27,6 +28,7 @@ from rapidfire_nb.spec.footprint import BaseShapes, activation_bytes, format_byt
 from .checkpoint import write_snapshot
 from .free_memory import available_ram, free_cuda_bytes
 from .packing import PackDriver, PackMember, fusable_base
+from .warm_start import checkpoint_step
 from .worker import RunHooks
 
 __all__ = ["PackRuns", "packs_for"]
@@ -170,7 +172,7 @@ class PackRuns:
         key = self._keys.get(run_id)
         if key is None or run.adapter is None or run.own is None:
             return []
-        step = run.worker.step
+        step = _position(run)
         same = [
             r
             for rid, r in sorted(runs.items())
@@ -182,7 +184,7 @@ class PackRuns:
                 and r.base is run.base
                 and r.own is not None
                 and not r.worker.done
-                and r.worker.step == step
+                and _position(r) == step
                 and r.plan == run.plan
             )
         ]
@@ -269,7 +271,8 @@ class PackRuns:
         self._ahead.pop(run_id, None)
         ex = self.ex
         run = ex.runs[run_id]
-        folder = None
+        # without a boundary in this process yet: where it started (a warm clone, a run continued after a restart)
+        folder = _start_folder(run)
         if run.last is not None:
             ex.flush()  # a queued write of that very checkpoint finishes first
             folder = run.run_dir / f"checkpoint-{run.last.step}"
@@ -278,7 +281,44 @@ class PackRuns:
         spec = run.spec
         ex.drop_run(run_id)  # on the device thread: its train() unwinds and its adapter leaves the base now
         ex._add_run(run_id, spec, None, folder)
-        step = run.last.step if run.last is not None else 0
+        if run.last is not None:
+            _put_back(ex.runs[run_id], run.last)
+        step = _position(ex.runs[run_id])  # the rebuilt run's start
         self._note(
             f"run {run_id}: stopped before the chunk it trained in its pack counted; it goes on from step {step}"
         )
+
+
+def _put_back(run: Any, last: Any) -> None:
+    """The rebuilt ``run`` holds its boundary snapshot ``last`` as before, and its adapter the weights of it: its
+    trainer loads them only when its ``train()`` starts, while a STOPPED run's final weights are saved, and a warm
+    clone of it starts from ``last``, at once."""
+    from peft import set_peft_model_state_dict
+
+    run.last = last
+    loaded = set_peft_model_state_dict(run.base.model, last.weights, adapter_name=run.adapter)
+    if loaded.unexpected_keys:
+        raise RuntimeError(
+            f"run {run.run_id}: its boundary weights do not fit its adapter: {loaded.unexpected_keys[:3]}"
+        )
+
+
+def _start_folder(run: Any) -> Path | None:
+    """The checkpoint folder ``run``'s trainer was built to resume from (a restart's ``checkpoint-<step>``, a warm
+    clone's ``warm-start-from-run-<p>-step-<s>``), or None (it started from scratch)."""
+    folder = getattr(run.worker, "_resume", None)
+    return Path(folder) if folder else None
+
+
+def _position(run: Any) -> int:
+    """The global step ``run`` is parked at. A trainer whose ``train()`` has not started yet reads step 0 but
+    starts at the step of the checkpoint it resumes from (a warm clone, a run rebuilt after a restart or a
+    rewind): packing it by step 0 would train it in lockstep with runs at another position."""
+    step = run.worker.step
+    folder = _start_folder(run)
+    if step == 0 and folder is not None:
+        try:
+            return checkpoint_step(folder)
+        except (OSError, KeyError, ValueError):  # its train() fails on it too: never packed
+            return -1
+    return step

@@ -1,0 +1,284 @@
+"""Packed steps under IC Ops, early stopping, failures and a kill -9 (issue 38 item 3), on the tiny model, CPU fp32.
+
+Each case runs one script twice, with ``packing=True`` and with ``packing=False`` (time-sliced, itself equal to
+plain TRL: ``test_packing.py``), and asserts every run's final adapter equal (0.0), every recorded training loss
+equal, and the same statuses. The ops are sent at fixed points of the scheduler's order (when it asks for a
+segment, or right after the executor learned a status), so both sides apply them at the same chunk boundaries.
+
+The runs differ only in what a pack allows (learning rate, schedule, dropout, rank, weight decay): 16 rows, batch
+4, one epoch in 4 chunks of one step (boundaries 1-4), an evaluation at every boundary. Packed, run 1's turn trains
+every member one step in one fused pass; the others are "ahead" until the scheduler asks for their chunk.
+
+The ops script (module fixtures ``plain`` and ``packed``), all at run 1's second turn, while runs 2-7 are trained
+ahead to step 2 in its packed segment:
+
+=====  ======================================  ===============================================================
+run    config                                  what happens to it
+=====  ======================================  ===============================================================
+1, 3   two members                             never touched
+2      member                                  stopped while ahead, resumed at once: back at step 1, trains
+                                               its chunk alone, re-joins the pack at step 2
+4      member                                  deleted while ahead: nothing of its step 2 recorded
+5      member                                  stopped while ahead for good: its final weights are step 1's
+6      member, ``compute_metrics`` raises      fails at its second chunk-end evaluation (inside the pack)
+       from its second call
+7      member whose loss is NaN from step 2    fails "diverged at step 2: loss is NaN" (inside the pack)
+8      warm clone of run 1                     from run 1's step 2; trains in the pack from there
+9      cold clone of run 3                     from step 0, alone, then joins the pack at step 2
+10     warm clone of run 5 (STOPPED)           from run 5's step 1
+=====  ======================================  ===============================================================
+
+The bugs these tests found (fixed in ``training/pack_runs.py``): a trainer whose ``train()`` has not started yet
+reads step 0, so a warm clone or a run rebuilt at a checkpoint was packed with runs at step 0 and rebuilt from
+scratch; and a member stopped while ahead was rebuilt with fresh adapter weights and no boundary, so its final
+weights were wrong and a warm clone of it failed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rapidfire_nb import Experiment
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+from rapidfire_nb.testing import tiny_create_model
+from rapidfire_nb.training.executor import TorchExecutor
+from rapidfire_nb.training.pack_runs import PackRuns
+from tests.helpers import adapter_from_folder, max_abs_diff, qa_dataset, qa_to_chat
+
+SEED = 5
+NUM_CHUNKS = 4  # 16 rows / batch 4 = 4 steps: one per chunk
+NAN_LR = 2.5e-3  # the run whose training loss is NaN from step 2 on
+QV = ["q_proj", "v_proj"]
+CHILD = Path(__file__).with_name("_packing_child.py")
+REPO = Path(__file__).resolve().parents[3]
+Op = tuple[tuple[Any, ...], Callable[[Experiment], Any]]  # (when, op): see _train
+
+
+def _config(lr: float, r: int = 4, dropout: float = 0.1, metrics: Any = None, **args: Any) -> Any:
+    return RFModelConfig(
+        model_name="tiny",
+        peft_config=RFLoraConfig(r=r, lora_alpha=2 * r, lora_dropout=dropout, target_modules=QV),
+        training_args=RFSFTConfig(
+            learning_rate=lr,
+            per_device_train_batch_size=4,
+            num_train_epochs=1,
+            max_length=48,
+            logging_steps=1,
+            **args,
+        ),
+        formatting_func=qa_to_chat,
+        compute_metrics=metrics,
+    )
+
+
+def members(n: int = 4) -> list[Any]:
+    """The first ``n`` configs of one pack (also the kill test's child group)."""
+    return [
+        _config(1e-3),
+        _config(3e-3, r=8, lr_scheduler_type="cosine", warmup_steps=1),
+        _config(2e-3, dropout=0.2, weight_decay=0.1),
+        _config(5e-4, r=2, dropout=0.0, lr_scheduler_type="linear"),
+        _config(1.5e-3, r=8),
+    ][:n]
+
+
+def _script_group() -> Any:
+    calls: list[int] = []
+
+    def broken_metrics(pred: Any) -> dict[str, float]:
+        calls.append(1)
+        if len(calls) > 1:
+            raise ValueError("compute_metrics broke")
+        return {"calls": float(len(calls))}
+
+    configs = [*members(5), _config(1e-3, metrics=broken_metrics), _config(NAN_LR)]
+    return RFGridSearch(configs=List(configs), trainer_type="SFT")
+
+
+def _script() -> list[Op]:
+    def at_run_1_step_2(exp: Experiment) -> None:
+        exp.clone_modify(1, {"learning_rate": 4e-3}, warm_start=True)  # run 8
+        exp.clone_modify(3, {"learning_rate": 3e-3}, warm_start=False)  # run 9
+        exp.delete(4)
+        exp.stop([2, 5])
+
+    return [
+        (("segment", 1, 2), at_run_1_step_2),
+        (("status", 2, "STOPPED"), lambda exp: exp.resume(2)),
+        (("status", 5, "STOPPED"), lambda exp: exp.clone_modify(5, {"learning_rate": 1e-3}, warm_start=True)),
+    ]
+
+
+@dataclass
+class Trained:
+    """What one experiment left: final adapters (each run's ``final`` folder), the runs table (deleted runs
+    included), every recorded training loss ``(run, step, loss)``, the segments the scheduler asked for, and,
+    packed, each packed segment as ``(run, stop step, its members)``."""
+
+    adapters: dict[int, Any]
+    info: Any
+    losses: list[tuple[int, int, float]]
+    order: list[tuple[int, int]]
+    packs: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
+    ops: Any = None
+
+
+def _nan_loss(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``SFTTrainer.compute_loss`` whose training loss is NaN from step 2 on for the run with ``NAN_LR``."""
+
+    def compute_loss(self: Any, model: Any, inputs: Any, return_outputs: bool = False, **kw: Any) -> Any:
+        out = original(self, model, inputs, return_outputs=return_outputs, **kw)
+        if model.training and self.args.learning_rate == NAN_LR and self.state.global_step >= 1:
+            return (out[0] * math.nan, out[1]) if return_outputs else out * math.nan
+        return out
+
+    return compute_loss
+
+
+def _train(root: Path, name: str, packing: bool, ops: list[Op], group: Any, **fit: Any) -> Trained:
+    """Run ``group`` with ``packing``, sending each op of ``ops`` once, when it is due: ``("segment", run, stop)``
+    when the scheduler asks for that segment (before it starts), ``("status", run, status)`` right after the
+    executor learned that status. Clones are built without the off-thread tokenizing (``prepare_run`` -> None):
+    a clone is built at the first boundary after its op, the same on both sides."""
+    from trl import SFTTrainer
+
+    exp = Experiment(name, experiment_path=root)
+    sent: set[int] = set()
+    order: list[tuple[int, int]] = []
+    packs: list[tuple[int, int, tuple[int, ...]]] = []
+    run_segment, on_status, pack_of = TorchExecutor.run_segment, TorchExecutor.on_status, PackRuns._members
+
+    def due(when: tuple[Any, ...]) -> None:
+        for i, (at, op) in enumerate(ops):
+            if at == when and i not in sent:
+                sent.add(i)
+                op(exp)
+
+    def segment(self: TorchExecutor, run_id: int, stop_step: int) -> Any:
+        order.append((run_id, stop_step))
+        due(("segment", run_id, stop_step))
+        return run_segment(self, run_id, stop_step)
+
+    def status(self: TorchExecutor, run_id: int, value: str) -> None:
+        on_status(self, run_id, value)
+        due(("status", run_id, value))
+
+    def packed(self: PackRuns, run_id: int, stop_step: int) -> Any:
+        out = pack_of(self, run_id, stop_step)
+        if out:
+            packs.append((run_id, stop_step, tuple(m.run_id for m in out)))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TorchExecutor, "run_segment", segment)
+        mp.setattr(TorchExecutor, "on_status", status)
+        mp.setattr(TorchExecutor, "prepare_run", lambda self, *a, **k: None)
+        mp.setattr(PackRuns, "_members", packed)
+        mp.setattr(SFTTrainer, "compute_loss", _nan_loss(SFTTrainer.compute_loss))
+        exp.run_fit(
+            group,
+            tiny_create_model,
+            qa_dataset(16, seed=0),
+            qa_dataset(4, seed=1),
+            num_chunks=NUM_CHUNKS,
+            seed=SEED,
+            packing=packing,
+            **fit,
+        )
+        exp.wait()
+    info = exp.get_runs_info(include_deleted=True).set_index("run_id")
+    results, ops_table = exp.get_results(include_deleted=True), exp.ops()
+    exp.end()
+    rows = results.dropna(subset=["loss"])
+    losses = sorted((int(r.run_id), int(r.step), float(r.loss)) for r in rows.itertuples())
+    return Trained(_finals(Path(root) / name), info, losses, order, packs, ops_table)
+
+
+def _finals(exp_dir: Path) -> dict[int, Any]:
+    """Each run's saved final adapter (``runs/<id>/final``), by run id."""
+    return {
+        int(d.name): adapter_from_folder(d / "final")
+        for d in (exp_dir / "runs").iterdir()
+        if (d / "final" / "adapter_model.safetensors").exists()
+    }
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    return _train(tmp_path_factory.mktemp("plain"), "plain", False, _script(), _script_group())
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    return _train(tmp_path_factory.mktemp("packed"), "packed", True, _script(), _script_group())
+
+
+def _status(t: Trained) -> dict[int, tuple[str, int]]:
+    return {int(rid): (row.status, int(row.completed_steps)) for rid, row in t.info.iterrows()}
+
+
+def test_the_packed_script_ends_as_the_time_sliced_one(plain: Trained, packed: Trained) -> None:
+    assert packed.order == plain.order  # the scheduler saw the same chunks in the same order
+    assert (
+        _status(packed)
+        == _status(plain)
+        == {
+            **{rid: ("COMPLETED", 4) for rid in (1, 2, 3, 8, 9, 10)},
+            4: ("DELETED", 1),
+            5: ("STOPPED", 1),
+            6: ("FAILED", 2),
+            7: ("FAILED", 1),
+        }
+    )
+    assert sorted(packed.adapters) == sorted(plain.adapters) == [1, 2, 3, 5, 8, 9, 10]
+    for rid, weights in plain.adapters.items():
+        assert max_abs_diff(packed.adapters[rid], weights) == 0.0, rid
+    assert (
+        packed.losses == plain.losses
+    )  # every step's loss, once: nothing trained ahead counted twice or lost
+
+
+def test_a_warm_clone_of_a_packed_member_trains_in_the_pack_from_its_start(packed: Trained) -> None:
+    """Every packed segment, by (turn, stop step): run 8 starts at run 1's step 2 (a trainer not started yet,
+    reading step 0) and joins runs 1-3 there; the cold clone 9 trains its first step alone, then packs with the
+    runs at step 1 (2 and 10) and with the pack at step 2."""
+    assert packed.packs == [
+        (1, 1, (1, 2, 3, 4, 5, 6, 7)),
+        (1, 2, (1, 2, 3, 4, 5, 6, 7)),
+        (2, 2, (2, 9, 10)),
+        (1, 3, (1, 2, 3, 8, 9, 10)),
+        (1, 4, (1, 2, 3, 8, 9, 10)),
+    ]
+    assert (9, 1) in packed.order
+
+
+def test_members_stopped_or_deleted_while_ahead_go_back_to_their_boundary(
+    plain: Trained, packed: Trained
+) -> None:
+    """Runs 2, 4 and 5 were trained to step 2 ahead of their turn; the stop / delete made that chunk not count.
+    Run 2, resumed at once, is back at step 1, trains with runs 9 and 10 (10: a warm clone of run 5 at step 1; 2
+    and 10 rebuilt at a checkpoint and not started yet) to step 2, and re-joins the pack there (previous test);
+    run 5's final weights are its step-1 weights (as time-sliced), and run 10 starts from them."""
+    ahead = [loss for loss in packed.losses if loss[0] in (4, 5)]
+    assert ahead == [loss for loss in plain.losses if loss[0] in (4, 5)] and {s for _r, s, _l in ahead} == {1}
+    assert [row.kind for row in packed.ops.itertuples() if row.run_id == 2] == ["stop", "resume"]
+    for rid in (2, 5, 10):
+        assert max_abs_diff(packed.adapters[rid], plain.adapters[rid]) == 0.0, rid
+
+
+def test_a_failing_member_fails_alone_and_the_pack_goes_on(plain: Trained, packed: Trained) -> None:
+    """Run 6's compute_metrics raises at its step-2 evaluation, run 7's loss is NaN at step 2: both inside the
+    packed segment of run 1's second turn, ahead of their own; each fails with its own error when its turn comes,
+    as time-sliced, and the others go on packed and exact (first test)."""
+    errors = packed.info.error.to_dict()
+    assert errors[6] == plain.info.error[6] and "compute_metrics broke" in errors[6]
+    assert errors[7] == plain.info.error[7] == "diverged at step 2: loss is NaN"
+    assert [loss[1] for loss in packed.losses if loss[0] == 7] == [
+        1
+    ]  # its NaN step never recorded as a number
