@@ -55,10 +55,11 @@ OWN_FIELDS: frozenset[str] = frozenset(
     learning_rate lr_scheduler_type lr_scheduler_kwargs warmup_ratio warmup_steps weight_decay
     max_grad_norm adam_beta1 adam_beta2 adam_epsilon optim optim_args beta loss_type label_smoothing
     label_smoothing_factor rpo_alpha ld_alpha loss_weights f_divergence_type f_alpha_divergence_coef
-    discopop_tau use_weighting
+    discopop_tau use_weighting temperature top_p top_k min_p repetition_penalty generation_kwargs
     """.split()
 )
-"""Trainer fields that act only on the run's own optimizer, schedule or loss: they do not split a pack."""
+"""Trainer fields that act only on the run's own optimizer, schedule or loss, or (GRPO) on how its own completions
+are sampled (runs whose sampling differs generate one by one inside their pack): they do not split a pack."""
 
 LABEL_FIELDS: frozenset[str] = frozenset(
     """
@@ -150,11 +151,9 @@ def why_not_packed(spec: LeafConfig, trainer_type: str) -> str | None:
         trainer_type: ``"SFT"``, ``"DPO"`` or ``"GRPO"`` (any case).
 
     Returns:
-        e.g. ``"full fine-tuning"``, ``"GRPO generates in its step"``, ``"DoRA"``,
+        e.g. ``"full fine-tuning"``, ``"DoRA"``,
         ``"SFT packing=True (rows packed into one sequence)"``; None when the run may pack.
     """
-    if str(trainer_type).upper() == "GRPO":
-        return "GRPO generates in its step"
     if spec.lora is None:
         return "full fine-tuning"
     for name, refused, phrase in _LORA_REFUSALS:

@@ -28,9 +28,7 @@ positional arguments, a cache) runs alone for each run, in lockstep: still exact
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,20 +36,11 @@ import torch
 from greenlet import getcurrent
 
 from .adapters import activate_adapter
+from .pack_generate import generate_together, joinable_generate
+from .pack_rows import Rows, current_route, own_rng, routing
 from .rng import capture_rng, restore_rng
 
 __all__ = ["PackDriver", "PackMember", "fusable_base", "routed_forward"]
-
-#: The rows of each run in the fused backbone call (device thread only; None outside it).
-_ROUTE: list[_Rows] | None = None
-
-
-@dataclass
-class _Rows:
-    adapter: str
-    start: int
-    stop: int
-    rng: dict[str, Any] | None  # the run's RNG state, advanced by its own dropout draws
 
 
 @dataclass
@@ -65,6 +54,14 @@ class _Forward:
 @dataclass
 class _Backward:
     loss: Any
+    rng: dict[str, Any]
+    accumulation: dict[str, Any] = field(default_factory=dict)
+    modes: _Modes | None = None
+
+
+@dataclass
+class _Generate:
+    kwargs: dict[str, Any]
     rng: dict[str, Any]
     accumulation: dict[str, Any] = field(default_factory=dict)
     modes: _Modes | None = None
@@ -174,7 +171,7 @@ def routed_forward(layer: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
     arithmetic (the 4-bit result cloned first; the input cast and the output cast back only outside autocast).
     A run with no adapter on this layer keeps the base's result.
     """
-    route = _ROUTE
+    route = current_route()
     if route is None or args or kwargs or layer.disable_adapters or layer.merged:
         return type(layer).forward(layer, x, *args, **kwargs)
     plain = type(layer) is _lora_linear_class()
@@ -191,37 +188,16 @@ def routed_forward(layer: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
             dropout, scaling = layer.lora_dropout[rows.adapter], layer.scaling[rows.adapter]
             xi = x[rows.start : rows.stop]
             xi = layer._cast_input_dtype(xi, lora_a.weight.dtype) if convert else xi
-            with _own_rng(rows, xi, dropout):
-                dropped = dropout(xi)
+            if rows.finished or isinstance(dropout, torch.nn.Identity) or not dropout.training:
+                dropped = xi if rows.finished else dropout(xi)  # a finished run would not run this alone
+            else:
+                with own_rng(rows, xi.device):
+                    dropped = dropout(xi)
             out = lora_b(lora_a(dropped)) * scaling
             part = part + (out.to(dtype) if convert and not plain else out)
         parts.append(part)
     joined = torch.cat(parts)
     return joined.to(dtype) if plain else joined
-
-
-@contextlib.contextmanager
-def _own_rng(rows: _Rows, x: Any, dropout: Any) -> Iterator[None]:
-    """Draw ``dropout``'s mask from the run's own RNG state (swapped in and out around the draw)."""
-    if rows.rng is None or isinstance(dropout, torch.nn.Identity) or not dropout.training:
-        yield
-        return
-    cuda = x.is_cuda
-    saved = torch.cuda.get_rng_state(x.device) if cuda else torch.random.get_rng_state()
-    own = rows.rng["cuda"][x.device.index or 0] if cuda else rows.rng["cpu"]
-    if cuda:
-        torch.cuda.set_rng_state(own, x.device)
-    else:
-        torch.random.set_rng_state(own)
-    try:
-        yield
-    finally:
-        if cuda:
-            rows.rng["cuda"][x.device.index or 0] = torch.cuda.get_rng_state(x.device)
-            torch.cuda.set_rng_state(saved, x.device)
-        else:
-            rows.rng["cpu"] = torch.random.get_rng_state()
-            torch.random.set_rng_state(saved)
 
 
 class PackDriver:
@@ -242,6 +218,9 @@ class PackDriver:
         backbone = _causal_lm(model).base_model
         self._backbone_forward = type(backbone).forward.__get__(backbone)
         backbone.forward = self._backbone_call
+        self._generate_original = model.generate
+        model.generate = self._generate_call
+        self.generated_together = 0  # batched generate calls (tests, benchmark)
         linear = _lora_linear_classes()
         for module in model.modules():
             if type(module) in linear and "forward" not in module.__dict__:
@@ -286,14 +265,9 @@ class PackDriver:
             self._sort(m, m.worker.start_packed(stop_step), pending, results)
         try:
             while pending:
-                back = [rid for rid, req in pending.items() if isinstance(req, _Backward)]
                 accumulation = {rid: req.accumulation for rid, req in pending.items()}
                 modes = {rid: req.modes for rid, req in pending.items()}
-                if back:
-                    answers = self._backward({rid: pending.pop(rid) for rid in back})
-                else:
-                    fwd = {rid: pending.pop(rid) for rid in list(pending)}
-                    answers = self._forward({rid: (by_id[rid], req) for rid, req in fwd.items()})
+                answers = self._answer(pending, by_id)
                 for rid, (answer, rng) in answers.items():
                     m = by_id[rid]
                     restore_rng(rng)
@@ -306,15 +280,29 @@ class PackDriver:
             self._members.clear()
         return results
 
+    def _answer(self, pending: dict[int, Any], by_id: dict[int, PackMember]) -> dict[int, tuple[Any, Any]]:
+        """Answer one kind of request (backwards first, then generations, then forwards), taken from ``pending``."""
+        for kind in (_Backward, _Generate, _Forward):
+            ids = [rid for rid, req in pending.items() if isinstance(req, kind)]
+            if not ids:
+                continue
+            taken = {rid: pending.pop(rid) for rid in ids}
+            if kind is _Backward:
+                return self._backward(taken)
+            if kind is _Generate:
+                return self._generate({rid: (by_id[rid], req) for rid, req in taken.items()})
+            return self._forward({rid: (by_id[rid], req) for rid, req in taken.items()})
+        return {}
+
     def _sort(self, m: PackMember, req: Any, pending: dict[int, Any], results: dict[int, Any]) -> None:
-        if isinstance(req, (_Forward, _Backward)):
+        if isinstance(req, (_Forward, _Backward, _Generate)):
             pending[m.run_id] = req
         else:
             results[m.run_id] = (
                 req  # a SegmentResult (its boundary, its end or its error), or None (released)
             )
 
-    def _rendezvous(self, request: _Forward | _Backward) -> Any:
+    def _rendezvous(self, request: _Forward | _Backward | _Generate) -> Any:
         """In a member's greenlet: hand ``request`` to the driver; returns its answer (or raises its error)."""
         request.rng = capture_rng()
         # accelerate's GradientState is one state for the process (sync_gradients, the dataloaders): each run of
@@ -335,6 +323,57 @@ class PackDriver:
             return self._backbone_forward(*args, **kwargs)
         return self._rendezvous(_Forward(kwargs, {}))
 
+    def _generate_call(self, *args: Any, **kwargs: Any) -> Any:
+        member = self._members.get(getcurrent())
+        if member is None or args:
+            return self._generate_original(*args, **kwargs)
+        return self._rendezvous(_Generate(kwargs, {}))
+
+    def _generate(
+        self, requests: dict[int, tuple[PackMember, _Generate]]
+    ) -> dict[int, tuple[Any, dict[str, Any]]]:
+        """One batched ``generate`` per group of requests that can share one
+        (:mod:`~rapidfire_nb.training.pack_generate`: e.g. runs of equal sampling settings), the others alone."""
+        groups: list[dict[int, tuple[PackMember, _Generate]]] = []
+        for rid, item in requests.items():
+            for group in groups:
+                if joinable_generate([next(iter(group.values()))[1].kwargs, item[1].kwargs]):
+                    group[rid] = item
+                    break
+            else:
+                groups.append({rid: item})
+        answers: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for group in groups:
+            answers.update(self._generate_group(group) if len(group) > 1 else {})
+            for rid, (m, req) in group.items():
+                if rid not in answers:
+                    answers[rid] = self._generate_alone(m, req)
+        return answers
+
+    def _generate_group(self, group: dict[int, tuple[PackMember, _Generate]]) -> dict[int, tuple[Any, Any]]:
+        route, start = [], 0
+        for m, req in group.values():
+            size = int(req.kwargs["input_ids"].shape[0])
+            route.append(Rows(m.adapter, start, start + size, dict(req.rng)))
+            start += size
+        try:
+            outs = generate_together(
+                self._generate_original, [req.kwargs for _m, req in group.values()], route
+            )
+        except Exception:  # each alone gets its own error or result
+            return {}
+        self.generated_together += 1
+        return {rid: (out, rows.rng or {}) for rid, out, rows in zip(group, outs, route)}
+
+    def _generate_alone(self, member: PackMember, req: _Generate) -> tuple[Any, dict[str, Any]]:
+        restore_rng(req.rng)
+        self._make_active(member)
+        try:
+            out: Any = self._generate_original(**req.kwargs)
+        except Exception as exc:
+            out = _Raise(exc)
+        return out, capture_rng()
+
     def _make_active(self, member: PackMember) -> None:
         if self.model.active_adapter != member.adapter:
             activate_adapter(self.model, member.adapter)
@@ -351,7 +390,6 @@ class PackDriver:
         self, requests: dict[int, tuple[PackMember, _Forward]]
     ) -> dict[int, tuple[Any, dict[str, Any]]]:
         """One backbone call over every request's micro-batch, or each alone when they cannot be joined."""
-        global _ROUTE
         merged = _join([req.kwargs for _m, req in requests.values()]) if len(requests) > 1 else None
         if merged is not None:
             kwargs, sizes = merged
@@ -359,16 +397,13 @@ class PackDriver:
             self._all_trainable(members)
             route, start = [], 0
             for (m, req), size in zip(requests.values(), sizes):
-                route.append(_Rows(m.adapter, start, start + size, dict(req.rng)))
+                route.append(Rows(m.adapter, start, start + size, dict(req.rng)))
                 start += size
-            _ROUTE = route
             try:
-                with torch.enable_grad():
+                with routing(route), torch.enable_grad():
                     out = self._backbone_forward(**kwargs)
             except Exception:  # e.g. out of memory: each alone gets its own error or result
                 out = None
-            finally:
-                _ROUTE = None
             if out is not None and getattr(out, "past_key_values", None) is None:
                 self.fused_steps += 1
                 return {

@@ -143,7 +143,6 @@ def test_a_field_set_to_its_default_equals_one_left_out_but_a_seed_is_run_fits()
     ("spec", "kind", "reason"),
     [
         (_leaf(lora=None), "SFT", "full fine-tuning"),
-        (_leaf(reward_funcs=(_reward,), kind="GRPO"), "GRPO", "GRPO generates in its step"),
         (_leaf(lora={**LORA, "use_dora": True}), "SFT", "DoRA"),
         (
             _leaf(lora={**LORA, "modules_to_save": ["lm_head"]}),
