@@ -7,10 +7,13 @@ chosen = the company's answer, rejected = another question's answer; CC BY 4.0),
 side runs in its own process (so neither warms the other's caches), alternating over ``--repeats`` pairs. Printed
 per side: the wall time of ``run_fit`` (everything: trainers built, chunk switches, checkpoints) with the preference
 pairs trained per second (4 runs x steps x batch / time), the time inside ``DPOTrainer.training_step`` (forward,
-reference, backward: what sharing changes), the cache's counters (computed / hits); then the throughput ratios
-shared / alone of both times and the largest difference between the two sides' per-step losses and final adapters (0.0 expected).
+reference, backward: what sharing changes), the cache's counters (computed / hits); within the shared side, the
+median step that computed the reference against one that reused it (measured a few seconds apart, so a busy
+machine weighs on both alike) and the k=4 throughput ratio they imply; then the throughput ratios shared / alone
+of both times and the largest difference between the two sides' per-step losses and final adapters (0.0
+expected).
 
-    .venv/bin/python benchmarks/dpo_reference.py                    # ~5 min on 2 quiet CPU cores
+    .venv/bin/python benchmarks/dpo_reference.py                    # ~10 min on 2 quiet CPU cores
     .venv/bin/python benchmarks/dpo_reference.py --steps 4 --repeats 1 --out benchmarks/results/dpo_reference_latest.txt
 """
 
@@ -83,7 +86,9 @@ def _child(a: argparse.Namespace) -> None:
     torch.save(adapters, a.child + ".pt")
     out = {
         "seconds": seconds,
-        "stepping": stepping[0],
+        "stepping": sum(t for t, _ in stepping),
+        "hit_steps": [t for t, hit in stepping if hit],
+        "own_steps": [t for t, hit in stepping if not hit],
         "computed": cache.computed,
         "hits": cache.hits,
         "unshared": cache.unshared,
@@ -94,19 +99,22 @@ def _child(a: argparse.Namespace) -> None:
     Path(a.child).write_text(json.dumps(out))
 
 
-def _time_training_steps() -> list[float]:
-    """Sum the time spent in ``DPOTrainer.training_step`` (forward, reference, backward) into the returned cell."""
+def _time_training_steps() -> list[tuple[float, bool]]:
+    """Record every ``DPOTrainer.training_step`` (forward, reference, backward): its seconds and whether its
+    reference came from the cache (a hit) rather than a forward."""
     from trl import DPOTrainer
 
-    spent = [0.0]
+    spent: list[tuple[float, bool]] = []
     original = DPOTrainer.training_step
 
     def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        cache = getattr(self, "_rapidfire_reference_cache", None)
+        hits = cache.hits if cache is not None else 0
         t0 = time.perf_counter()
         try:
             return original(self, *args, **kwargs)
         finally:
-            spent[0] += time.perf_counter() - t0
+            spent.append((time.perf_counter() - t0, cache is not None and cache.hits > hits))
 
     DPOTrainer.training_step = timed
     return spent
@@ -131,6 +139,19 @@ def _sizes(a: argparse.Namespace) -> list[str]:
     ]
 
 
+def _interleaved(got: dict[str, Any]) -> str:
+    """The shared side's own steps (reference computed) against its hits, measured minutes apart at most: the
+    step-time ratio, and the throughput ratio it implies at k runs, k * own / (own + (k - 1) * hit)."""
+    import statistics
+
+    own, hit = statistics.median(got["own_steps"]), statistics.median(got["hit_steps"])
+    return (
+        f"    within the shared side: median step {own:.2f} s computing the reference ({len(got['own_steps'])} "
+        f"steps), {hit:.2f} s reusing it ({len(got['hit_steps'])}): {own / hit:.3f}x per step, implied "
+        f"k=4 throughput {4 * own / (own + 3 * hit):.3f}x"
+    )
+
+
 def _max_difference(x: dict[str, Any], y: dict[str, Any]) -> float:
     import torch
 
@@ -143,11 +164,11 @@ def _max_difference(x: dict[str, Any], y: dict[str, Any]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
+    ap.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
     ap.add_argument("--batch", type=int, default=4, help="preference pairs per step")
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=1, help="pairs of sides, alternating which goes first")
+    ap.add_argument("--repeats", type=int, default=2, help="pairs of sides, alternating which goes first")
     ap.add_argument("--out", default=None, help="also write the report to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -184,6 +205,7 @@ def main() -> None:
                     f"{got['computed']} / shared {got['hits']} / unshared {got['unshared']} (torch {got['torch']}, "
                     f"{got['threads']} threads)"
                 )
+            say(_interleaved(sides["shared"]))
             say(
                 f"  repeat {i + 1}: max |difference| shared vs alone (losses, adapters) = "
                 f"{_max_difference(sides['shared'], sides['alone'])}"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ def sharing_enabled() -> bool:
 @dataclass
 class _Entry:
     content: bytes
+    module: weakref.ref[Any]  # the reference module: an id reused by another module never hits
     chosen: Any  # torch.Tensor, (batch,)
     rejected: Any
     nbytes: int
@@ -86,7 +88,6 @@ class ReferenceCache:
         self._note = note
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._unsafe: dict[bytes, str] = {}  # settings digest -> why computing it drew random numbers
-        self._pinned: dict[int, Any] = {}  # id -> module: ids in keys stay those modules'
         self._noted: set[str] = set()
         self.nbytes = 0
         self.computed = 0
@@ -121,7 +122,6 @@ class ReferenceCache:
         if reason is not None:
             self.note_once(reason)
             return None
-        self._pinned.setdefault(id(module), module)
         settings = _settings(trainer, module, weights)
         family = hashlib.blake2b(settings, digest_size=16).digest()
         if family in self._unsafe:
@@ -130,13 +130,14 @@ class ReferenceCache:
         content = settings + _input_bytes(inputs)
         key = hashlib.blake2b(content, digest_size=32).digest()
         entry = self._entries.get(key)
-        if entry is not None and entry.content == content:
+        if entry is not None and entry.content == content and entry.module() is module:
             self._entries.move_to_end(key)
             self.hits += 1
             return entry.chosen, entry.rejected
-        return self._compute(trainer, inputs, key, content, family)
+        return self._compute(trainer, inputs, module, (key, content, family))
 
-    def _compute(self, trainer: Any, inputs: Any, key: bytes, content: bytes, family: bytes) -> Any:
+    def _compute(self, trainer: Any, inputs: Any, module: Any, keys: tuple[bytes, bytes, bytes]) -> Any:
+        key, content, family = keys
         before = _random_states()
         chosen, rejected = reference_logps(trainer, inputs)
         if not _same_states(before, _random_states()):
@@ -149,8 +150,10 @@ class ReferenceCache:
             return None
         self.computed += 1
         size = len(content) + chosen.element_size() * (chosen.numel() + rejected.numel())
+        stale = self._entries.pop(key, None)  # its module is gone (an id reused)
+        self.nbytes -= stale.nbytes if stale is not None else 0
         if size <= self.max_bytes:
-            self._entries[key] = _Entry(content, chosen, rejected, size)
+            self._entries[key] = _Entry(content, weakref.ref(module), chosen, rejected, size)
             self.nbytes += size
             while self.nbytes > self.max_bytes:
                 _, old = self._entries.popitem(last=False)
