@@ -223,10 +223,7 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
     )
     if policy is not None and isinstance(getattr(policy, "metric", None), str):
         check_metric_name(param_config.trainer_type, policy.metric, "early_stopping's metric", user_metrics)
-    batch_generation, notes = _batch_generation(
-        args.batch_generation, param_config.trainer_type, policy, specs
-    )
-    packing, packing_notes = _packing(args.packing, specs, param_config.trainer_type, args.seed)
+    batch_generation, packing, notes = _generation_and_packing(args, param_config.trainer_type, policy, specs)
     check_group_fits(specs, exp_dir, plan)  # the runs fit the disk and the device
     refuse_quantized_full_finetunes(specs)  # full fine-tuning of a quantized base: before anything loads
     return FitInputs(
@@ -249,8 +246,17 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         best_by=best_by,
         batch_generation=batch_generation,
         packing=packing,
-        notes=notes + packing_notes,
+        notes=notes,
     )
+
+
+def _generation_and_packing(
+    args: FitArgs, trainer_type: str, policy: Any, specs: tuple[Any, ...]
+) -> tuple[bool, bool | str, tuple[str, ...]]:
+    """``run_fit``'s ``batch_generation`` and ``packing``, checked, and the lines said about them at the start."""
+    batch_generation, notes = _batch_generation(args.batch_generation, trainer_type, policy, specs)
+    packing, packing_notes = _packing(args.packing, specs, trainer_type, args.seed)
+    return batch_generation, packing, notes + packing_notes
 
 
 def _batch_generation(
