@@ -244,7 +244,10 @@ eval loss on every held-out row, and ROUGE-L on the answers to `SAMPLES` held-ou
 answers the same questions, the four runs answer them **together**: at the end of each round one batched `generate`
 serves all of them, each answer through its own run's adapter, and greedy decoding gives each run exactly the answers
 it would give alone (`run_fit(..., batch_generation=False)` generates run by run; `eval_generation_seconds` is each
-run's share of the time spent generating).
+run's share of the time spent generating). On a GPU the four runs also train as one **pack** (`packing="auto"`, the
+default): they see the same batches, so each step is one forward and one backward over the shared base, each
+run's rows through its own adapter, instead of four; each run keeps its own optimizer, schedule and metrics. On a
+CPU, where that does not pay, they take turns (a line at the start says which).
 
 `overwrite=True` starts the experiment afresh each time the notebook runs. After a dropped runtime,
 `Experiment("sft-customer-support")` without `overwrite` reopens it, and calling `run_fit` again with the same
