@@ -37,6 +37,11 @@ weights were wrong and a warm clone of it failed.
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,3 +287,74 @@ def test_a_failing_member_fails_alone_and_the_pack_goes_on(plain: Trained, packe
     assert [loss[1] for loss in packed.losses if loss[0] == 7] == [
         1
     ]  # its NaN step never recorded as a number
+
+
+def test_successive_halving_prunes_the_same_members_and_the_rest_keep_packing(tmp_path: Path) -> None:
+    """Early stopping on a pack of 4: the same runs are pruned at the same rungs as time-sliced, with the same
+    reasons; the survivors go on packed, and every run's final weights (a pruned run's: its rung's) are equal."""
+    from rapidfire_nb.automl import SuccessiveHalving
+
+    def halving() -> Any:
+        return SuccessiveHalving(metric="eval_loss", mode="min", reduction_factor=2, grace_chunks=1)
+
+    group = RFGridSearch(configs=List(members(4)), trainer_type="SFT")
+    got = _train(tmp_path, "halving-packed", True, [], group, early_stopping=halving())
+    want = _train(tmp_path, "halving-sliced", False, [], group, early_stopping=halving())
+    assert (
+        _status(got)
+        == _status(want)
+        == {1: ("STOPPED", 2), 2: ("STOPPED", 1), 3: ("COMPLETED", 4), 4: ("STOPPED", 1)}
+    )
+    assert got.packs == [(1, 1, (1, 2, 3, 4)), (1, 2, (1, 3))]  # runs 1 and 3 went on packed
+    assert got.order == want.order
+    assert got.info.stop_reason.to_dict() == want.info.stop_reason.to_dict()
+    for rid, weights in want.adapters.items():
+        assert max_abs_diff(got.adapters[rid], weights) == 0.0, rid
+    assert got.losses == want.losses
+
+
+def _spawn(root: Path, name: str, *freeze: str) -> tuple[subprocess.Popen[bytes], Path]:
+    log = root / f"{name}-{len(list(root.glob('*.log')))}.log"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with open(log, "wb") as f:  # the child keeps its own descriptor
+        child = subprocess.Popen(
+            [sys.executable, str(CHILD), str(root), name, *freeze],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    return child, log
+
+
+def test_kill_9_of_a_packed_experiment_then_continue_ends_exact(plain: Trained, tmp_path: Path) -> None:
+    """The kernel dies (SIGKILL) while it records run 3's step-2 boundary, trained ahead in run 1's packed
+    segment: runs 1 and 2 have their step-2 checkpoint on disk, run 3 its step-1 one. Continued, run 3 trains
+    its chunk alone (the others are one step further), then the three pack again; each ends equal to the
+    uninterrupted time-sliced run (0.0)."""
+    from rapidfire_nb.run_folder import latest_checkpoint
+
+    marker = tmp_path / "frozen"
+    child, log = _spawn(tmp_path, "killed", "3", "2", str(marker))
+    deadline = time.monotonic() + 180
+    while not marker.exists():
+        assert child.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, "the child never reached run 3's step-2 boundary"
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    runs = tmp_path / "killed" / "runs"
+    on_disk = {rid: latest_checkpoint(runs / str(rid)) for rid in (1, 2, 3)}
+    assert {rid: c.name if c else None for rid, c in on_disk.items()} == {
+        1: "checkpoint-2",
+        2: "checkpoint-2",
+        3: "checkpoint-1",
+    }
+    child, log = _spawn(tmp_path, "killed")
+    assert child.wait(timeout=240) == 0, log.read_text()[-4000:]
+    out = log.read_text()
+    assert "continuing from the last chunk checkpoints" in out, out[-3000:]
+    packs = [line.split()[1:] for line in out.splitlines() if line.startswith("PACK ")]
+    assert packs == [["1", "3", "1,2,3"], ["1", "4", "1,2,3"]], out[-3000:]  # run 3's chunk 1-2 alone
+    finals = _finals(tmp_path / "killed")
+    for rid in (1, 2, 3):
+        assert max_abs_diff(finals[rid], plain.adapters[rid]) == 0.0, rid
