@@ -9,8 +9,8 @@ The runs differ only in what a pack allows (learning rate, schedule, dropout, ra
 4, one epoch in 4 chunks of one step (boundaries 1-4), an evaluation at every boundary. Packed, run 1's turn trains
 every member one step in one fused pass; the others are "ahead" until the scheduler asks for their chunk.
 
-The ops script (module fixtures ``plain`` and ``packed``), all at run 1's second turn, while runs 2-7 are trained
-ahead to step 2 in its packed segment:
+The ops script (module fixtures ``plain`` and ``packed``); most ops at run 1's second turn, while runs 2-7 are
+trained ahead to step 2 in its packed segment:
 
 =====  ======================================  ===============================================================
 run    config                                  what happens to it
@@ -26,6 +26,9 @@ run    config                                  what happens to it
 8      warm clone of run 1                     from run 1's step 2; trains in the pack from there
 9      cold clone of run 3                     from step 0, alone, then joins the pack at step 2
 10     warm clone of run 5 (STOPPED)           from run 5's step 1
+9      (at run 1's last turn, whose packed     stopped after it finished ahead: STOPPED at step 3, step 3's
+       segment trains runs 2-10 to their end)  weights
+11     warm clone of run 8, ``max_steps=5``    from run 8's step 3 (its last step was trained ahead)
 =====  ======================================  ===============================================================
 
 The bugs these tests found (fixed in ``training/pack_runs.py``): a trainer whose ``train()`` has not started yet
@@ -113,10 +116,15 @@ def _script() -> list[Op]:
         exp.delete(4)
         exp.stop([2, 5])
 
+    def at_run_1_step_4(exp: Experiment) -> None:  # the pack's last chunk: its members finish ahead
+        exp.stop(9)
+        exp.clone_modify(8, {"max_steps": 5}, warm_start=True)  # run 11: from run 8's step 3
+
     return [
         (("segment", 1, 2), at_run_1_step_2),
         (("status", 2, "STOPPED"), lambda exp: exp.resume(2)),
         (("status", 5, "STOPPED"), lambda exp: exp.clone_modify(5, {"learning_rate": 1e-3}, warm_start=True)),
+        (("segment", 1, 4), at_run_1_step_4),
     ]
 
 
@@ -234,19 +242,20 @@ def test_the_packed_script_ends_as_the_time_sliced_one(plain: Trained, packed: T
         _status(packed)
         == _status(plain)
         == {
-            **{rid: ("COMPLETED", 4) for rid in (1, 2, 3, 8, 9, 10)},
+            **{rid: ("COMPLETED", 4) for rid in (1, 2, 3, 8, 10)},
             4: ("DELETED", 1),
             5: ("STOPPED", 1),
             6: ("FAILED", 2),
             7: ("FAILED", 1),
+            9: ("STOPPED", 3),
+            11: ("COMPLETED", 5),
         }
     )
-    assert sorted(packed.adapters) == sorted(plain.adapters) == [1, 2, 3, 5, 8, 9, 10]
+    assert sorted(packed.adapters) == sorted(plain.adapters) == [1, 2, 3, 5, 8, 9, 10, 11]
     for rid, weights in plain.adapters.items():
         assert max_abs_diff(packed.adapters[rid], weights) == 0.0, rid
-    assert (
-        packed.losses == plain.losses
-    )  # every step's loss, once: nothing trained ahead counted twice or lost
+    # every step's loss, once: nothing trained ahead counted twice or lost
+    assert packed.losses == plain.losses
 
 
 def test_a_warm_clone_of_a_packed_member_trains_in_the_pack_from_its_start(packed: Trained) -> None:
@@ -269,11 +278,13 @@ def test_members_stopped_or_deleted_while_ahead_go_back_to_their_boundary(
     """Runs 2, 4 and 5 were trained to step 2 ahead of their turn; the stop / delete made that chunk not count.
     Run 2, resumed at once, is back at step 1, trains with runs 9 and 10 (10: a warm clone of run 5 at step 1; 2
     and 10 rebuilt at a checkpoint and not started yet) to step 2, and re-joins the pack there (previous test);
-    run 5's final weights are its step-1 weights (as time-sliced), and run 10 starts from them."""
+    run 5's final weights are its step-1 weights (as time-sliced), and run 10 starts from them. Run 9, stopped
+    after its last step was trained ahead (its train() over), is STOPPED at step 3 with step 3's weights; run 11
+    starts from run 8's step 3 although run 8's last step was trained ahead."""
     ahead = [loss for loss in packed.losses if loss[0] in (4, 5)]
     assert ahead == [loss for loss in plain.losses if loss[0] in (4, 5)] and {s for _r, s, _l in ahead} == {1}
     assert [row.kind for row in packed.ops.itertuples() if row.run_id == 2] == ["stop", "resume"]
-    for rid in (2, 5, 10):
+    for rid in (2, 5, 9, 10, 11):
         assert max_abs_diff(packed.adapters[rid], plain.adapters[rid]) == 0.0, rid
 
 
