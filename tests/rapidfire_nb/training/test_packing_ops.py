@@ -31,6 +31,9 @@ run    config                                  what happens to it
 11     warm clone of run 8, ``max_steps=5``    from run 8's step 3 (its last step was trained ahead)
 =====  ======================================  ===============================================================
 
+Beside it: successive halving on a pack of 4 (the same runs pruned at the same rungs, the survivors packed on), and
+a kill -9 of a packed experiment while a held boundary is recorded, continued in a new process (``_packing_child.py``).
+
 The bugs these tests found (fixed in ``training/pack_runs.py``): a trainer whose ``train()`` has not started yet
 reads step 0, so a warm clone or a run rebuilt at a checkpoint was packed with runs at step 0 and rebuilt from
 scratch; and a member stopped while ahead was rebuilt with fresh adapter weights and no boundary, so its final
