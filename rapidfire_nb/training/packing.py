@@ -221,8 +221,13 @@ class PackDriver:
         self._generate_original = model.generate
         model.generate = self._generate_call
         self.generated_together = 0  # batched generate calls (tests, benchmark)
+        self._route_layers()
+
+    def _route_layers(self) -> None:
+        """Route every LoRA ``Linear`` of the base (again before each packed segment: a later run may have added
+        layers, e.g. other ``target_modules``)."""
         linear = _lora_linear_classes()
-        for module in model.modules():
+        for module in self.model.modules():
             if type(module) in linear and "forward" not in module.__dict__:
                 module.forward = functools.partial(routed_forward, module)
 
@@ -259,6 +264,7 @@ class PackDriver:
         results: dict[int, Any] = {}
         accumulation: dict[int, dict[str, Any]] = {}
         by_id = {m.run_id: m for m in members}
+        self._route_layers()
         for m in members:
             self._members[m.worker.glet_or_new()] = m
             m.enter()
