@@ -306,7 +306,7 @@ def _put_back(run: Any, last: Any) -> None:
 def _start_folder(run: Any) -> Path | None:
     """The checkpoint folder ``run``'s trainer was built to resume from (a restart's ``checkpoint-<step>``, a warm
     clone's ``warm-start-from-run-<p>-step-<s>``), or None (it started from scratch)."""
-    folder = getattr(run.worker, "_resume", None)
+    folder = run.worker.resume_from
     return Path(folder) if folder else None
 
 

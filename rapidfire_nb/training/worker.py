@@ -184,6 +184,11 @@ class RunWorker:
         self._device.call(self._abort).result(timeout)
 
     @property
+    def resume_from(self) -> str | None:
+        """The checkpoint folder its ``train()`` resumes from (a restart, a warm clone), or None."""
+        return self._resume
+
+    @property
     def step(self) -> int:
         return int(self.trainer.state.global_step)
 
