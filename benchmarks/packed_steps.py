@@ -339,8 +339,11 @@ def run_case(a: argparse.Namespace, case: dict[str, Any], work: str, say: Any) -
             tag = f"{case['model']}-{case['kind']}-k{case['k']}-{side}-{i}"
             out = _side(a, case, side, work, tag)
             got[side].append(out)
+            bad = [x for x in out.get("statuses", ["COMPLETED"]) if x != "COMPLETED"]
             say(
-                f"    repeat {i + 1} {side:8s}: {out['seconds']:7.1f} s, peak RSS {out['rss_mb']:6.0f} MiB{_pack_text(out)}"
+                f"    repeat {i + 1} {side:8s}: {out['seconds']:7.1f} s, peak RSS {out['rss_mb']:6.0f} MiB, load "
+                f"{os.getloadavg()[0]:.1f}{_pack_text(out)}"
+                + (f"; RUN STATUSES {out['statuses']}" if bad else "")
             )
     return {s: min(v, key=lambda o: o["seconds"]) for s, v in got.items()}
 
@@ -454,7 +457,11 @@ def main() -> None:
         "--no-dpo", dest="dpo", action="store_false", help="skip the DPO cases (k=4 on each model)"
     )
     ap.add_argument("--repeats", type=int, default=1, help="rounds of every side (order rotated each round)")
-    ap.add_argument("--quick", action="store_true", help="tiny only, k = 2, 4, 8 steps: a smoke run (~2 min)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny only, k = 2 and 4, 8 steps (unless given): a smoke run (~3 min)",
+    )
     ap.add_argument(
         "--out", default=str(RESULTS / "packed_steps_latest.txt"), help="also write the report here"
     )
@@ -479,9 +486,12 @@ def run_all(a: argparse.Namespace, argv: str) -> None:
 
     lines: list[str] = []
 
-    def say(text: str) -> None:
+    def say(text: str) -> None:  # the report file is rewritten at every line: a stopped run keeps its cases
         print(text, flush=True)
         lines.append(text)
+        if a.out:
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text("\n".join(lines) + "\n")
 
     say(
         f"benchmarks/packed_steps.py {argv} — {time.strftime('%Y-%m-%d %H:%M')} UTC, torch {torch.__version__}, "
@@ -503,9 +513,6 @@ def run_all(a: argparse.Namespace, argv: str) -> None:
     for line in summary:
         say(line)
     say(f"total {time.time() - t0:.0f} s; load {os.getloadavg()[0]:.2f} at end")
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
