@@ -24,7 +24,7 @@ import torch
 
 from .pack_rows import Rows, own_rng, routing
 
-__all__ = ["generate_together", "joinable_generate"]
+__all__ = ["generate_groups", "generate_together", "joinable_generate", "runs_that_fit"]
 
 
 def joinable_generate(calls: list[dict[str, Any]]) -> bool:
@@ -49,6 +49,40 @@ def joinable_generate(calls: list[dict[str, Any]]) -> bool:
         if c["generation_config"].to_dict() != config.to_dict():
             return False
     return True
+
+
+def generate_groups(model: Any, calls: dict[int, dict[str, Any]]) -> list[list[int]]:
+    """The run ids whose ``generate`` calls one batched call answers, group by group: calls that can share one
+    (:func:`joinable_generate`), as many per call as their KV caches fit (:func:`runs_that_fit`); a group of one
+    generates alone."""
+    joined: list[list[int]] = []
+    for rid, kwargs in calls.items():
+        for ids in joined:
+            if joinable_generate([calls[ids[0]], kwargs]):
+                ids.append(rid)
+                break
+        else:
+            joined.append([rid])
+    groups = []
+    for ids in joined:
+        fit = runs_that_fit(model, [calls[rid] for rid in ids]) if len(ids) > 1 else 1
+        groups += [ids[i : i + fit] for i in range(0, len(ids), fit)]
+    return groups
+
+
+def runs_that_fit(model: Any, calls: list[dict[str, Any]]) -> int:
+    """How many of these calls one batched ``generate`` takes so that their KV caches fit half the free memory
+    (:func:`~rapidfire_nb.training.generation_batch.kv_cache_bytes` and ``runs_per_call``, the batched
+    generation eval's cap; free memory: CUDA's, else the host's); at least 1."""
+    from .free_memory import available_ram, free_cuda_bytes
+    from .generation_batch import kv_cache_bytes, runs_per_call
+
+    ids, config = calls[0]["input_ids"], calls[0]["generation_config"]
+    tokens = int(ids.shape[1]) + int(config.max_new_tokens or 0)
+    element = next(model.parameters()).element_size()
+    per_run = kv_cache_bytes(model.config, int(ids.shape[0]), tokens, element)
+    cuda = free_cuda_bytes() if ids.is_cuda else None
+    return runs_per_call(len(calls), per_run, cuda[0] if cuda is not None else available_ram())
 
 
 class _Seen:

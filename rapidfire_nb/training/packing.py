@@ -36,7 +36,7 @@ import torch
 from greenlet import getcurrent
 
 from .adapters import activate_adapter
-from .pack_generate import generate_together, joinable_generate
+from .pack_generate import generate_groups, generate_together
 from .pack_rows import Rows, current_route, own_rng, routing
 from .rng import capture_rng, restore_rng
 
@@ -340,20 +340,13 @@ class PackDriver:
     ) -> dict[int, tuple[Any, dict[str, Any]]]:
         """One batched ``generate`` per group of requests that can share one
         (:mod:`~rapidfire_nb.training.pack_generate`: e.g. runs of equal sampling settings), the others alone."""
-        groups: list[dict[int, tuple[PackMember, _Generate]]] = []
-        for rid, item in requests.items():
-            for group in groups:
-                if joinable_generate([next(iter(group.values()))[1].kwargs, item[1].kwargs]):
-                    group[rid] = item
-                    break
-            else:
-                groups.append({rid: item})
         answers: dict[int, tuple[Any, dict[str, Any]]] = {}
-        for group in groups:
-            answers.update(self._generate_group(group) if len(group) > 1 else {})
-            for rid, (m, req) in group.items():
-                if rid not in answers:
-                    answers[rid] = self._generate_alone(m, req)
+        for ids in generate_groups(self.model, {rid: req.kwargs for rid, (_m, req) in requests.items()}):
+            if len(ids) > 1:
+                answers.update(self._generate_group({rid: requests[rid] for rid in ids}))
+        for rid, (m, req) in requests.items():
+            if rid not in answers:
+                answers[rid] = self._generate_alone(m, req)
         return answers
 
     def _generate_group(self, group: dict[int, tuple[PackMember, _Generate]]) -> dict[int, tuple[Any, Any]]:

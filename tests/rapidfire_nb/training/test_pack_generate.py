@@ -97,3 +97,20 @@ def test_calls_that_cannot_share_one_generate() -> None:
     greedy = _config(4)
     greedy.do_sample = False
     assert not joinable_generate([{**base, "generation_config": greedy}] * 2)
+
+
+def test_groups_of_calls_that_share_one_generate_fit_the_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal settings join; other settings generate apart; the KV caches of a group fit half the free memory
+    (each run's cache estimated at 1,000 bytes: half of 4,000 free holds 2 runs per generate)."""
+    from rapidfire_nb.training import free_memory, generation_batch
+    from rapidfire_nb.training.pack_generate import generate_groups
+
+    model, _tok = tiny_create_model()
+    ids = torch.ones((2, 5), dtype=torch.long)
+    call = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "generation_config": _config(4)}
+    other = {**call, "generation_config": _config(6)}
+    calls = {1: call, 2: dict(call), 3: other, 4: dict(call)}
+    assert generate_groups(model, calls) == [[1, 2, 4], [3]]
+    monkeypatch.setattr(generation_batch, "kv_cache_bytes", lambda *a: 1000)
+    monkeypatch.setattr(free_memory, "available_ram", lambda: 4000)
+    assert generate_groups(model, calls) == [[1, 2], [4], [3]]
