@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Rows", "current_route", "own_rng", "routing"]
+__all__ = ["Rows", "current_route", "join_calls", "own_rng", "routing", "slice_output"]
 
 
 @dataclass
@@ -81,3 +81,53 @@ def own_rng(rows: Rows, device: Any) -> Iterator[None]:
         else:
             rows.rng["cpu"] = torch.random.get_rng_state()
             torch.random.set_rng_state(saved)
+
+
+def join_calls(calls: list[dict[str, Any]]) -> tuple[dict[str, Any], list[int]] | None:
+    """The keyword arguments of one backbone call over every call's rows (concatenated on dim 0), and each call's
+    row count; None when they cannot be joined (other keys, shapes, non-tensor values, a cache)."""
+    first = calls[0]
+    if (
+        any(set(c) != set(first) for c in calls)
+        or first.get("past_key_values") is not None
+        or first.get("use_cache")
+    ):
+        return None
+    lead = first.get("input_ids", first.get("inputs_embeds"))
+    if not isinstance(lead, torch.Tensor):
+        return None
+    sizes = [int(c.get("input_ids", c.get("inputs_embeds")).shape[0]) for c in calls]
+    joined: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [c[key] for c in calls]
+        if isinstance(value, torch.Tensor):
+            if all(
+                isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n for v, n in zip(values, sizes)
+            ):
+                if any(v.shape[1:] != value.shape[1:] for v in values):
+                    return None
+                joined[key] = torch.cat(values)
+            elif all(
+                isinstance(v, torch.Tensor) and v.shape == value.shape and torch.equal(v, value)
+                for v in values
+            ):
+                joined[key] = value
+            else:
+                return None
+        elif all(v is value or (not isinstance(v, torch.Tensor) and v == value) for v in values):
+            joined[key] = value
+        else:
+            return None
+    return joined, sizes
+
+
+def slice_output(out: Any, start: int, stop: int) -> Any:
+    """The backbone output of rows ``start:stop`` (every tensor, or tuple of tensors, sliced on dim 0)."""
+    values = {}
+    for key, value in out.items():
+        if isinstance(value, torch.Tensor):
+            value = value[start:stop]
+        elif isinstance(value, tuple):
+            value = tuple(v[start:stop] if isinstance(v, torch.Tensor) else v for v in value)
+        values[key] = value
+    return type(out)(**values)

@@ -194,7 +194,10 @@ class PackRuns:
                 same.remove(r)
         if len(same) < 2 or run not in same:
             return []
-        why = fusable_base(run.base.model, [r.adapter for r in same])
+        checkpointing = any(
+            bool(getattr(r.worker.trainer.args, "gradient_checkpointing", False)) for r in same
+        )
+        why = fusable_base(run.base.model, [r.adapter for r in same], checkpointing)
         if why is not None:
             self._note(f"runs {', '.join(str(r.run_id) for r in same)} train alone: {why}")
             self._keys.update({r.run_id: None for r in same})

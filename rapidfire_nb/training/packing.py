@@ -28,6 +28,7 @@ positional arguments, a cache) runs alone for each run, in lockstep: still exact
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ from greenlet import getcurrent
 
 from .adapters import activate_adapter
 from .pack_generate import generate_groups, generate_together
-from .pack_rows import Rows, current_route, own_rng, routing
+from .pack_rows import Rows, current_route, join_calls, own_rng, routing, slice_output
 from .rng import capture_rng, restore_rng
 
 __all__ = ["PackDriver", "PackMember", "fusable_base", "routed_forward"]
@@ -132,12 +133,14 @@ def _lora_linear_classes() -> tuple[type, ...]:
     return tuple(classes)
 
 
-def fusable_base(model: Any, adapters: list[str]) -> str | None:
+def fusable_base(model: Any, adapters: list[str], checkpointing: bool = False) -> str | None:
     """Why the adapters ``adapters`` of the ``PeftModel`` ``model`` cannot share one fused pass, or None.
 
     Each adapter must sit only on plain ``peft`` LoRA ``Linear`` layers (no DoRA or other variant, no merged
-    layer, no ``lora_bias``), and the backbone must not recompute activations (gradient checkpointing replays
-    dropout from the process-wide RNG, which each run keeps its own copy of).
+    layer, no ``lora_bias``). With gradient checkpointing (``checkpointing``: the runs' ``gradient_checkpointing``,
+    which their ``train()`` turns on later) the backward recomputes the fused forward (the same rows, the same
+    adapters), so no adapter may use LoRA dropout: the recomputation would draw its masks from the process-wide
+    state, not from each run's own.
     """
     linear = _lora_linear_classes()
     from peft.tuners.lora.layer import LoraLayer
@@ -152,9 +155,15 @@ def fusable_base(model: Any, adapters: list[str]) -> str | None:
                 return f"its adapter sits on a {type(module).__name__} layer (packs take plain Linear layers)"
             if name in module.lora_variant or module.merged or module.lora_bias.get(name, False):
                 return "its adapter is a LoRA variant (DoRA, bias) or merged"
-    if getattr(_causal_lm(model), "is_gradient_checkpointing", False):
-        return "gradient checkpointing"
+    checkpointing = checkpointing or bool(getattr(_causal_lm(model), "is_gradient_checkpointing", False))
+    if checkpointing and any(_dropout_of(model, name) > 0 for name in adapters):
+        return "gradient checkpointing with LoRA dropout (its recomputation would draw other masks)"
     return None
+
+
+def _dropout_of(model: Any, adapter: str) -> float:
+    config = model.peft_config.get(adapter)
+    return float(getattr(config, "lora_dropout", 0.0) or 0.0)
 
 
 def _causal_lm(model: Any) -> Any:
@@ -221,6 +230,7 @@ class PackDriver:
         self._generate_original = model.generate
         model.generate = self._generate_call
         self.generated_together = 0  # batched generate calls (tests, benchmark)
+        self._route: list[Rows] | None = None  # the last fused forward's rows, until its backward
         self._route_layers()
 
     def _route_layers(self) -> None:
@@ -389,7 +399,7 @@ class PackDriver:
         self, requests: dict[int, tuple[PackMember, _Forward]]
     ) -> dict[int, tuple[Any, dict[str, Any]]]:
         """One backbone call over every request's micro-batch, or each alone when they cannot be joined."""
-        merged = _join([req.kwargs for _m, req in requests.values()]) if len(requests) > 1 else None
+        merged = join_calls([req.kwargs for _m, req in requests.values()]) if len(requests) > 1 else None
         if merged is not None:
             kwargs, sizes = merged
             members = [m for m, _req in requests.values()]
@@ -405,8 +415,9 @@ class PackDriver:
                 out = None
             if out is not None and getattr(out, "past_key_values", None) is None:
                 self.fused_steps += 1
+                self._route = route  # gradient checkpointing recomputes this pass in the backward
                 return {
-                    rid: (_slice(out, rows.start, rows.stop), rows.rng or req.rng)
+                    rid: (slice_output(out, rows.start, rows.stop), rows.rng or req.rng)
                     for (rid, (_m, req)), rows in zip(requests.items(), route)
                 }
         return {rid: self._alone(m, req) for rid, (m, req) in requests.items()}
@@ -429,8 +440,10 @@ class PackDriver:
         for loss in losses[1:]:
             total = total + loss
         answer: Any = None
+        route, self._route = self._route, None
         try:
-            total.backward()
+            with routing(route) if route is not None else contextlib.nullcontext():
+                total.backward()
         except Exception as exc:  # every member of this pass fails with it, as it would alone
             answer = _Raise(exc)
         return {rid: (answer, req.rng) for rid, req in requests.items()}
@@ -441,53 +454,3 @@ def _gradient_state() -> dict[str, Any]:
     from accelerate.state import GradientState
 
     return GradientState._shared_state  # type: ignore[no-any-return]
-
-
-def _join(calls: list[dict[str, Any]]) -> tuple[dict[str, Any], list[int]] | None:
-    """The keyword arguments of one backbone call over every call's rows (concatenated on dim 0), and each call's
-    row count; None when they cannot be joined (other keys, shapes, non-tensor values, a cache)."""
-    first = calls[0]
-    if (
-        any(set(c) != set(first) for c in calls)
-        or first.get("past_key_values") is not None
-        or first.get("use_cache")
-    ):
-        return None
-    lead = first.get("input_ids", first.get("inputs_embeds"))
-    if not isinstance(lead, torch.Tensor):
-        return None
-    sizes = [int(c.get("input_ids", c.get("inputs_embeds")).shape[0]) for c in calls]
-    joined: dict[str, Any] = {}
-    for key, value in first.items():
-        values = [c[key] for c in calls]
-        if isinstance(value, torch.Tensor):
-            if all(
-                isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n for v, n in zip(values, sizes)
-            ):
-                if any(v.shape[1:] != value.shape[1:] for v in values):
-                    return None
-                joined[key] = torch.cat(values)
-            elif all(
-                isinstance(v, torch.Tensor) and v.shape == value.shape and torch.equal(v, value)
-                for v in values
-            ):
-                joined[key] = value
-            else:
-                return None
-        elif all(v is value or (not isinstance(v, torch.Tensor) and v == value) for v in values):
-            joined[key] = value
-        else:
-            return None
-    return joined, sizes
-
-
-def _slice(out: Any, start: int, stop: int) -> Any:
-    """The backbone output of rows ``start:stop`` (every tensor, or tuple of tensors, sliced on dim 0)."""
-    values = {}
-    for key, value in out.items():
-        if isinstance(value, torch.Tensor):
-            value = value[start:stop]
-        elif isinstance(value, tuple):
-            value = tuple(v[start:stop] if isinstance(v, torch.Tensor) else v for v in value)
-        values[key] = value
-    return type(out)(**values)

@@ -236,3 +236,40 @@ def test_a_pack_that_would_not_fit_the_free_memory_is_split(
     for rid in range(1, 5):
         assert losses[rid] == _train_losses(plain[rid].log_history), rid
         assert max_abs_diff(adapters[rid], plain[rid].final) == 0.0, rid
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_gradient_checkpointing_packs_without_lora_dropout(
+    data: tuple[Any, Any], tmp_path: Any, dropout: float
+) -> None:
+    """With ``gradient_checkpointing=True`` (TRL's default, kept on a GPU) the backward recomputes the fused forward:
+    without LoRA dropout the runs pack and equal plain TRL (0.0); with it they train alone, said once, still
+    exact (the recomputation would draw other masks). Before the fix every packed run failed with PyTorch's
+    CheckpointError."""
+    train, _evald = data
+    args = {**COMMON, "num_train_epochs": 1, "gradient_checkpointing": True}
+    configs = [
+        RFModelConfig(
+            model_name="tiny",
+            peft_config=RFLoraConfig(r=r, lora_alpha=8, target_modules=QV, lora_dropout=dropout),
+            training_args=RFSFTConfig(learning_rate=lr, **args),
+            formatting_func=qa_to_chat,
+        )
+        for r, lr in ((4, 1e-3), (8, 3e-3))
+    ]
+    group = RFGridSearch(configs=List(configs), trainer_type="SFT")
+    exp = Experiment(f"packed-gc-{dropout}", experiment_path=tmp_path)
+    lines: list[str] = []
+    exp.on_message(lines.append)
+    exp.run_fit(group, tiny_create_model, train, None, num_chunks=2, seed=SEED, packing=True)
+    adapters, _losses = _mine(exp)
+    fused = sum(d.fused_steps for d in exp.session.executor.packs._drivers.values())
+    info = exp.get_runs_info().set_index("run_id")
+    exp.end()
+    assert list(info.status) == ["COMPLETED"] * 2
+    assert fused == (6 if dropout == 0.0 else 0)
+    said = [line for line in lines if "gradient checkpointing with LoRA dropout" in line]
+    assert len(said) == (0 if dropout == 0.0 else 1), lines
+    for rid, leaf in enumerate(group.expand(SEED), start=1):
+        ref = train_plain_trl(leaf, tiny_create_model, train, None, SEED, tmp_path / f"plain-{rid}")
+        assert max_abs_diff(adapters[rid], ref.final) == 0.0, rid
