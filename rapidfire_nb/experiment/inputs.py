@@ -223,7 +223,9 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
     )
     if policy is not None and isinstance(getattr(policy, "metric", None), str):
         check_metric_name(param_config.trainer_type, policy.metric, "early_stopping's metric", user_metrics)
-    batch_generation, packing, notes = _generation_and_packing(args, param_config.trainer_type, policy, specs)
+    batch_generation, packing, notes = _generation_and_packing(
+        args, param_config.trainer_type, policy, specs, plan
+    )
     check_group_fits(specs, exp_dir, plan)  # the runs fit the disk and the device
     refuse_quantized_full_finetunes(specs)  # full fine-tuning of a quantized base: before anything loads
     return FitInputs(
@@ -251,11 +253,11 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
 
 
 def _generation_and_packing(
-    args: FitArgs, trainer_type: str, policy: Any, specs: tuple[Any, ...]
+    args: FitArgs, trainer_type: str, policy: Any, specs: tuple[Any, ...], plan: Any
 ) -> tuple[bool, bool | str, tuple[str, ...]]:
     """``run_fit``'s ``batch_generation`` and ``packing``, checked, and the lines said about them at the start."""
     batch_generation, notes = _batch_generation(args.batch_generation, trainer_type, policy, specs)
-    packing, packing_notes = _packing(args.packing, specs, trainer_type, args.seed)
+    packing, packing_notes = _packing(args.packing, specs, trainer_type, args.seed, len(plan.names))
     return batch_generation, packing, notes + packing_notes
 
 
@@ -287,7 +289,7 @@ def _batch_generation(
 
 
 def _packing(
-    given: object, specs: tuple[Any, ...], trainer_type: str, seed: int
+    given: object, specs: tuple[Any, ...], trainer_type: str, seed: int, devices: int = 1
 ) -> tuple[bool | str, tuple[str, ...]]:
     """``run_fit``'s ``packing``, checked: ``"auto"``, True or False; with True, some two runs must share a pack.
     Also the line said when training starts: which runs pack, which train alone and why
@@ -304,6 +306,8 @@ def _packing(
     if packing is False:
         return packing, ()
     note = packing_note(plan_packs(runs, trainer_type, seed), packing, "cuda" if _cuda_count() else "cpu")
+    if note and devices > 1 and note.startswith("packing:"):  # a pack lives on one device
+        note += f"; over {devices} devices, only the runs one device trains together pack (worker processes do not report packs)"
     return packing, (note,) if note else ()
 
 
