@@ -305,7 +305,8 @@ def _packing(
         refuse_unpackable(runs, trainer_type, seed)
     if packing is False:
         return packing, ()
-    note = packing_note(plan_packs(runs, trainer_type, seed), packing, "cuda" if _cuda_count() else "cpu")
+    device = "cuda" if _cuda_count() else "cpu"
+    note = packing_note(plan_packs(runs, trainer_type, seed), packing, device, trainer_type)
     if note and devices > 1 and note.startswith("packing:"):  # a pack lives on one device
         note += f"; over {devices} devices, only the runs one device trains together pack (worker processes do not report packs)"
     return packing, (note,) if note else ()

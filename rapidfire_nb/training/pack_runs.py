@@ -55,7 +55,7 @@ def packs_for(executor: Any, group: Any, note: Callable[[str], None]) -> PackRun
 
     packing = getattr(group, "packing", "auto")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # where this process' trainers train
-    if not packing_applies(packing, device):
+    if not packing_applies(packing, device, group.trainer_type):
         return None
     return PackRuns(executor, lambda spec: pack_key(spec, group.trainer_type, group.seed), note)
 

@@ -175,6 +175,9 @@ def test_the_packing_option() -> None:
         with pytest.raises(ConfigError, match=r"^packing must be 'auto' .* True .* or False .*got "):
             check_packing_option(bad)
     assert packing_applies("auto", "cuda:0") and not packing_applies("auto", "cpu")
+    assert packing_applies("auto", "cpu", "GRPO") and not packing_applies(
+        "auto", "cpu", "DPO"
+    )  # rollouts pay
     assert packing_applies(True, "cpu") and not packing_applies(False, "cuda:0")
 
 
