@@ -771,7 +771,11 @@ config_group = RFGridSearch(configs=config, trainer_type="GRPO")""",
 
 `run_fit` returns at once and the live panel follows the runs (pick `reward` in a plot's menu to follow the
 rewards live); at the end of each chunk every run is evaluated: it samples completions for the eval problems
-and reports their mean reward (`eval_reward`), then answers each eval problem greedily for `eval_accuracy`.""",
+and reports their mean reward (`eval_reward`), then answers each eval problem greedily for `eval_accuracy`.
+The runs with the same `num_generations` see the same prompts, so they train as one **pack** (`packing="auto"`):
+at each step their completions are sampled in one batched `generate` (each run from its own random state, each
+row through its own adapter: every run gets exactly the completions it would get alone) and their forward and
+backward are one pass over the shared base. The `pack` column of the runs table below shows which.""",
     ),
     (
         "code",
