@@ -3,7 +3,7 @@
 A pack's runs each keep their own TRL trainer, optimizer, LR schedule, clipping, logging, callbacks, evaluations,
 RNG stream and checkpoints: only the forward and backward of their micro-batches are fused. Every run's
 ``train()`` is a greenlet on the device thread (:mod:`~rapidfire_nb.training.worker`); in a packed segment the
-:class:`PackDriver` switches into each run in turn, and each run parks at two rendezvous of its training step:
+:class:`PackDriver` switches into each run in turn, and each run parks at the rendezvous of its training step:
 
 * **forward**: the shared base's backbone (``LlamaModel`` under ``LlamaForCausalLM``; the module a causal LM's
   forward and TRL's fused LM head both call) is called with the run's micro-batch. When every run of the pack
@@ -14,15 +14,20 @@ RNG stream and checkpoints: only the forward and backward of their micro-batches
 * **backward**: ``accelerator.backward(loss)``. When every run is there, the driver back-propagates the sum of
   the runs' losses (each scaled as accelerate does: ``loss / gradient_accumulation_steps``) once. The gradient
   reaching each run's loss is exactly 1.0, and each run's adapter sees only its own rows, so each run's
-  gradients are its own.
+  gradients are its own. With gradient checkpointing the backward recomputes the fused forward over the same rows.
+* **generate** (GRPO's rollouts): the runs' ``generate`` calls of equal settings are answered by one batched,
+  sampled ``generate`` (:mod:`~rapidfire_nb.training.pack_generate`), each run sampling from its own random state.
+
+Between switches each run gets back its own RNG state, accelerate ``GradientState``, grad mode and autocast state
+(all of them the process's or the OS thread's, shared by the greenlets).
 
 Exactness: on CPU (fp32) each row's results do not depend on the other rows of the batch (measured: 0.0 over
 every LoRA gradient), so every packed run ends equal to a plain ``trainer.train()`` (tests). LoRA dropout draws
 from each run's own RNG state, in each run's layer order, as alone (the state is swapped in around each
 adapter's dropout). CUDA's GEMMs are not batch-invariant: there the difference is measured, not promised.
 
-Forwards that are not training steps (evaluations, DPO's reference with adapters disabled, generation) run
-alone, with the run's adapter made active first. A backbone call the driver cannot fuse (different shapes,
+Forwards that are not training steps (evaluations, DPO's reference with adapters disabled, a greedy generation)
+run alone, with the run's adapter made active first. A backbone call the driver cannot fuse (different shapes,
 positional arguments, a cache) runs alone for each run, in lockstep: still exact.
 """
 
@@ -215,8 +220,9 @@ class PackDriver:
     Args:
         model: the shared ``peft.PeftModel``.
 
-    :meth:`install` patches the base once (the backbone's forward, every LoRA ``Linear``'s forward); outside a
-    packed segment both behave exactly as before (one attribute lookup more per call).
+    Making it patches the base (the backbone's forward, the ``PeftModel``'s ``generate``, every LoRA ``Linear``'s
+    forward; the layers again before each packed segment); outside a packed segment they behave exactly as before
+    (one lookup more per call). :meth:`install_backward` patches each member's ``accelerator.backward``.
     """
 
     def __init__(self, model: Any) -> None:
@@ -253,7 +259,7 @@ class PackDriver:
             member = self._members.get(getcurrent())
             if member is None:
                 return original(loss, **kwargs)
-            if kwargs or acc.distributed_type != "NO":  # packable() keeps such runs out of packs
+            if kwargs or acc.distributed_type != "NO":  # one device per process, no LOMO: not expected
                 raise RuntimeError("a packed run's backward took arguments or a distributed setup")
             scaled = loss / acc.gradient_accumulation_steps  # what accelerate's backward does, in its order
             if acc.scaler is not None:  # fp16: each run's own loss scale (its gradients scaled as alone)
