@@ -113,6 +113,13 @@ def test_reopened_and_grpo_panels(lab: Any) -> None:
         timeout=180_000,
     )
     assert grpo.get_attribute("data-closed") == "false"  # its kernel trains it: clones are legal
+    # the four runs train as one pack (GRPO packs on a CPU): they end within moments of their first eval_reward, so
+    # the cards may switch to it just after the last status (they follow the logged metric names)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('[data-rf-panel]')[1].querySelectorAll('.rf-card')]
+            .map(c => c.dataset.metric).join() === 'reward,eval_reward'""",
+        timeout=30_000,
+    )
     cards = grpo.evaluate("el => [...el.querySelectorAll('.rf-card')].map(c => c.dataset.metric)")
     assert cards == ["reward", "eval_reward"], cards
     assert grpo.locator("select[data-rf-best-by]").input_value() == "eval_reward"
