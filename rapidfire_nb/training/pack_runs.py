@@ -81,7 +81,6 @@ class PackRuns:
         self.packed_segments = 0
         self._pack_of: dict[int, int | None] = {}
         self._capped = ""  # the last memory note said
-        self._cap_reason: tuple[int, int, int] = (0, 0, 0)
 
     # ------------------------------------------------------------------ executor hooks
     def add(self, run_id: int, spec: Any) -> None:
@@ -209,11 +208,11 @@ class PackRuns:
         """``same`` cut to the members whose activations fit the device's free memory together (one pack of
         consecutive run ids holding ``run``), with a note once per size; a pack's extra memory against
         time-slicing is ``k - 1`` runs' activations (:func:`~rapidfire_nb.spec.footprint.activation_bytes`)."""
-        cap = self._memory_cap(run)
-        if cap is None or cap >= len(same):
+        fit = self._memory_cap(run)
+        if fit is None or fit[0] >= len(same):
             return same
+        cap, per_run, free = fit
         i = same.index(run) // cap * cap
-        _tokens, per_run, free = self._cap_reason
         text = (
             f"packs of at most {cap} runs on this device: each run adds ~{format_bytes(per_run)} of activations "
             f"per micro-batch to a pack, and {format_bytes(free)} is free"
@@ -223,8 +222,9 @@ class PackRuns:
             self._note(text)
         return same[i : i + cap]
 
-    def _memory_cap(self, run: Any) -> int | None:
-        """How many runs of ``run``'s shape fit one pack in the free memory (>= 1), or None (not known)."""
+    def _memory_cap(self, run: Any) -> tuple[int, int, int] | None:
+        """How many runs of ``run``'s shape fit one pack in the free memory (>= 1), with one run's activations and
+        the free memory (bytes), or None (not known)."""
         shapes = BaseShapes.from_config(getattr(run.base.model.base_model.model, "config", None))
         args = run.worker.trainer.args
         cuda = free_cuda_bytes()
@@ -236,8 +236,7 @@ class PackRuns:
         )  # chosen + rejected
         tokens = rows * int(getattr(args, "max_length", None) or 1024)
         per_run = activation_bytes(shapes, tokens, 2 if (args.bf16 or args.fp16) else 4)
-        self._cap_reason = (tokens, per_run, free)
-        return max(1, 1 + int(0.8 * free) // max(per_run, 1))
+        return max(1, 1 + int(0.8 * free) // max(per_run, 1)), per_run, free
 
     def _member(self, run: Any) -> PackMember:
         model, own = run.base.model, run.own
