@@ -2,7 +2,8 @@
 
 Run states and their legal transitions, chunk maths, the fairness policy and its placement on several devices,
 IC Op rules, early-stopping policies (successive halving and median stopping on chunk rungs) and the loop thread
-that drives an :class:`Executor`.
+that drives an :class:`Executor` (single devices and composite ones: a gang of devices training one run,
+:mod:`~kernel_scheduler.gangs`).
 """
 
 from .arbiter import DEFAULT_DEVICE, DeviceArbiter, Lease, device_arbiter
@@ -19,6 +20,7 @@ from .early_stopping import (
     SuccessiveHalving,
 )
 from .executor import Executor, RunStart, SegmentResult, check_device
+from .gangs import device_parts, device_width, overlaps, single_devices
 from .loop import RunSnapshot, Scheduler, SchedulerListener
 from .op_kinds import OP_KINDS, OpKindInfo
 from .ops import Decision, Op, OpAck, OpKind, OpState, PendingOp, decide, expected_status, new_op_id
@@ -48,6 +50,10 @@ __all__ = [
     "RunStart",
     "SegmentResult",
     "check_device",
+    "device_parts",
+    "device_width",
+    "overlaps",
+    "single_devices",
     "RunSnapshot",
     "Scheduler",
     "SchedulerListener",

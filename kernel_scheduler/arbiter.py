@@ -16,7 +16,12 @@ Two ways to ask, one for each kind of thread:
   polling its inbox while it waits on its own wake-up event.
 * :meth:`DeviceArbiter.acquire` blocks the calling thread (a notebook cell) until the lease is granted.
 
-Devices are named; each has a number of slots (1 by default: one segment at a time). A later multi-device
+Devices are named; each has a number of slots (1 by default: one segment at a time). A composite device (a gang
+of devices training one run, ``"cpu:0+cpu:1"``: :mod:`~kernel_scheduler.gangs`) takes a slot of each of its parts,
+all at once or not at all: a lease is granted when every part has a free slot and no earlier request sharing a part
+still waits (first come, first served among the requests that share a part). Nobody ever holds part of a gang
+while it waits for the rest, so two schedulers cannot wait for each other, and a gang is not starved by the
+single-device segments around it. A later multi-device
 change (one executor per device, each in its own process so that each has its own RNG) gives each device
 its name and a scheduler holds one lease per device it trains on. Today every in-process executor uses
 :data:`DEFAULT_DEVICE`: the process-wide RNG is shared by all of them, whichever chip they compute on.
@@ -31,6 +36,8 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
+
+from .gangs import device_parts
 
 __all__ = ["DEFAULT_DEVICE", "DeviceArbiter", "Lease", "device_arbiter"]
 
@@ -55,6 +62,7 @@ class Lease:
         self.device = device
         self._arbiter = arbiter
         self._on_grant = on_grant
+        self.parts = device_parts(device)
         self._granted = threading.Event()
         self.released = False
 
@@ -95,14 +103,23 @@ class DeviceArbiter:
     """Grants device slots first come, first served.
 
     Args:
-        slots: slots per device name (devices not named have 1).
+        slots: slots per single device name (devices not named have 1); a composite takes one of each part's.
     """
 
     def __init__(self, slots: Mapping[str, int] | None = None) -> None:
         self._slots = dict(slots or {})
         self._lock = threading.Lock()
-        self._held: dict[str, list[Lease]] = {}
-        self._queue: dict[str, deque[Lease]] = {}
+        self._held: dict[str, list[Lease]] = {}  # single device -> the leases holding one of its slots
+        self._queue: deque[Lease] = deque()  # every request not granted yet, first come first
+
+    def _fits(self, lease: Lease, ahead: set[str]) -> bool:
+        """True when every part of ``lease`` has a free slot and no earlier waiting request takes one of its
+        parts (``ahead``: the parts of the requests before it). Lock held."""
+        return all(p not in ahead and len(self._held.get(p, ())) < self._slots.get(p, 1) for p in lease.parts)
+
+    def _take(self, lease: Lease) -> None:
+        for p in lease.parts:
+            self._held.setdefault(p, []).append(lease)
 
     def request(
         self, owner: str, on_grant: Callable[[], None] | None = None, device: str = DEFAULT_DEVICE
@@ -113,21 +130,22 @@ class DeviceArbiter:
             owner: who asks (shown to others that wait).
             on_grant: called once when the lease is granted later (not when granted at once); it runs on
                 the thread that released the slot, so it must only wake its owner (e.g. ``Event.set``).
-            device: the device name.
+            device: the device name; a composite (``"cpu:0+cpu:1"``) is granted all its parts at once.
 
         Returns:
             The lease; ``lease.granted`` says whether it was granted at once.
+
+        Raises:
+            ValueError: ``device`` names a part twice or an empty part.
         """
         lease = Lease(self, owner, device, on_grant)
         with self._lock:
-            queue = self._queue.setdefault(device, deque())
-            held = self._held.setdefault(device, [])
-            now = not queue and len(held) < self._slots.get(device, 1)
-            if now:
-                held.append(lease)
+            ahead = {p for waiting in self._queue for p in waiting.parts}
+            if self._fits(lease, ahead):
+                self._take(lease)
                 lease._granted.set()  # granted at once: no callback, the caller sees lease.granted
             else:
-                queue.append(lease)
+                self._queue.append(lease)
         return lease
 
     def acquire(
@@ -167,14 +185,19 @@ class DeviceArbiter:
         return lease
 
     def holders(self, device: str = DEFAULT_DEVICE) -> list[str]:
-        """The owners holding a slot of ``device`` now."""
+        """The owners holding a slot of ``device`` now (of any of its parts, for a composite), each lease once."""
         with self._lock:
-            return [lease.owner for lease in self._held.get(device, [])]
+            leases: dict[int, Lease] = {}
+            for p in device_parts(device):
+                for lease in self._held.get(p, []):
+                    leases.setdefault(id(lease), lease)
+            return [lease.owner for lease in leases.values()]
 
     def waiting(self, device: str = DEFAULT_DEVICE) -> list[str]:
-        """The owners waiting for ``device``, first come first."""
+        """The owners waiting for ``device`` (for a device sharing a part with it), first come first."""
+        parts = set(device_parts(device))
         with self._lock:
-            return [lease.owner for lease in self._queue.get(device, ())]
+            return [lease.owner for lease in self._queue if not parts.isdisjoint(lease.parts)]
 
     def _release(self, lease: Lease) -> None:
         granted: list[Lease] = []
@@ -182,16 +205,21 @@ class DeviceArbiter:
             if lease.released:
                 return
             lease.released = True
-            held = self._held.setdefault(lease.device, [])
-            queue = self._queue.setdefault(lease.device, deque())
-            if lease in held:
-                held.remove(lease)
-            elif lease in queue:
-                queue.remove(lease)
-            while queue and len(held) < self._slots.get(lease.device, 1):
-                nxt = queue.popleft()
-                held.append(nxt)
-                granted.append(nxt)
+            if lease in self._queue:
+                self._queue.remove(lease)
+            else:
+                for p in lease.parts:
+                    held = self._held.get(p, [])
+                    if lease in held:
+                        held.remove(lease)
+            ahead: set[str] = set()  # first come first: a request waits for the earlier ones sharing a part
+            for waiting in list(self._queue):
+                if self._fits(waiting, ahead):
+                    self._queue.remove(waiting)
+                    self._take(waiting)
+                    granted.append(waiting)
+                else:
+                    ahead.update(waiting.parts)
         for nxt in granted:
             nxt._grant()
 

@@ -34,6 +34,7 @@ from functools import partial
 
 from .core import SchedulerCore
 from .early_stopping import NewRun
+from .gangs import device_width
 from .ops import Op, OpKind
 from .roster import DeviceRoster
 from .runs import Run
@@ -72,13 +73,26 @@ class CloneBuilder:
 
     def device_for(self, op: Op) -> str:
         """Where a clone is built: a warm clone on its parent's device (the parent's boundary snapshot is there;
-        a device that would idle may take it over later), a cold one where the least work remains."""
+        a device that would idle may take it over later), a cold one where the least work remains, on a device
+        of as many parts as the child trains on at once (``Executor.width_of``; a warm clone of another width
+        than its parent's device is placed as a cold one).
+
+        Raises:
+            ValueError: no live device has the child's width; whatever ``Executor.width_of`` raises.
+        """
         core = self._core
         with core.lock:
             parent = core.runs.get(op.run_id)
+            child = core.runs.get(int(op.payload.get("child_id", -1)))
+            width = self._roster.width_of(child.spec if child is not None else op.payload.get("spec"))
             if op.payload.get("warm_start") and parent is not None and parent.device is not None:
-                return parent.device
-            return self._roster.place_new()
+                if device_width(parent.device) == width:
+                    return parent.device
+            return self._roster.place_new(width)
+
+    def _device_for_new(self, run: Run) -> str:
+        """Where a new run (a search's trial) is built: the live device of its width with the least work left."""
+        return self._roster.place_new(self._roster.width_of(run.spec))
 
     def request(self, op: Op) -> None:
         """Clone ``op`` is applied: prepare its child off the loop (``Executor.prepare_run``), then build it on
@@ -174,7 +188,7 @@ class CloneBuilder:
         """Ask the executor to prepare ``run`` off the loop; ``build`` at once when it has nothing to prepare."""
         core = self._core
         try:
-            device = self.device_for(op) if op is not None else self._roster.place_new()
+            device = self.device_for(op) if op is not None else self._device_for_new(run)
             future = core.executor.prepare_run(run.run_id, run.spec, device=device)
         except Exception as exc:
             fail(f"{type(exc).__name__}: {exc}")
@@ -211,10 +225,19 @@ class CloneBuilder:
 
     def _build_on_device(self, op: Op) -> None:
         """Queue clone ``op``'s build (:meth:`apply`) for its device, once no segment trains there."""
-        self._core.when_free(partial(self.apply, op), self.device_for(op))
+        try:
+            device = self.device_for(op)
+        except Exception as exc:  # e.g. the last device of the child's width died meanwhile
+            self.reject_op(op, f"{type(exc).__name__}: {exc}")
+            return
+        self._core.when_free(partial(self.apply, op), device)
 
     def _build_new_on_device(self, run: Run) -> None:
-        device = self._roster.place_new()
+        try:
+            device = self._device_for_new(run)
+        except Exception as exc:
+            self._fail_new(run, f"{type(exc).__name__}: {exc}")
+            return
         self._core.when_free(partial(self._build_new, run, device), device)
 
     def _fail_new(self, run: Run, reason: str) -> None:

@@ -57,17 +57,34 @@ class Executor(ABC):
 
     @property
     def devices(self) -> tuple[str, ...]:
-        """The devices this executor trains on, by name (e.g. ``("cpu:0", "cpu:1")``); one by default."""
+        """The devices this executor trains on, by name (e.g. ``("cpu:0", "cpu:1")``); one by default.
+
+        Besides single devices it may list composite devices, a gang of k devices that train one run at once
+        (FSDP), named by joining the parts with ``+``: ``("cpu:0", "cpu:1", "cpu:0+cpu:1")``
+        (:mod:`~kernel_scheduler.gangs`). The scheduler never trains two devices that share a part at once; a
+        run of width k lives on a composite of k parts for its life (:meth:`width_of`).
+        """
         from .arbiter import DEFAULT_DEVICE
 
         return (DEFAULT_DEVICE,)
+
+    def width_of(self, spec: Any) -> int:
+        """How many devices a run of config ``spec`` trains on at once: 1 (the default) for a single device, k
+        for a composite device of k parts. The scheduler places a new run (a clone, a search's trial) on a live
+        device of that many parts; it never changes for a run.
+
+        Raises:
+            Whatever bad input raises (the run then fails with it).
+        """
+        return 1
 
     def device_of(self, run_id: int) -> str:
         """The device run ``run_id`` is on (its trainer and base model live there)."""
         return self.devices[0]
 
     def alive(self, device: str) -> bool:
-        """False once ``device``'s worker died (its runs must move elsewhere)."""
+        """False once ``device``'s worker died (its runs must move elsewhere). A composite device is dead as soon
+        as one of its parts is (the executor says so for the composite too)."""
         return True
 
     def move_run(self, run_id: int, spec: Any, device: str) -> RunStart:

@@ -191,7 +191,7 @@ class Scheduler:
         return next(iter(self._slots.running_ids().values()), None)
 
     def training(self) -> dict[str, int]:
-        """Device -> id of the run training there right now (devices with no segment left out). Any thread."""
+        """Device -> id of the run training there now (a gang's: its composite and each part). Any thread."""
         return self._slots.running_ids()
 
     @property
@@ -338,7 +338,7 @@ class Scheduler:
             core.interrupt_all()
         self._roster.find_lost()
         wanted = [d for d in free if self._roster.needs(d, self._clones.any_waiting)]
-        held = [d for d in wanted if self._slots.held(d)]
+        held = self._slots.hold(wanted)  # gives back the leases it does not use
         if wanted and not held and not self._slots.any_running():
             self._idle_wait()  # the grant sets _wake
             return True

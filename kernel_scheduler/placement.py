@@ -18,6 +18,14 @@ free device trains next. The rules:
   or dead, never one whose home device is free and alive (that device trains it itself; moving costs a checkpoint
   write and load).
 * **New runs and clones** go to the live device with the least estimated work left (:meth:`FairPlacement.place_new`).
+* **Gangs** (composite devices, ``"cpu:0+cpu:1"``: :mod:`~kernel_scheduler.gangs`): a run lives on a device of
+  its width for its life. Two devices that share a part never train at once: a device is busy while one sharing a
+  part with it is, and once a device is given a segment, every device sharing a part with it is busy for the rest
+  of the turn. The free devices choose in furthest-behind order of the runs they would train (so a gang run
+  furthest behind goes before the single runs on its parts; with no shared parts the choice is the same in any
+  order). Only single devices take over, and only single runs; a gang run moves only when its device died, to a
+  live device of its width. The one-chunk-ahead rule keeps single runs from starving a gang: once they are a chunk
+  ahead they wait, its parts fall idle and the gang trains.
 
 Everything here is a function of the views passed in: the same views give the same answer.
 """
@@ -27,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .gangs import device_parts, device_width
 from .status import RunStatus
 
 __all__ = ["DeviceView", "PlacedRun", "Assignment", "FairPlacement"]
@@ -42,12 +51,18 @@ class DeviceView:
     Attributes:
         name: the device's name, as :attr:`Executor.devices` spells it (e.g. ``"cuda:0"``); unique.
         alive: False once the device's worker died (its runs must move elsewhere).
-        busy: True while a segment is in flight on it (then it gets nothing new).
+        busy: True while a segment is in flight on it (then it gets nothing new). A device sharing a part with a
+            busy one counts as busy too, whatever its own flag says.
     """
 
     name: str
     alive: bool = True
     busy: bool = False
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The single devices it is made of (``("cpu:0", "cpu:1")`` for ``"cpu:0+cpu:1"``): :func:`device_parts`."""
+        return device_parts(self.name)
 
 
 @dataclass(frozen=True)
@@ -111,12 +126,16 @@ class _State:
         self.order: list[str] = []
         self.alive: dict[str, bool] = {}
         self.busy: dict[str, bool] = {}
+        self.parts: dict[str, frozenset[str]] = {}
         for d in devices:
             if d.name in self.alive:
                 raise ValueError(f"device {d.name!r} is listed twice")
             self.order.append(d.name)
             self.alive[d.name] = d.alive
-            self.busy[d.name] = d.busy
+            self.parts[d.name] = frozenset(d.parts)
+        in_use = {p for d in devices if d.busy for p in self.parts[d.name]}
+        for d in devices:
+            self.busy[d.name] = d.busy or not in_use.isdisjoint(self.parts[d.name])
         seen: set[int] = set()
         floor: int | None = None
         first: PlacedRun | None = None  # the active run furthest behind
@@ -150,21 +169,28 @@ class _State:
     def free(self, device: str) -> bool:
         return self.alive[device] and not self.busy[device]
 
+    def best_own(self, device: str) -> PlacedRun | None:
+        """The furthest-behind run that may start among ``device``'s own (not taken); ``None`` when it has none."""
+        mine = self.waiting.get(device)
+        return min(mine, key=_eligible_key) if mine else None
+
     def own(self, device: str) -> Assignment | None:
         """The furthest-behind run that may start among ``device``'s own; ``None`` when it has none."""
-        mine = self.waiting.get(device)
-        if not mine:
+        run = self.best_own(device)
+        if run is None:
             return None
-        run = min(mine, key=_eligible_key)
         self._take(run, device)
         return Assignment(run.run_id, device)
 
     def takeover(self, device: str) -> Assignment | None:
-        """The run ``device`` takes from a busy, dead or unknown home (or from no home); ``None`` when none."""
+        """The run ``device`` takes from a busy, dead or unknown home (or from no home); ``None`` when none. Only
+        a single device takes over, and only a single run (or one with no home)."""
+        if len(self.parts[device]) != 1:
+            return None
         best: PlacedRun | None = None
         best_key: tuple[tuple[int, int], int, int] | None = None
         for home, waiting in self.waiting.items():
-            if not waiting or home == device:
+            if not waiting or home == device or (home is not None and device_width(home) != 1):
                 continue
             if home is not None and home in self.alive and self.free(home):
                 continue  # its home device is free and alive: it trains it itself
@@ -179,7 +205,10 @@ class _State:
 
     def _take(self, run: PlacedRun, device: str) -> None:
         self.waiting[run.device].remove(run)
-        self.busy[device] = True
+        taken = self.parts[device]
+        for name, parts in self.parts.items():
+            if not taken.isdisjoint(parts):
+                self.busy[name] = True
 
 
 class FairPlacement:
@@ -220,7 +249,9 @@ class FairPlacement:
 
         Every free device first takes one of its own runs (as :meth:`next_for`); then, in device order, those
         left without take over runs, the devices given a run counting as busy (so a free device's second waiting
-        run may go to a device that has nothing).
+        run may go to a device that has nothing). A device given a run makes every device sharing a part with it
+        busy: in the first pass the devices choose in the order of the runs they would train (furthest behind
+        first, then device order), so a gang run furthest behind goes before the single runs on its parts.
 
         Args:
             devices: every device of the executor, in its order.
@@ -234,48 +265,71 @@ class FairPlacement:
         """
         state = _State(devices, runs)
         free = [d for d in state.order if state.free(d)]
-        out: list[Assignment] = []
+        offers: list[tuple[tuple[tuple[int, int], int], int, str]] = []
         left: list[str] = []
-        for d in free:
-            a = state.own(d)
-            if a is None:
+        for index, d in enumerate(free):
+            best = state.best_own(d)
+            if best is None:
                 left.append(d)
             else:
-                out.append(a)
+                offers.append((_eligible_key(best), index, d))
+        first: list[tuple[int, Assignment]] = []
+        for _, index, d in sorted(offers):
+            if state.free(d):  # not taken by a device sharing a part with it
+                a = state.own(d)
+                assert a is not None
+                first.append((index, a))
+        out = [a for _, a in sorted(first, key=lambda ia: ia[0])]
         for d in left:
-            a = state.takeover(d)
+            a = state.takeover(d) if state.free(d) else None
             if a is not None:
                 out.append(a)
         return out
 
-    def place_new(self, devices: Sequence[DeviceView], runs: Sequence[PlacedRun]) -> str:
-        """The live device a new run (or a clone) goes to: the one with the least estimated work left.
+    def place_new(self, devices: Sequence[DeviceView], runs: Sequence[PlacedRun], *, width: int = 1) -> str:
+        """The live device of ``width`` parts a new run (or a clone) goes to: the one with the least estimated work
+        left.
 
-        A device's work left is the sum over its runs in rotation of ``remaining_steps`` x seconds per step
+        A device's own work left is the sum over its runs in rotation of ``remaining_steps`` x seconds per step
         (seconds), the run's own ``seconds_per_step`` when measured, else the mean of the measured ones on that
-        device, else the mean of all measured ones, else :data:`DEFAULT_SECONDS_PER_STEP`. Ties go to the first
+        device, else the mean of all measured ones, else :data:`DEFAULT_SECONDS_PER_STEP`; a device's work left
+        adds the own work of every live device sharing a part with it (they take turns). Ties go to the first
         device in ``devices``. (A warm clone may instead be put on its parent's device: the caller's choice.)
 
         Args:
             devices: every device of the executor, in its order.
             runs: every run placed so far (any status; those not in rotation count for nothing but their
                 measured step times).
+            width: how many devices the new run trains on at once (1: a single device; k: a composite device of
+                k parts, ``"cpu:0+cpu:1"``).
 
         Returns:
             The device's name.
 
         Raises:
-            ValueError: no device is alive, or a device name is listed twice.
+            ValueError: no device is alive, a device name is listed twice, ``width`` is below 1, or no live
+                device has ``width`` parts.
         """
-        return min(self._work_left(devices, runs).items(), key=lambda kv: kv[1])[0]
+        if width < 1:
+            raise ValueError(f"width must be 1 or more (devices a run trains on at once), got {width}")
+        loads = _loads(self._work_left(devices, runs))
+        fits = [(name, load) for name, load in loads.items() if device_width(name) == width]
+        if not fits:
+            raise ValueError(
+                f"no live device of {width} parts for a run that trains on {width} devices at once "
+                f"(live devices: {', '.join(loads)})"
+            )
+        return min(fits, key=lambda kv: kv[1])[0]
 
     def relocate(self, devices: Sequence[DeviceView], runs: Sequence[PlacedRun]) -> list[Assignment]:
-        """Where the runs of dead devices go: each to the live device with the least estimated work left.
+        """Where the runs of dead devices go: each to the live device of its width with the least work left.
 
         Covers every run not finished and not in flight whose home device is dead or not in ``devices``, in
-        run-id order, each one's work added to its new device before the next is placed. The assignments have
+        run-id order, each one's work added to its new device before the next is placed. A run keeps its width (a
+        gang run on ``"cpu:0+cpu:1"`` goes to a live composite of 2 parts, a single run to a live single device);
+        one with no live device of its width gets no move (it stays where it is, lost). The assignments have
         ``move_from`` set; they say where each run lives from now on, not that it may start a segment now
-        (:meth:`next_for` decides that, and may equally take such a run over on its own).
+        (:meth:`next_for` decides that, and may equally take a single run over on its own).
 
         Args:
             devices: every device of the executor, in its order.
@@ -305,7 +359,11 @@ class FairPlacement:
         overall = _mean([r.seconds_per_step for r in runs if r.seconds_per_step is not None])
         out: list[Assignment] = []
         for r, home in stranded:
-            target = min(work.items(), key=lambda kv: kv[1])[0]
+            width = device_width(home)
+            fits = [(name, load) for name, load in _loads(work).items() if device_width(name) == width]
+            if not fits:
+                continue  # no live device of its width: it stays lost
+            target = min(fits, key=lambda kv: kv[1])[0]
             out.append(Assignment(r.run_id, target, move_from=home))
             if r.status.in_rotation():
                 sps = r.seconds_per_step
@@ -345,6 +403,14 @@ class FairPlacement:
                     sps = own if own is not None else fallback
                 work[r.device] += r.remaining_steps * sps
         return work
+
+
+def _loads(work: dict[str, float]) -> dict[str, float]:
+    """Each device's own work plus that of every device sharing a part with it (seconds), in the same order."""
+    parts = {name: frozenset(device_parts(name)) for name in work}
+    if all(len(p) == 1 for p in parts.values()):
+        return dict(work)
+    return {n: sum(w for e, w in work.items() if not parts[n].isdisjoint(parts[e])) for n in work}
 
 
 def _mean(values: Sequence[float]) -> float | None:

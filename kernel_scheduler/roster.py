@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from .core import SchedulerCore
+from .gangs import device_parts, device_width, single_devices
 from .placement import Assignment, DeviceView, FairPlacement, PlacedRun
 from .runs import Run
 from .status import RunStatus
@@ -42,6 +43,7 @@ class DeviceRoster:
         self._halt = halt
         self._placement = placement or FairPlacement()
         self._noted_dead: set[str] = set()  # devices whose death the user was told about
+        self._stranded: set[int] = set()  # lost runs with no live device of their width (the user was told)
         # asked whether runs wait at an early-stopping rung after this many chunks (None: no policy)
         self.waits_at: Callable[[int], bool] | None = None
 
@@ -51,12 +53,25 @@ class DeviceRoster:
         return self._core.slots.devices
 
     def states(self) -> dict[str, str]:
-        """Device -> ``"training run N"``, ``"idle"`` or ``"lost"`` (its worker died). Any thread."""
+        """Single device -> ``"training run N"``, ``"idle"`` or ``"lost"`` (its worker died). Any thread.
+
+        Composite devices are not listed: each of their parts is, ``"training run N"`` while the gang trains run
+        N. A part the executor does not list alone is lost once every composite it belongs to is."""
         running = self._core.slots.running_ids()
         return {
-            d: f"training run {running[d]}" if d in running else "idle" if self._core.alive(d) else "lost"
-            for d in self.devices
+            d: f"training run {running[d]}" if d in running else self._idle_or_lost(d) for d in self.singles
         }
+
+    @property
+    def singles(self) -> tuple[str, ...]:
+        """The single devices: those the executor lists and the parts of its composites, each once, in order."""
+        return single_devices(self.devices)
+
+    def _idle_or_lost(self, part: str) -> str:
+        if part in self.devices:
+            return "idle" if self._core.alive(part) else "lost"
+        homes = [d for d in self.devices if part in device_parts(d)]
+        return "idle" if any(self._core.alive(d) for d in homes) else "lost"
 
     # ------------------------------------------------------------------ placement
     def device_views(self) -> list[DeviceView]:
@@ -116,12 +131,31 @@ class DeviceRoster:
         picks = self.assign(list(self.devices))
         return picks[0].run_id if picks else None
 
-    def place_new(self) -> str:
-        """The device a new run (a cold clone, a search's trial) is built on: where the least work remains."""
+    def place_new(self, width: int = 1) -> str:
+        """The device a new run (a cold clone, a search's trial) training on ``width`` devices at once is built on:
+        the live device of ``width`` parts where the least work remains.
+
+        Raises:
+            ValueError: no live device has ``width`` parts (while some device is alive; with none alive the first
+                device of that width is named and the build fails with the executor's own error).
+        """
         try:
-            return self._placement.place_new(self.device_views(), self.placed())
-        except ValueError:  # no device alive: the build fails with the executor's own error
-            return self.devices[0]
+            return self._placement.place_new(self.device_views(), self.placed(), width=width)
+        except ValueError:
+            if any(self._core.alive(d) for d in self.devices):
+                raise
+            return next((d for d in self.devices if device_width(d) == width), self.devices[0])
+
+    def width_of(self, spec: object) -> int:
+        """How many devices a run of config ``spec`` trains on at once (``Executor.width_of``).
+
+        Raises:
+            ValueError: the executor says less than 1; whatever the executor raises for bad input.
+        """
+        width = self._core.executor.width_of(spec)
+        if not isinstance(width, int) or width < 1:
+            raise ValueError(f"Executor.width_of must return an int of 1 or more, got {width!r}")
+        return width
 
     # ------------------------------------------------------------------ lost devices and moves
     def find_lost(self) -> None:
@@ -136,7 +170,12 @@ class DeviceRoster:
         changed: list[Run] = []
         with core.lock:
             for run in core.runs.values():
-                if run.device in dead and not run.moving and not run.status.is_finished():
+                if (
+                    run.device in dead
+                    and not run.moving
+                    and not run.status.is_finished()
+                    and run.run_id not in self._stranded
+                ):
                     run.lost = True
                     if run.status is RunStatus.ONGOING:
                         core.set_status(run, RunStatus.INTERRUPTED)
@@ -157,13 +196,24 @@ class DeviceRoster:
             )
 
     def _relocate_all(self, moving: set[int]) -> None:
-        """Each lost run to the live device with the least work left, once that device is free."""
+        """Each lost run to the live device of its width with the least work left, once that device is free (a
+        gang run with no live device of its width stays INTERRUPTED: the user is told)."""
         core = self._core
+        moved: set[int] = set()
         for move in self._placement.relocate(self.device_views(), self.placed()):
             if move.run_id in moving:
                 run = core.runs[move.run_id]
                 run.moving = True
+                moved.add(move.run_id)
                 core.slots.queue(move.device, partial(self._relocate, run, move.device))
+        for rid in sorted(moving - moved - self._stranded):
+            self._stranded.add(rid)
+            home = core.runs[rid].device
+            width = device_width(home) if home else 1
+            core.note(
+                f"run {rid} trains on {width} devices at once and no live device of {width} parts is left: it stays "
+                "INTERRUPTED (run_fit(...) again continues it from its latest checkpoint on new workers)"
+            )
 
     def _note_dead(self, dead: set[str], changed: list[Run], alive: bool) -> None:
         names = ", ".join(sorted(dead - self._noted_dead))

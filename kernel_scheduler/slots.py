@@ -6,6 +6,13 @@ queue until no segment runs there. A lease of the process-wide :class:`~kernel_s
 is held per device while a segment trains on it and while its queued actions run, so two experiments of one
 process take turns on a device chunk by chunk. Owned by the scheduler thread (nothing here is locked), except
 :meth:`running_ids`, which other threads may read (a copy of a dict).
+
+Composite devices (a gang of k devices training one run, named ``"cpu:0+cpu:1"``: :mod:`~kernel_scheduler.gangs`)
+share their parts: a device is busy while it, or any device sharing a part with it, has a segment in flight, and its
+queued actions wait for that. A composite's lease is one lease of the arbiter that holds every part at once (granted
+all together or not at all, first come first served among the requests sharing a part), so two schedulers never
+hold parts of one gang each and wait for each other. :meth:`DeviceSlots.hold` gives back the leases a scheduler does
+not use before it waits for others.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from concurrent.futures import Future
 
 from .arbiter import DeviceArbiter, Lease
 from .executor import SegmentResult
+from .gangs import device_parts, overlaps
 
 __all__ = ["DeviceSlots"]
 
@@ -69,24 +77,41 @@ class DeviceSlots:
         return any(rid == run_id for rid, _ in self.inflight.values())
 
     def running_ids(self) -> dict[str, int]:
-        """Device -> run id training there now (any thread: a copy)."""
-        return {d: rid for d, (rid, _) in list(self.inflight.items())}
+        """Device -> run id training there now (any thread: a copy). A gang's run is listed under its composite
+        device and under each of its parts (``{"cpu:0+cpu:1": 3, "cpu:0": 3, "cpu:1": 3}``)."""
+        out: dict[str, int] = {}
+        for d, (rid, _) in list(self.inflight.items()):
+            out[d] = rid
+            for part in device_parts(d):
+                out.setdefault(part, rid)
+        return out
 
     def busy(self, device: str) -> bool:
-        return device in self.inflight
+        """True while a segment is in flight on ``device`` or on a device sharing a part with it."""
+        return device in self.inflight or any(overlaps(device, d) for d in list(self.inflight))
 
     def any_running(self) -> bool:
         return bool(self.inflight)
 
     # ------------------------------------------------------------------ leases
     def held(self, device: str) -> bool:
-        """True when this scheduler holds ``device``; otherwise asks for it (the grant calls ``on_grant``)."""
+        """True when this scheduler holds ``device``; otherwise asks for it (the grant calls ``on_grant``). A
+        composite's lease holds all of its parts at once (:class:`~kernel_scheduler.arbiter.DeviceArbiter`)."""
         lease = self._leases.get(device)
         if lease is None:
             lease = self._leases[device] = self._arbiter.request(
                 self._owner, on_grant=self._on_grant, device=device
             )
         return lease.granted
+
+    def hold(self, wanted: Sequence[str]) -> list[str]:
+        """Ask for the ``wanted`` devices and give back every other lease not in use (no segment in flight on
+        its device): the wanted devices held now, in order. A lease kept idle while its scheduler waits for
+        another device could otherwise wait, through the arbiter's queue, for a lease that waits for it."""
+        keep = set(wanted) | set(self.inflight)
+        for device in [d for d in self._leases if d not in keep]:
+            self.release(device)
+        return [d for d in wanted if self.held(d)]
 
     def release(self, device: str) -> None:
         lease = self._leases.pop(device, None)
@@ -99,7 +124,8 @@ class DeviceSlots:
 
     # ------------------------------------------------------------------ boundary actions
     def queue(self, device: str, fn: Callable[[], None]) -> None:
-        """Run ``fn`` once no segment trains on ``device`` (and this scheduler holds it); in order per device."""
+        """Run ``fn`` once no segment trains on ``device`` nor on a device sharing a part with it (and this
+        scheduler holds it); in order per device."""
         self._actions.append((device, fn))
 
     def pending(self, device: str | None = None) -> bool:
@@ -121,7 +147,7 @@ class DeviceSlots:
                 (
                     i
                     for i, (d, _) in enumerate(self._actions)
-                    if (device is None or d == device) and d not in self.inflight and self.held(d)
+                    if (device is None or d == device) and not self.busy(d) and self.held(d)
                 ),
                 None,
             )

@@ -7,6 +7,11 @@ device they were added on, :meth:`move_run` moves a parked run (from its latest 
 ``device_lost=True``). Every segment start is recorded with the run's chunks done and the time, so tests can
 check the fairness invariant and the parallelism on the recorded schedule; every protocol breach (two segments
 on one device, a call for a device while it trains, a call on a dead device) goes to ``violations``.
+
+Composite devices (a gang, ``"d0+d1"``) may be listed beside single ones: a :class:`GangSpec` run (``width`` 2) is
+added on a composite of that many parts (:meth:`FakeDevices.width_of`); two devices sharing a part training at once,
+or a call on a device while one sharing a part with it trains, is a violation; a part that dies kills its
+composites.
 """
 
 from __future__ import annotations
@@ -18,11 +23,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from kernel_scheduler import Executor, RunStart, SegmentResult
+from kernel_scheduler import Executor, RunStart, SegmentResult, device_parts, device_width, overlaps
 
 from .fakes import FakeSpec
 
-__all__ = ["FakeDevices", "SegmentRecord"]
+__all__ = ["FakeDevices", "GangSpec", "SegmentRecord"]
+
+
+@dataclass(frozen=True)
+class GangSpec(FakeSpec):
+    """A fake run that trains on ``width`` devices at once (a composite device of that many parts)."""
+
+    width: int = 2
 
 
 @dataclass(frozen=True)
@@ -81,14 +93,18 @@ class FakeDevices(Executor):
         return self.where[run_id]
 
     def alive(self, device: str) -> bool:
-        return device not in self.dead
+        return device not in self.dead and self.dead.isdisjoint(device_parts(device))
+
+    def width_of(self, spec: Any) -> int:
+        return int(getattr(spec, "width", 1))
 
     def kill(self, device: str) -> None:
-        """The device's worker dies now: its segment in flight resolves with ``device_lost=True``."""
+        """The device's worker dies now (and every composite it is part of): a segment in flight there resolves
+        with ``device_lost=True``."""
         with self.lock:
             self.dead.add(device)
-            flight = self.inflight.pop(device, None)
-        if flight is not None:
+            flights = [self.inflight.pop(d) for d in list(self.inflight) if overlaps(d, device)]
+        for flight in flights:
             run_id, fut, timer = flight
             timer.cancel()
             fut.set_result(
@@ -98,9 +114,10 @@ class FakeDevices(Executor):
     # ------------------------------------------------------------------ Executor API
     def _check(self, device: str, what: str) -> None:
         with self.lock:
-            if device in self.inflight:
-                self.violations.append(f"{what} on {device} while it trains run {self.inflight[device][0]}")
-            if device in self.dead:
+            for d, (rid, _, _) in self.inflight.items():
+                if overlaps(d, device):
+                    self.violations.append(f"{what} on {device} while {d} trains run {rid}")
+            if not self.alive(device):
                 self.violations.append(f"{what} on dead device {device}")
 
     def add_run(
@@ -110,8 +127,12 @@ class FakeDevices(Executor):
         if warm_from is not None:
             device = self.where[warm_from]
         if device is None:
-            live = [d for d in self._devices if d not in self.dead]
-            device = min(live, key=lambda d: (sum(1 for w in self.where.values() if w == d), live.index(d)))
+            width = self.width_of(spec)
+            live = [d for d in self._devices if self.alive(d) and device_width(d) == width]
+            # the fewest runs on it and on the devices sharing a part with it, then device order
+            device = min(
+                live, key=lambda d: (sum(1 for w in self.where.values() if overlaps(w, d)), live.index(d))
+            )
         self._check(device, f"add_run({run_id})")
         self.events.append(("add_run", run_id, device, warm_from, asked))
         plan = spec.plan(self.num_chunks)
@@ -127,7 +148,9 @@ class FakeDevices(Executor):
         with self.lock:
             if device in self.inflight:
                 self.violations.append(f"two segments on {device}")
-            if device in self.dead:
+            elif any(overlaps(d, device) for d in self.inflight):
+                self.violations.append(f"two segments on devices sharing a part with {device}")
+            if not self.alive(device):
                 fut.set_result(SegmentResult(self.steps[run_id], 0, error="dead", device_lost=True))
                 return fut
             start_step = self.steps[run_id]
@@ -164,11 +187,12 @@ class FakeDevices(Executor):
         return fut
 
     def has_boundary(self, run_id: int) -> bool:
-        return self.boundaries.get(run_id, False) and self.where.get(run_id) not in self.dead
+        device = self.where.get(run_id)
+        return self.boundaries.get(run_id, False) and device is not None and self.alive(device)
 
     def on_status(self, run_id: int, status: str) -> None:
         device = self.where.get(run_id)
-        if device is not None and device not in self.dead:
+        if device is not None and self.alive(device):
             self._check(device, f"on_status({run_id}, {status})")
         self.events.append(("on_status", run_id, status))
 
@@ -177,7 +201,7 @@ class FakeDevices(Executor):
         self._check(device, f"move_run({run_id})")
         plan = self.specs[run_id].plan(self.num_chunks)
         step = self.steps[run_id]
-        if source in self.dead and self.checkpoint_lag:  # the latest checkpoint lies further back
+        if not self.alive(source) and self.checkpoint_lag:  # the latest checkpoint lies further back
             done = max(0, plan.segments_done_at(step) - self.checkpoint_lag)
             step = plan.boundary(done - 1) if done else 0
         with self.lock:
