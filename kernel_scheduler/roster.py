@@ -210,9 +210,14 @@ class DeviceRoster:
             self._stranded.add(rid)
             home = core.runs[rid].device
             width = device_width(home) if home else 1
+            what = (
+                f"{width} devices at once and no live device of {width} parts is left"
+                if width > 1
+                else "one device and no live single device is left"
+            )
             core.note(
-                f"run {rid} trains on {width} devices at once and no live device of {width} parts is left: it stays "
-                "INTERRUPTED (run_fit(...) again continues it from its latest checkpoint on new workers)"
+                f"run {rid} trains on {what}: it stays INTERRUPTED (run_fit(...) again continues it from its "
+                "latest checkpoint on new workers)"
             )
 
     def _note_dead(self, dead: set[str], changed: list[Run], alive: bool) -> None:
