@@ -67,6 +67,8 @@ class BoundarySnapshot:
     # Keeps the snapshot's tensors out of its snapshotter's pool while any copy of it is alive (copy.copy
     # shares it); see Snapshotter. None: the tensors are the snapshot's alone.
     lease: Any = dataclasses.field(default=None, repr=False, compare=False)
+    # A gang rank's share: how it is written (training/gang_checkpoint.py's GangLayout); None: one process's run.
+    layout: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def trainer_state_json(self) -> str:
         """``trainer_state.json`` as ``TrainerState.save_to_json`` writes it (built when written, off the device
@@ -305,6 +307,9 @@ def _plain_number(value: Any) -> Any:
 
 def write_snapshot(snap: BoundarySnapshot, target: Path) -> None:
     """Write ``snap`` into ``target`` atomically (temp dir + rename, COMPLETE marker last)."""
+    if snap.layout is not None:  # a gang rank writes its own share (training/gang_checkpoint.py)
+        snap.layout.write(snap, target)
+        return
     with atomic_dir(target) as tmp:
         tmp = Path(tmp)
         if snap.adapter_config is not None:
@@ -400,6 +405,10 @@ class CheckpointWriter:
         target = run_dir / f"checkpoint-{snap.step}"
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
+            if snap.layout is not None:  # a gang rank: its own share and its own clean-up
+                if snap.layout.save(snap, run_dir, target):
+                    self.written[snap.run_id] = target
+                return
             write_snapshot(snap, target)
             self.written[snap.run_id] = target
             for old in run_dir.glob("checkpoint-*"):

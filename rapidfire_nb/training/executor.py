@@ -28,19 +28,14 @@ from .adapters import activate_adapter
 from .checkpoint import WARM_START_PREFIX, BoundarySnapshot, CheckpointWriter, Snapshotter, restore_counters
 from .data import note_dropped_rows, prepare_dataset
 from .device import DeviceThread
+from .gang import run_model, run_snapshotter, save_run_final, setup_trainer, training_spec
+from .gang_checkpoint import GangSnapshotter
 from .garbage import TrainStartCollections
 from .generation_batch import GenerationBatcher
 from .generation_eval import maybe_attach_generation_eval
 from .generation_spec import check_generation_eval
 from .kinds import TrainerKind, get_kind
-from .models import (
-    BaseModels,
-    SharedBase,
-    attach_run_model,
-    install_lora_extras,
-    load_final_weights,
-    save_final_weights,
-)
+from .models import BaseModels, SharedBase, load_final_weights
 from .offload import Parked, park, unpark
 from .own_params import OwnParameters
 from .pack_runs import PackRuns, packs_for
@@ -74,7 +69,7 @@ class _Run:
     worker: RunWorker
     plan: ChunkPlan
     run_dir: Path
-    snapshotter: Snapshotter | None = None
+    snapshotter: Snapshotter | GangSnapshotter | None = None
     last: BoundarySnapshot | None = None
     final_dir: Path | None = None
     released: bool = False
@@ -286,7 +281,7 @@ class TorchExecutor(Executor):
         run = self._runs[run_id]
         target = run.run_dir / "final"
         trainer = run.worker.trainer
-        save_final_weights(trainer.model, trainer.processing_class, run.adapter, target)
+        save_run_final(trainer, run.adapter, target)  # a gang's weights gathered first (training/gang.py)
         run.final_dir = target
         self.callbacks.on_final(run_id, target)
         return target
@@ -330,11 +325,10 @@ class TorchExecutor(Executor):
     ) -> RunStart:
         run_dir = self.run_dir(run_id)
         args, train_ds, eval_ds, lora = self._inputs(spec, run_dir)
-        base = self.models.base_for(spec, args, run_id)
-        model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
+        base, model, adapter = run_model(self.models, spec, args, lora, run_id)  # a gang's: own base, sharded
         rows = self.prepared.rows(run_id, spec, train_ds, eval_ds, args)  # tokenized off the device thread?
         trainer = self.kind.build_trainer(spec, model, adapter, base.tokenizer, args, rows, self.models)
-        own = install_lora_extras(trainer, adapter) if adapter is not None else None
+        own = setup_trainer(trainer, adapter)  # a LoRA run's extras on the shared base; a gang's resume
         note_dropped_rows(trainer, train_ds, eval_ds, args, lambda text: self._note(f"run {run_id}: {text}"))
         if eval_ds is not None:
             self._eval_metrics_seen(self.kind.eval_metric_names(trainer))  # e.g. GRPO's eval rewards
@@ -372,7 +366,7 @@ class TorchExecutor(Executor):
         )
         if self.generation is not None:
             self.generation.add_run(run_id, self.kind.name, base, adapter, worker)
-        snapshotter = Snapshotter(run_id, trainer, adapter)
+        snapshotter = run_snapshotter(run_id, trainer, adapter)
         self._runs[run_id] = _Run(
             run_id, spec, self.kind, base, adapter, worker, plan, run_dir, snapshotter, own=own
         )
@@ -382,7 +376,7 @@ class TorchExecutor(Executor):
         """The run's checked inputs: ``(TRL config, train rows, eval rows or None, LoraConfig or None)``."""
         self.kind.precheck(spec, self.train_dataset, self.eval_dataset)  # e.g. GRPO: batch + reward checks
         args, notes = build_training_args(
-            spec, output_dir=str(run_dir / "trainer"), default_seed=self.group.seed
+            training_spec(spec), output_dir=str(run_dir / "trainer"), default_seed=self.group.seed
         )
         for n in notes:
             self._note(n)

@@ -32,6 +32,7 @@ from rapidfire_nb.spec.bundles import TrainingCallbacks
 
 from .checkpoint import write_snapshot
 from .executor import TorchExecutor
+from .sharding import join_gang, leave_gang
 
 __all__ = ["Emit", "WorkerHost", "emitting_callbacks"]
 
@@ -74,10 +75,14 @@ class WorkerHost:
         self._waiting: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._export_lock = threading.Lock()
+        # a gang's rank (RANK / WORLD_SIZE / MASTER_* set by the device layer) joins its process group first; only
+        # rank 0's events reach the kernel, so the other ranks write their checkpoint shares without an order token
+        gang = join_gang()
+        in_order = self._in_order if gang is None or gang.rank == 0 else _at_once
         train = load_from_disk(settings.train_path)  # memory-mapped Arrow, shared with the other workers
         evald = load_from_disk(settings.eval_path) if settings.eval_path else None
         self.executor = TorchExecutor(
-            settings.group, train, evald, Path(settings.exp_dir), emitting_callbacks(emit, self._in_order)
+            settings.group, train, evald, Path(settings.exp_dir), emitting_callbacks(emit, in_order)
         )
 
     # ------------------------------------------------------------------ the executor's calls
@@ -166,6 +171,7 @@ class WorkerHost:
         with self._lock:
             self._waiting.clear()
         self.executor.close()
+        leave_gang()  # a gang's rank leaves its process group (nothing for another worker)
 
     # ------------------------------------------------------------------ internals
     def _in_order(self, fn: Callable[[], None]) -> None:
@@ -173,3 +179,7 @@ class WorkerHost:
             token = next(self._tokens)
             self._waiting[token] = fn
         self._emit(("order", token))
+
+
+def _at_once(fn: Callable[[], None]) -> None:
+    fn()

@@ -1,0 +1,181 @@
+"""Child process of ``test_sharding.py``: one rank of a 2-process gang (started by ``torch.distributed.run``), or
+the one-process reference (started plainly).
+
+Usage: ``python _gang_child.py <mode> <out_dir>``, modes:
+
+* ``gang``: under torchrun. For a LoRA and a full fine-tuning run: a ``TorchExecutor`` trains the run with
+  ``fsdp="full_shard auto_wrap"`` and ``num_gpus=2`` chunk by chunk (several ``run_segment`` calls) and saves its
+  final folder (``<out>/<kind>/exp/runs/1/final``); then a plain TRL ``trainer.train()`` of the same config, sharded
+  the same way (``shard_model`` + ``skip_ddp_wrap``), saves its gathered weights (``<out>/<kind>/plain``). Each
+  rank writes ``<out>/<kind>/rank<r>.json``: its parameter bytes (local, whole), whether every parameter is a
+  DTensor, the executor's and the plain run's logged losses.
+* ``crash``: under torchrun, LoRA: train 2 of 4 chunks, wait for the boundary checkpoints, then SIGKILL itself.
+* ``resume``: under torchrun: fresh processes resume the run from its latest checkpoint and finish it.
+* ``one``: no torchrun: both kinds trained by plain TRL in one process with the same global batch
+  (``<out>/<kind>/one``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+CHUNKS = 4
+ROWS = 32
+PER_DEVICE = 2  # x 2 ranks: a global batch of 4 (8 steps)
+
+
+def spec(kind: str, gang: bool) -> Any:
+    from rapidfire_nb.spec import LeafConfig
+
+    training: dict[str, Any] = {
+        "per_device_train_batch_size": PER_DEVICE if gang else 2 * PER_DEVICE,
+        "num_train_epochs": 1,
+        "learning_rate": 1e-3 if kind == "lora" else 1e-4,
+        "logging_steps": 1,
+        "seed": 3,
+    }
+    if gang:
+        training["fsdp"] = "full_shard auto_wrap"
+        training["fsdp_config"] = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
+    return LeafConfig(
+        trainer_type="SFT",
+        model_name="tiny",
+        lora=lora if kind == "lora" else None,
+        training=training,
+        num_gpus=2 if gang else None,
+    )
+
+
+def executor(out: Path) -> Any:
+    from rapidfire_nb.spec.bundles import GroupSettings, TrainingCallbacks
+    from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
+    from rapidfire_nb.training.executor import TorchExecutor
+
+    group = GroupSettings("SFT", tiny_create_model, num_chunks=CHUNKS, seed=0)
+    return TorchExecutor(group, tiny_sft_dataset(ROWS), None, out / "exp", TrainingCallbacks())
+
+
+def losses(trainer: Any) -> list[float]:
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def train_chunks(ex: Any, start: Any, stop_after: int | None = None) -> None:
+    done = start.segments_done
+    while done < start.plan.num_segments and (stop_after is None or done < stop_after):
+        result = ex.run_segment(1, start.plan.boundary(done)).result(300)
+        assert result.error is None, result.error
+        done += 1
+
+
+def gang_executor_run(kind: str, out: Path, rank: int) -> dict[str, Any]:
+    from torch.distributed.tensor import DTensor
+
+    from rapidfire_nb.training.sharding import local_parameter_bytes
+
+    ex = executor(out)
+    start = ex.add_run(1, spec(kind, gang=True))
+    model = ex.runs[1].worker.trainer.model
+    local, whole = local_parameter_bytes(model)
+    train_chunks(ex, start)
+    ex.on_status(1, "COMPLETED")  # saves the final folder (rank 0 writes it)
+    ex.flush()
+    record = {
+        "local_bytes": local,
+        "whole_bytes": whole,
+        "all_dtensor": all(isinstance(p, DTensor) for p in model.parameters()),
+        "segments": start.plan.num_segments,
+        "executor_losses": losses(ex.runs[1].worker.trainer),
+        "final_dir": str(ex.final_dir(1)),
+    }
+    ex.close()
+    return record
+
+
+def plain_run(kind: str, out: Path, gang: bool) -> list[float]:
+    """Plain TRL ``trainer.train()`` of the run's config (sharded as the executor shards it under a gang)."""
+    import torch.distributed as dist
+    from peft import get_peft_model
+    from transformers import set_seed
+    from trl import SFTTrainer
+
+    from rapidfire_nb.spec import build_lora_config, build_training_args
+    from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
+    from rapidfire_nb.training.gang import training_spec
+    from rapidfire_nb.training.sharding import run_plan, shard_model, skip_ddp_wrap
+
+    leaf = spec(kind, gang)
+    args, _ = build_training_args(training_spec(leaf), output_dir=str(out / "trainer"), default_seed=0)
+    model, tok = tiny_create_model({"model_name": "tiny"})
+    if kind == "lora":
+        set_seed(args.seed)  # as TRL does before get_peft_model
+        model = get_peft_model(model, build_lora_config(leaf))
+    if gang:
+        shard_model(model, run_plan(leaf))
+    trainer = SFTTrainer(model=model, args=args, train_dataset=tiny_sft_dataset(ROWS), processing_class=tok)
+    if gang:
+        skip_ddp_wrap(trainer)
+    trainer.train()
+    if gang:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() == 0:
+            model.save_pretrained(str(out / "plain"), state_dict=state)
+    else:
+        model.save_pretrained(str(out / "one"))
+    return losses(trainer)
+
+
+def main() -> None:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    if mode == "one":
+        for kind in ("lora", "full"):
+            (out / kind).mkdir(parents=True, exist_ok=True)
+            record = {"one_losses": plain_run(kind, out / kind, gang=False)}
+            (out / kind / "one.json").write_text(json.dumps(record))
+        return
+    from rapidfire_nb.training.sharding import join_gang
+
+    gang = join_gang()  # what WorkerHost does at start
+    assert gang is not None
+    rank = gang.rank
+    if mode == "gang":
+        for kind in ("lora", "full"):
+            record = gang_executor_run(kind, out / kind, rank)
+            record["plain_losses"] = plain_run(kind, out / kind, gang=True)
+            (out / kind / f"rank{rank}.json").write_text(json.dumps(record))
+    elif mode == "crash":
+        ex = executor(out)
+        start = ex.add_run(1, spec("lora", gang=True))
+        train_chunks(ex, start, stop_after=2)
+        ex.flush()  # both boundary checkpoints on disk (rank 0's completes once rank 1's share is there)
+        import torch.distributed as dist
+
+        dist.barrier()
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "resume":
+        from rapidfire_nb.run_folder import latest_checkpoint
+
+        ex = executor(out)
+        ckpt = latest_checkpoint(out / "exp" / "runs" / "1")
+        assert ckpt is not None
+        start = ex.add_run(1, spec("lora", gang=True), resume_from=ckpt)
+        train_chunks(ex, start)
+        ex.on_status(1, "COMPLETED")
+        ex.flush()
+        record = {"resumed_from": ckpt.name, "segments_done": start.segments_done}
+        (out / f"resume{rank}.json").write_text(json.dumps(record))
+        ex.close()
+
+
+if __name__ == "__main__":
+    main()
