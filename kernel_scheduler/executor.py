@@ -87,6 +87,12 @@ class Executor(ABC):
         as one of its parts is (the executor says so for the composite too)."""
         return True
 
+    def revive(self, device: str) -> bool:
+        """Start fresh workers for ``device`` whose worker died; True when it is alive afterwards. The scheduler
+        asks for a dead composite device (a gang) whose runs have no other device of their width: they then move
+        back onto it from their latest checkpoints. Default: False (nothing is restarted)."""
+        return False
+
     def move_run(self, run_id: int, spec: Any, device: str) -> RunStart:
         """Move a parked run to ``device`` through its latest boundary checkpoint (the crash-resume path).
 

@@ -185,15 +185,38 @@ class DeviceRoster:
                 core.slots.reroute(dead, live[0])
         for run in changed:
             core.emit(run)
+        revived = self._revive(dead, changed)
+        live = [d for d in self.devices if core.alive(d)]
+        for run in changed:
+            if run.device in revived:  # back onto its restarted gang, from its latest checkpoint
+                run.moving = True
+                core.slots.queue(run.device, partial(self._relocate, run, run.device))
         if live and changed:
-            self._relocate_all({r.run_id for r in changed})
+            self._relocate_all({r.run_id for r in changed if r.device not in revived})
+        if revived:
+            core.note(
+                f"a worker of {', '.join(sorted(revived))} died: its gang was restarted on new workers, and "
+                f"run(s) {', '.join(str(r.run_id) for r in changed if r.device in revived)} continue there from "
+                "their latest checkpoint"
+            )
+            self._noted_dead |= revived
         if changed and not self._noted_dead >= dead:
-            self._note_dead(dead, changed, bool(live))
+            self._note_dead(dead - revived, [r for r in changed if r.device not in revived], bool(live))
         if not live and core.halted is None:
             self._halt(
                 f"every device's worker died ({', '.join(sorted(dead))}); run_fit(...) again continues every run "
                 "from its latest checkpoint on new workers"
             )
+
+    def _revive(self, dead: set[str], changed: list[Run]) -> set[str]:
+        """The dead composite devices (gangs) with lost runs that the executor restarted on new workers
+        (:meth:`Executor.revive`): their runs then move back onto them from their latest checkpoints."""
+        homes = {r.device for r in changed if r.device is not None}
+        revived = set()
+        for device in sorted(dead & homes):
+            if device_width(device) > 1 and self._core.executor.revive(device):
+                revived.add(device)
+        return revived
 
     def _relocate_all(self, moving: set[int]) -> None:
         """Each lost run to the live device of its width with the least work left, once that device is free (a

@@ -213,9 +213,20 @@ def _roots() -> list[Path]:
 
 #: The status table's first columns (what fits a ~1000 px output); the hyperparameters follow. ``device`` is
 #: there only when the experiment trains on several devices (``run_fit(devices=...)``; get_runs_info's column),
-#: ``pack`` only when some run trains packed (``run_fit(packing=...)``), ``run_name`` only when a run has a name
+#: ``sharding`` (fsdp / ddp / None) only when some run trains over several devices (``num_gpus``), ``pack`` only when some run trains packed (``run_fit(packing=...)``), ``run_name`` only when a run has a name
 #: (next to the id, the index).
-_STATUS_FIRST = ["run_name", "status", "device", "pack", "loss", "eval_loss", "step", "chunks", "epoch"]
+_STATUS_FIRST = [
+    "run_name",
+    "status",
+    "device",
+    "sharding",
+    "pack",
+    "loss",
+    "eval_loss",
+    "step",
+    "chunks",
+    "epoch",
+]
 
 
 def _status(exp: Experiment) -> Any:

@@ -13,7 +13,7 @@ import { createSeq, sequence } from "./pull.js";
 
 /**
  * @typedef {{run_id: number, status: string, on_device: boolean, device?: string|null, pack?: number|null,
- *   hparams: Record<string, any>,
+ *   sharding?: string|null, hparams: Record<string, any>,
  *   completed_steps: number, total_steps: number, chunks_done: number, num_segments?: number,
  *   chunks_note?: string|null, epoch?: number,
  *   samples_seen: number, loss: number|null, eval_loss: number|null, metrics?: Record<string, number|null>,

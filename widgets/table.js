@@ -214,7 +214,10 @@ export class RunTable {
     this.updateIdentity(row, run, best);
     if (cells.device) {
       cells.device.dataset.rfDeviceCell = run.device || "";
-      setText(cells.device, run.device || "–", run.device ? `run ${run.run_id} trains on ${run.device}` : "");
+      const sharded = run.device && run.sharding ? ` · ${run.sharding}` : "";  // a run over several devices
+      setText(cells.device, run.device ? run.device + sharded : "–", run.device
+        ? `run ${run.run_id} trains on ${run.device}${sharded ? ` (${run.sharding === "fsdp" ? "sharded with FSDP" : "data-parallel"})` : ""}`
+        : "");
     }
     if (cells.pack) {
       const packed = typeof run.pack === "number";

@@ -239,6 +239,7 @@ MODEL_FIELDS: tuple[str, ...] = (
     "ref_model_kwargs",
     "reward_funcs",
     "generation_config",
+    "num_gpus",
     "run_name",
     "tags",
 )
@@ -349,6 +350,11 @@ class RFModelConfig:
         reward_funcs: GRPO reward functions: one function or a list of functions (a plain list is one
             set of rewards, not alternatives); ``List([[f, g], [f]])`` for alternatives.
         generation_config: Generation settings (a dict or a ``GenerationConfig``), passed through.
+        num_gpus: Devices each run of this config trains on at once (an int >= 1; ``rapidfireai``'s field): k > 1
+            shards the run over a gang of k devices with PyTorch FSDP2 when its ``training_args`` set ``fsdp``
+            (``fsdp_config`` as in Hugging Face's ``TrainingArguments``), else data-parallel (DDP). None: as
+            ``run_fit(num_gpus=...)``, or one device. On a CPU machine the devices are ``run_fit(devices=k)``'s
+            CPU workers.
         run_name: The runs' name, shown next to the run id in the panel, the ``/rapidfire/`` page,
             ``get_runs_info()``, TensorBoard and the trackers (the MLflow/Trackio/W&B run name); a label, never a
             key (not part of the config's fingerprint). A template ``"lr{learning_rate}-r{lora.r}"`` is filled per
@@ -384,6 +390,7 @@ class RFModelConfig:
         ref_model_kwargs: Any = None,
         reward_funcs: Any = None,
         generation_config: Any = None,
+        num_gpus: Any = None,
         run_name: Any = None,
         tags: Any = None,
         **unknown: Any,

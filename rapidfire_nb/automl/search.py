@@ -336,6 +336,7 @@ def make_leaf(trainer_type: str, resolved: Mapping[str, Any], where: str = "conf
             ref_model_kwargs=deep_copy(resolved.get("ref_model_kwargs")),
             reward_funcs=resolved.get("reward_funcs"),
             generation_config=deep_copy(resolved.get("generation_config")),
+            num_gpus=resolved.get("num_gpus"),
             run_name=resolved.get("run_name"),
             tags=tuple(resolved.get("tags") or ()),
         )

@@ -11,6 +11,7 @@ from ..spec.bundles import GroupSettings, TrainingCallbacks
 from ._remote import RemoteDevice
 from .backends import Placement, Transport
 from .datasets import share_datasets
+from .gang import GangExecutor, free_port, rank_env
 from .pool import DevicePool, ModelLoader
 from .resolve import DevicePlan
 from .settings import WorkerSettings
@@ -72,9 +73,10 @@ def make_pool(
         return load_final_model(create, spec, final_dir)
 
     loader: ModelLoader = load
+    gangs = f"; gangs: {', '.join(name for name, _ in plan.gangs)}" if plan.gangs else ""
     say(
         f"training on {len(plan.names)} devices ({', '.join(plan.names)}; {plan.backend} workers, "
-        f"{plan.threads} torch thread(s) each)"
+        f"{plan.threads} torch thread(s) each{gangs})"
     )
     return DevicePool(members, exp_dir, loader, placement.on_closed)
 
@@ -91,6 +93,38 @@ def _once(notes: Callable[[str], None]) -> Callable[[str], None]:
     return note_once
 
 
+def _rank_starter(
+    plan: DevicePlan,
+    transport: Transport,
+    shared: WorkerSettings,
+    callbacks: TrainingCallbacks,
+    placement: Placement,
+    indices: tuple[int, ...],
+) -> Callable[[], list[RemoteDevice]]:
+    """What starts the ranks of the gang over devices ``indices`` (now, and again when it is revived): one worker
+    each, with a fresh rendezvous port; rank 0 reports to ``callbacks``, the others to nobody (their metrics
+    are rank 0's numbers: TRL gathers them)."""
+    name = "+".join(plan.names[i] for i in indices)
+    gpus = tuple(plan.gpus[i] if i < len(plan.gpus) else None for i in indices)
+
+    def start() -> list[RemoteDevice]:
+        port = free_port()
+        ranks: list[RemoteDevice] = []
+        try:
+            for rank, index in enumerate(indices):
+                env = {**plan.env(index), **rank_env(rank, len(indices), port, gpus)}
+                settings = dataclasses.replace(shared, device=f"{name} rank {rank}", env=env)
+                said = callbacks if rank == 0 else TrainingCallbacks()
+                ranks.append(transport.start(index, settings, said, placement))
+        except BaseException:
+            for started in ranks:
+                started.close()
+            raise
+        return ranks
+
+    return start
+
+
 def _members(
     plan: DevicePlan,
     transport: Transport,
@@ -98,13 +132,18 @@ def _members(
     callbacks: TrainingCallbacks,
     placement: Placement,
 ) -> dict[str, RemoteDevice]:
-    """One started worker per device (``shared`` with its name and environment); on a failure the ones started
-    are closed (and the placement undone) before it is raised."""
-    members: dict[str, RemoteDevice] = {}
+    """One started worker per device (``shared`` with its name and environment; none when every run is a gang's)
+    and a :class:`~.gang.GangExecutor` per composite device of :attr:`DevicePlan.gangs`; on a failure the ones
+    started are closed (and the placement undone) before it is raised."""
+    members: dict[str, Any] = {}
     try:
-        for index, name in enumerate(plan.names):
+        for index, name in enumerate(plan.names if plan.singles else ()):
             settings = dataclasses.replace(shared, device=name, env=plan.env(index))
             members[name] = transport.start(index, settings, callbacks, placement)
+        for name, indices in plan.gangs:
+            members[name] = GangExecutor(
+                name, _rank_starter(plan, transport, shared, callbacks, placement, indices)
+            )
     except BaseException:
         for member in members.values():
             member.close()

@@ -147,6 +147,11 @@ class WorkerExecutor(RemoteDevice):
         self._conn.close()
         _LIVE.discard(self)
 
+    def kill(self) -> None:
+        """Kill the worker now (SIGTERM, then SIGKILL): a gang's other ranks when one died
+        (:class:`~rapidfire_nb.devices.gang.GangExecutor`). Its pending calls then resolve as for any death."""
+        self._kill()
+
     # ------------------------------------------------------------------ requests
     def _invoke(self, method: str, payload: bytes) -> Any:
         return self._request(method, payload).result()

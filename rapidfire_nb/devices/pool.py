@@ -23,11 +23,13 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from kernel_scheduler import Executor, RunStart, SegmentResult
+from kernel_scheduler import Executor, RunStart, SegmentResult, device_parts, overlaps
 
 from ..errors import ConfigError
 from ..run_folder import WARM_START_PREFIX, latest_checkpoint, run_dir
+from ..spec.gangs import run_width
 from .errors import WorkerLost
+from .gang import GangExecutor
 
 __all__ = ["DevicePool"]
 
@@ -103,15 +105,11 @@ class DevicePool(Executor):
         Raises:
             ConfigError: bad input (from the device's trainer build), or no device is alive.
         """
+        width = self.width_of(spec)
         if warm_from is not None and warm_from in self._where:  # else on disk: it finished before
             device = self.device_of(warm_from)
-        if device is None or not self.alive(device):
-            live = self._live()
-            if not live:
-                raise ConfigError("no device is left to train on: every worker died")
-            with self._lock:
-                counts = {d: sum(1 for w in self._where.values() if w == d) for d in live}
-            device = min(live, key=lambda d: (counts[d], live.index(d)))
+        if device is None or not self.alive(device) or len(device_parts(device)) != width:
+            device = self._least_used(width)
         start: RunStart = self._members[device].add_run(
             run_id, spec, warm_from=warm_from, resume_from=resume_from
         )
@@ -119,6 +117,35 @@ class DevicePool(Executor):
             self._where[run_id] = device
             self._specs[run_id] = spec
         return start
+
+    def width_of(self, spec: Any) -> int:
+        """The devices a run of ``spec`` trains on at once (its ``num_gpus``; :func:`~rapidfire_nb.spec.gangs.run_width`)."""
+        return run_width(spec)
+
+    def revive(self, device: str) -> bool:
+        """Start fresh workers for a dead composite device (a gang, :class:`~.gang.GangExecutor`); True when it is
+        alive afterwards. A single device is not revived (its runs move to the others)."""
+        member = self._members[device]
+        return bool(member.revive(device)) if isinstance(member, GangExecutor) else self.alive(device)
+
+    def _least_used(self, width: int) -> str:
+        """The live device of ``width`` parts with the fewest runs.
+
+        Raises:
+            ConfigError: none is alive (every worker died, or this run_fit has no gang of that width).
+        """
+        live = [d for d in self._live() if len(device_parts(d)) == width]
+        if not live:
+            if width > 1:
+                gangs = [d for d in self._members if len(device_parts(d)) > 1] or ["none"]
+                raise ConfigError(
+                    f"num_gpus={width}: this run_fit has no live gang of {width} devices (its gangs: "
+                    f"{', '.join(gangs)}); give the run a num_gpus that one of them has"
+                )
+            raise ConfigError("no device is left to train on: every worker died")
+        with self._lock:  # runs on a device sharing a part count too: they never train at once with it
+            counts = {d: sum(1 for w in self._where.values() if overlaps(w, d)) for d in live}
+        return min(live, key=lambda d: (counts[d], live.index(d)))
 
     def run_segment(self, run_id: int, stop_step: int) -> Future[SegmentResult]:
         fut: Future[SegmentResult] = self._members[self.device_of(run_id)].run_segment(run_id, stop_step)
@@ -157,7 +184,7 @@ class DevicePool(Executor):
         with self._lock:
             self._where[run_id] = device
             self._specs[run_id] = spec
-        if self.alive(source):
+        if self.alive(source) and source != device:
             self._drop_later(source, run_id)
         return start
 

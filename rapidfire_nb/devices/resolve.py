@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..spec.gangs import gang_tiles
 from .backends import BACKENDS, Transport, get_transport
 
 __all__ = ["BACKENDS", "DevicePlan", "resolve_devices"]
@@ -35,12 +36,22 @@ class DevicePlan:
         names: device names, one per worker (``"cuda:0"``, ``"cpu:1"``); ``("device",)`` for ``"kernel"``.
         gpus: for each worker, the GPU index it sees as its only one (``CUDA_VISIBLE_DEVICES``), or None (CPU).
         threads: torch threads per worker (CPU workers: ``cores // workers``; GPU workers: ``cores // workers``).
+        widths: the widths (``num_gpus`` above 1) of the runs over several devices, ascending; () when none.
+        singles: False when every run trains over several devices (no single-device worker is started).
     """
 
     backend: str
     names: tuple[str, ...]
     gpus: tuple[int | None, ...] = field(default_factory=tuple)
     threads: int = 1
+    widths: tuple[int, ...] = ()
+    singles: bool = True
+
+    @property
+    def gangs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The composite devices of the runs over several devices: ``[(name, indices into names)]``
+        (:func:`~rapidfire_nb.spec.gangs.gang_tiles` of :attr:`widths`); [] when no run is wider than one device."""
+        return gang_tiles(self.names, self.widths)
 
     @property
     def workers(self) -> bool:

@@ -1,9 +1,10 @@
 """``rapidfireai``'s ``run_fit`` arguments that mean nothing different here, or cannot be honoured yet.
 
 ``rapidfireai.Experiment.run_fit(..., seed=42, num_gpus=1, monte_carlo_simulations=1000)``: code written for it
-passes them, often positionally. ``num_gpus`` is the number of GPUs one run trains on: here every run trains
-on one device (the runs take turns on it), so only 1 is honoured and anything else is refused before training
-(it would silently compute something else). ``monte_carlo_simulations`` tunes rapidfireai's multi-GPU schedule
+passes them, often positionally. ``num_gpus`` is the number of devices one run trains on at once: k > 1 makes each
+run that leaves ``RFModelConfig.num_gpus`` out a gang of k devices (``rapidfire_nb.spec.gangs``: FSDP with
+``fsdp`` in its training args, else DDP), checked against ``run_fit(devices=...)`` before training.
+``monte_carlo_simulations`` tunes rapidfireai's multi-GPU schedule
 search: it has no effect here, and says so once per process. ``num_shards`` is rapidfireai 0.16.2's newer name for
 ``num_chunks`` (it calls chunks "shards"): the same knob, accepted under either name. Torch-free.
 """
@@ -67,28 +68,23 @@ def check_drop_in_args(num_gpus: Any, monte_carlo_simulations: Any) -> str | Non
     """Check ``run_fit``'s ``num_gpus`` and ``monte_carlo_simulations``.
 
     Args:
-        num_gpus: GPUs per run; None or 1.
+        num_gpus: devices each run trains on at once (None or an int >= 1; k > 1: a gang of k devices,
+            ``rapidfire_nb.spec.gangs``, checked against the devices with the configs in ``check_fit_inputs``).
         monte_carlo_simulations: None, or a positive int (accepted, no effect).
 
     Returns:
         The note to show the first time ``monte_carlo_simulations`` is given in this process, else None.
 
     Raises:
-        ConfigError: ``num_gpus`` other than None or 1 (one run cannot span several GPUs yet), or a value of
-            the wrong type.
+        ConfigError: ``num_gpus`` not a positive int, or ``monte_carlo_simulations`` not a positive int.
     """
-    if num_gpus is not None:
-        if isinstance(num_gpus, bool) or not isinstance(num_gpus, numbers.Integral):
-            raise ConfigError(
-                f"num_gpus must be an int (the number of GPUs each run trains on), got "
-                f"{type(num_gpus).__name__} {num_gpus!r}; leave it out or pass num_gpus=1"
-            )
-        if num_gpus != 1:
-            raise ConfigError(
-                f"num_gpus={num_gpus}: num_gpus is the number of GPUs each run trains on, and rapidfire_nb trains "
-                "each run on one device until one run may span several GPUs. Leave num_gpus out or pass num_gpus=1; "
-                "to spread the runs over several GPUs, use run_fit(..., devices=N)"
-            )
+    if num_gpus is not None and (
+        isinstance(num_gpus, bool) or not isinstance(num_gpus, numbers.Integral) or num_gpus < 1
+    ):
+        raise ConfigError(
+            f"num_gpus must be a positive int (the devices each run trains on at once), got "
+            f"{type(num_gpus).__name__} {num_gpus!r}; leave it out or pass num_gpus=1"
+        )
     if monte_carlo_simulations is None:
         return None
     if (

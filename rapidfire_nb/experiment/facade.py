@@ -225,8 +225,8 @@ class Experiment:
                 and at its own ``eval_steps``.
             num_chunks: chunks per epoch (1 .. a run's optimizer steps per epoch).
             seed: the experiment seed (random search, and each run's seed unless its config sets one).
-            num_gpus: GPUs each run trains on (``rapidfireai``'s argument): None or 1; every run trains on one
-                device until one run may span several GPUs (anything else is a ConfigError).
+            num_gpus: devices per run where ``RFModelConfig.num_gpus`` is None (int >= 1; k > 1: a gang of k
+                devices, FSDP2 with ``fsdp`` set else DDP, global batch k x per-device; ``spec.gangs``).
             monte_carlo_simulations: accepted for ``rapidfireai`` code; no effect here (a note says so once).
             background: train in the background and return once validated. Default: True in a Jupyter kernel,
                 False in a plain script (which then blocks until training ends).

@@ -8,6 +8,7 @@ and :func:`check_same_inputs` make sure a restarted kernel continues the runs wi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from .. import meta_keys, schema
 from ..automl.early_stopping import check_early_stopping
 from ..errors import ConfigError, ExperimentError
 from ..schema.trainer_kinds import check_metric_choice, check_metric_name, is_trainer_metric
+from ..spec.gangs import check_gangs, run_width, with_run_fit_width
 from ..spec.packs import check_packing_option, packing_note, plan_packs, refuse_unpackable
 from ..training.quantization import refuse_quantized_full_finetunes
 from .resources import check_group_fits
@@ -56,7 +58,7 @@ class FitArgs:
         num_chunks: chunks per epoch, 1 to :data:`MAX_CHUNKS` (each chunk ends with an evaluation and a
             checkpoint).
         seed: the experiment seed, 0 to ``schema.MAX_SEED``.
-        num_gpus: GPUs per run (``rapidfireai``'s argument): None or 1.
+        num_gpus: devices per run (``rapidfireai``'s argument): None or an int >= 1 (``spec.gangs``).
         monte_carlo_simulations: ``rapidfireai``'s argument, no effect here: None or a positive int.
         background: train in a background thread (True), block until training ends (False), or None (True in a
             Jupyter kernel, False in a script).
@@ -214,9 +216,7 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
             param_config.bind(exp_dir, args.num_chunks)  # its study lives in the experiment folder
     # names checked before a search asks its trials; an eval_<name> only with a compute_metrics, after the expansion
     check_metric_choice(param_config.trainer_type, args.panel_metrics, args.best_by)
-    specs = tuple(param_config.expand(args.seed))
-    if not specs:
-        raise ConfigError("the config group expands to no run")
+    specs, plan, gang_notes = _expand(param_config, args, plan)
     user_metrics = any(getattr(spec, "compute_metrics", None) is not None for spec in specs)
     plots, best_by = check_metric_choice(
         param_config.trainer_type, args.panel_metrics, args.best_by, user_metrics
@@ -248,8 +248,25 @@ def check_fit_inputs(args: FitArgs, exp_dir: Path | None = None) -> FitInputs:
         best_by=best_by,
         batch_generation=batch_generation,
         packing=packing,
-        notes=notes,
+        notes=gang_notes + notes,
     )
+
+
+def _expand(param_config: Any, args: FitArgs, plan: Any) -> tuple[tuple[Any, ...], Any, tuple[str, ...]]:
+    """The group's specs (``run_fit``'s ``num_gpus`` written into those that leave it out), the device plan with
+    the gangs they need (:attr:`~rapidfire_nb.devices.resolve.DevicePlan.widths`), and the lines about the gangs.
+
+    Raises:
+        ConfigError: the group expands to no run, or a run's gang cannot train (:func:`~..spec.gangs.check_gangs`).
+    """
+    specs = with_run_fit_width(param_config.expand(args.seed), args.num_gpus)
+    if not specs:
+        raise ConfigError("the config group expands to no run")
+    notes = check_gangs(specs, plan.names, plan.workers, plan.backend)
+    widths = tuple(sorted({run_width(s) for s in specs} - {1}))
+    if widths:
+        plan = dataclasses.replace(plan, widths=widths, singles=any(run_width(s) == 1 for s in specs))
+    return specs, plan, notes
 
 
 def _generation_and_packing(

@@ -12,7 +12,7 @@ from typing import Any
 from kernel_scheduler import DEFAULT_DEVICE, RunSnapshot, RunStatus
 
 from .. import meta_keys
-from ..view.devices_view import stored_packs
+from ..view.devices_view import run_sharding, stored_packs
 from ..view.metrics_view import best_run, metric_choice, resolve_metrics
 from ..view.stops import stop_history
 from ..view.text import run_labels
@@ -27,7 +27,7 @@ def runs_table(
 ) -> Any:
     """``get_runs_info()``: columns ``run_id[, run_name], status, <hparams...>, completed_steps, total_steps,
     chunks_done, epoch, loss, eval_loss, <generation metrics...>, checkpoint_dir, error, stop_reason[, device][,
-    pack][, tags], config``.
+    sharding][, pack][, tags], config``.
 
     ``run_name`` (after ``run_id``, when any run shown has a name) is the run's name (``RFModelConfig(run_name=...)``,
     a template filled per run, ``"<parent> (clone)"`` for a clone; shown whole), None for a run without one;
@@ -55,7 +55,11 @@ def runs_table(
     "...not in th..."); the values are whole either way (:class:`~.frames.RunsFrame`, a DataFrame).
 
     ``device`` (after ``stop_reason``, only when the experiment trained on several devices: ``run_fit(devices=...)``)
-    is the device each run trains on, e.g. ``"cpu:1"`` or ``"cuda:3"`` (store meta ``devices``).
+    is the device each run trains on, e.g. ``"cpu:1"`` or ``"cuda:3"`` (store meta ``devices``), or the devices of a
+    run over several, joined by ``+`` (``"cuda:0+cuda:1"``, ``num_gpus=2``).
+
+    ``sharding`` (after it, only when some run trains over several devices) is ``"fsdp"`` (PyTorch FSDP2: its
+    training args set ``fsdp``), ``"ddp"`` (data-parallel) or None (one device), read from the stored config.
 
     ``pack`` (after it, only when some run trains packed: ``run_fit(packing=...)``) is the id of the pack a run
     trains in (the pack's smallest run id: one forward/backward per step for all of them), None for a run that trains
@@ -90,7 +94,9 @@ def runs_table(
         rows.append(_row(r, cols, latest.get(r["run_id"], {}), generated, stops.get(r["run_id"]), devices))
     named, tagged = any(row["run_name"] for row in rows), any(row["tags"] for row in rows)
     tail = [*_PROGRESS_COLUMNS, *generated, "checkpoint_dir", "error", "stop_reason"]
+    sharded = any(row["sharding"] for row in rows)
     tail += ["device"] if devices else []
+    tail += ["sharding"] if sharded else []
     tail += ["pack"] if packs else []
     tail += ["tags"] if tagged else []
     head = ["run_id", "run_name", "status"] if named else ["run_id", "status"]
@@ -109,6 +115,7 @@ def runs_table(
         "error",
         "stop_reason",
         *(["device"] if devices else []),
+        *(["sharding"] if sharded else []),
     ):  # text columns: None stays None, never NaN
         table[name] = table[name].astype(object).where(table[name].notna(), None)
     return table
@@ -145,6 +152,7 @@ def _row(
     )
     if devices:
         row["device"] = devices.get(str(r["run_id"]))
+    row["sharding"] = run_sharding(r.get("config"))
     row["tags"] = labels["tags"]
     row["config"] = r.get("config")
     return row

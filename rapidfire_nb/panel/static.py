@@ -220,6 +220,14 @@ def _chunks_cell(run: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
     return f'<td style="{_TD}{_NUM}"' + (f' title="{_e(note)}">{text} *' if note else f">{text}") + "</td>"
 
 
+def device_text(run: Mapping[str, Any]) -> str:
+    """The Device cell: the run's device (``cpu:0+cpu:1`` over several) and how it is sharded, ``-`` unknown."""
+    device, sharding = run.get("device"), run.get("sharding")
+    if not device:
+        return "-"
+    return f"{device} · {sharding}" if sharding else str(device)
+
+
 def _pack_text(run: Mapping[str, Any]) -> str:
     """The Pack cell: the id of the pack the run trains in, ``-`` alone."""
     pack = run.get("pack")
@@ -246,11 +254,7 @@ def _table(snapshot: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], best:
         cells = [
             f'<td style="{_TD}">{_run_cell(run, run["run_id"] == best)}</td>',
             _status_cell(run),
-            *(
-                [f'<td style="{_TD}" data-rf-device-cell="">{_e(run.get("device") or "-")}</td>']
-                if device
-                else []
-            ),
+            *([f'<td style="{_TD}" data-rf-device-cell="">{_e(device_text(run))}</td>'] if device else []),
             *([f'<td style="{_TD}" data-rf-pack-cell="">{_e(_pack_text(run))}</td>'] if pack else []),
             *(f'<td style="{_TD}{_NUM}">{_clipped(_hparam(hparams.get(c)))}</td>' for c in cols),
             f'<td style="{_TD}{_NUM}">{_e(run.get("completed_steps") or 0)}/{_e(run.get("total_steps") or 0)}</td>',

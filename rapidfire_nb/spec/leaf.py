@@ -48,6 +48,7 @@ _MODEL_LEVEL_KEYS: tuple[str, ...] = (
     "ref_model_name",
     "reward_funcs",
     "generation_config",
+    "num_gpus",
 )
 _LABELS: tuple[str, ...] = ("run_name", "tags")
 """Fields that label a run (not hyperparameters, not in the fingerprint); ``with_changes`` takes them as keys."""
@@ -85,6 +86,9 @@ class LeafConfig:
         ref_model_kwargs: Reference model ``from_pretrained`` keywords, or ``None``.
         reward_funcs: GRPO reward functions (or reward model ids), or ``None``.
         generation_config: Generation settings, or ``None``.
+        num_gpus: Devices the run trains on at once (a gang, ``rapidfire_nb.spec.gangs``), or ``None``: as
+            ``run_fit(num_gpus=...)`` or one device. Left out of :meth:`to_json` and :meth:`fingerprint` when None
+            (an experiment recorded before the field existed reopens with the same fingerprints).
         run_name: The run's name, a label shown next to its id (panel, page, ``get_runs_info()``, TensorBoard,
             trackers), or ``None``; ``training["run_name"]`` (TRL's field) is moved here. Not part of
             :meth:`fingerprint` and not a hyperparameter (:mod:`rapidfire_nb.spec.names`).
@@ -112,6 +116,7 @@ class LeafConfig:
     ref_model_kwargs: dict[str, Any] | None = None
     reward_funcs: tuple[Any, ...] | None = None
     generation_config: Any = None
+    num_gpus: int | None = None
     run_name: str | None = None
     tags: tuple[str, ...] = ()
     trl_run_name: str | None = dataclasses.field(default=None, compare=False, repr=False)
@@ -178,7 +183,11 @@ class LeafConfig:
 
     # ------------------------------------------------------------------ views
     def _plain(self) -> dict[str, Any]:
-        return {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.repr}
+        return {
+            f.name: jsonable(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.repr and not (f.name == "num_gpus" and self.num_gpus is None)
+        }
 
     def to_json(self) -> dict[str, Any]:
         """Every field as JSON data (functions as ``"module.qualname"``; secret-like values as ``"<redacted>"``).
@@ -239,6 +248,7 @@ class LeafConfig:
             "model_type",
             "ref_model_name",
             "reward_funcs",
+            "num_gpus",
         ):
             value = getattr(self, key)
             if value is not None:
@@ -304,7 +314,7 @@ class LeafConfig:
                 ``model_kwargs.<key>``, ``ref_model_kwargs.<key>``, ``tokenizer_kwargs.<key>``,
                 ``generation_config.<key>``, and ``model_name``, ``tokenizer``, ``model_type``,
                 ``ref_model_name``, ``generation_config``, ``formatting_func``, ``compute_metrics``,
-                ``reward_funcs``. The labels ``run_name`` (a name or a template filled with the new run's values)
+                ``reward_funcs``, ``num_gpus``. The labels ``run_name`` (a name or a template filled with the new run's values)
                 and ``tags`` may be given too; without ``run_name`` the copy is named ``"<this run's name>
                 (clone)"`` (unnamed when this run has no name), without ``tags`` it keeps this run's.
             allow_functions: Accept the function-valued keys (``formatting_func``, ``compute_metrics``,

@@ -154,6 +154,8 @@ def why_not_packed(spec: LeafConfig, trainer_type: str) -> str | None:
         e.g. ``"full fine-tuning"``, ``"DoRA"``,
         ``"SFT packing=True (rows packed into one sequence)"``; None when the run may pack.
     """
+    if (spec.num_gpus or 1) > 1:
+        return f"num_gpus={spec.num_gpus} (one run over several devices)"
     if spec.lora is None:
         return "full fine-tuning"
     for name, refused, phrase in _LORA_REFUSALS:

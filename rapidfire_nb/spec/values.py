@@ -190,6 +190,18 @@ def _check_generation_config(value: Any) -> Any:
     )
 
 
+def _check_num_gpus(value: Any) -> Any:
+    """``num_gpus``: None (the run's devices follow ``run_fit``) or the number of devices one run trains on (>= 1)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"RFModelConfig.num_gpus must be a positive int (the devices one run trains on: GPUs, or CPU workers "
+            f"with run_fit(devices=k)) or None, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
 MODEL_VALUE_CHECKS: dict[str, Callable[[Any], Any]] = {
     "model_name": _check_str("model_name", optional=False),
     "tokenizer": _check_str("tokenizer", optional=True),
@@ -202,6 +214,7 @@ MODEL_VALUE_CHECKS: dict[str, Callable[[Any], Any]] = {
     "ref_model_kwargs": _check_dict("ref_model_kwargs", renames=True),
     "reward_funcs": _check_reward_funcs,
     "generation_config": _check_generation_config,
+    "num_gpus": _check_num_gpus,
 }
 """One check per concrete ``RFModelConfig`` field other than ``peft_config``/``training_args`` (the wrappers)."""
 

@@ -13,7 +13,16 @@ from kernel_scheduler import DEFAULT_DEVICE, RunSnapshot, RunStatus
 from .. import meta_keys
 from .ops_view import parse_status
 
-__all__ = ["DEVICE_STATES", "device_list", "device_status", "run_device", "stored_devices", "stored_packs"]
+__all__ = [
+    "DEVICE_STATES",
+    "device_list",
+    "device_status",
+    "run_device",
+    "placed_as",
+    "run_sharding",
+    "stored_devices",
+    "stored_packs",
+]
 
 #: A device's state in a snapshot's ``devices``: a run trains there, nothing does, its worker died, or (the server
 #: page: the store does not record it) unknown.
@@ -70,6 +79,27 @@ def stored_packs(meta: Mapping[str, Any]) -> dict[int, int]:
         for rid, pack in stored.items()
         if isinstance(pack, int) and not isinstance(pack, bool) and str(rid).isdigit()
     }
+
+
+def run_sharding(config: Any) -> str | None:
+    """How a run spans several devices, from its stored config (``LeafConfig.to_json()``): ``"fsdp"`` (``num_gpus``
+    above 1 and ``fsdp`` in its training args: PyTorch FSDP2), ``"ddp"`` (``num_gpus`` above 1 without it) or None
+    (one device; also for a config stored before ``num_gpus`` existed). The same rule as
+    :func:`rapidfire_nb.spec.gangs.sharding_of`, read from JSON."""
+    if not isinstance(config, Mapping):
+        return None
+    width = config.get("num_gpus")
+    if not isinstance(width, int) or isinstance(width, bool) or width < 2:
+        return None
+    training = config.get("training")
+    fsdp = training.get("fsdp") if isinstance(training, Mapping) else None
+    return "fsdp" if fsdp not in (None, "", [], False) else "ddp"
+
+
+def placed_as(meta: Mapping[str, Any], run_id: int, config: Any) -> dict[str, Any]:
+    """A run's ``pack`` (its pack's id, the smallest run id; None: alone) and ``sharding`` (:func:`run_sharding`),
+    as the panel's and the page's run rows carry them."""
+    return {"pack": stored_packs(meta).get(run_id), "sharding": run_sharding(config)}
 
 
 def run_device(snap: RunSnapshot | None, stored: Mapping[int, str], run_id: int) -> str | None:

@@ -29,7 +29,7 @@ from kernel_scheduler import RunSnapshot, RunStatus
 
 from .. import meta_keys
 from .clock import is_training, progress_stats, training_seconds
-from .devices_view import DEVICE_STATES, device_list, device_status, run_device, stored_devices, stored_packs
+from .devices_view import DEVICE_STATES, device_list, device_status, placed_as, run_device, stored_devices
 from .meta_check import checked_meta
 from .metrics_view import metric_choice, resolve_metrics, run_value
 from .ops_view import (
@@ -283,7 +283,7 @@ def _run_entry(
         "status": status,
         "on_device": bool(snap is not None and snap.on_device),
         "device": device,
-        "pack": stored_packs(rows.meta).get(run_id),  # its pack's id (smallest run id); None: alone
+        **placed_as(rows.meta, run_id, row.get("config")),  # pack (None: alone), sharding (None: one device)
         "hparams": {c: hp.get(c) for c in columns} or dict(hp),
         "editable": editable_values(rows.meta.get(meta_keys.EDITABLE_FIELDS), run_id, hp),
         **_progress_fields(row, snap, live_step),

@@ -505,3 +505,44 @@ def test_roster_places_new_runs_by_width_and_checks_the_executor_s_width() -> No
     for d in FOUR:
         fake.kill(d)
     assert roster.place_new(2) == G01  # none alive: the build fails with the executor's own error
+
+
+class _Reviving(FakeDevices):
+    """A gang that dies is restarted on new workers (``DevicePool.revive`` with a ``GangExecutor``)."""
+
+    revived: list[str] = []
+
+    def revive(self, device: str) -> bool:
+        with self.lock:
+            self.dead.discard(device)
+        self.revived.append(device)
+        return True
+
+
+def test_a_dead_gang_is_revived_and_its_run_continues_there_from_its_checkpoint() -> None:
+    fake = _Reviving(TWO, num_chunks=4, seconds_per_step=dict.fromkeys(TWO, 0.01))
+    fake.revived = []
+    rec = Recorder()
+    sched = Scheduler(fake, listener=rec, idle_poll_s=0.002, arbiter=DeviceArbiter(), owner="r")
+    sched.add_run(1, GangSpec(rows=32, batch=4))
+    sched.add_run(2, FakeSpec(rows=32, batch=4))
+    killed = threading.Event()
+    first = rec.on_run
+
+    def kill_gang_at_chunk_2(snap):
+        first(snap)
+        if not killed.is_set() and snap.run_id == 1 and snap.on_device and snap.segments_done == 2:
+            killed.set()
+            fake.kill(G01)  # one rank died: the gang (only) is lost
+
+    rec.on_run = kill_gang_at_chunk_2
+    sched.start()
+    assert sched.wait(timeout=30)
+    sched.close(5)
+    assert killed.is_set() and fake.revived == [G01]
+    assert [s.status for s in sched.snapshot()] == [S.COMPLETED, S.COMPLETED]
+    assert sched.run_snapshot(1).device == G01
+    assert [m[:3] for m in fake.moves if m[0] == 1] == [(1, G01, G01)]  # back onto the restarted gang
+    assert any("its gang was restarted on new workers, and run(s) 1 continue there" in n for n in rec.notes)
+    assert not any("no live device of 2 parts" in n for n in rec.notes)
+    assert _clashes(fake.schedule) == [] and [v for v in fake.violations if "dead" in v] == []

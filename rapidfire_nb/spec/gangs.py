@@ -1,0 +1,140 @@
+"""Runs over several devices (gangs): each run's width, its sharding, the composite devices, refusals (pure).
+
+A run's width is ``RFModelConfig(num_gpus=k)``, else ``run_fit(num_gpus=k)``, else 1 (:func:`with_run_fit_width`
+writes ``run_fit``'s into the specs that leave it out, so the spec is the one place for it). A run of width k > 1
+trains on a gang of k devices: sharded with PyTorch FSDP2 when its training args set ``fsdp``, else data-parallel
+(DDP) (:func:`sharding_of`). The devices are tiled into fixed composite devices per width, named by joining the
+parts with ``+`` (:func:`gang_tiles`: 4 devices, width 2 -> ``cpu:0+cpu:1`` and ``cpu:2+cpu:3``), which the
+scheduler never trains at once with a device they share (:mod:`kernel_scheduler.gangs`).
+
+Refused before anything is built (:func:`check_gangs`), each naming the field and the fix: a gang wider than the
+devices, a gang on Ray actors or with a trainer other than SFT (not built yet), FSDP over a quantized base, and
+``fsdp_config.offload_params`` on CPU devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["check_gangs", "gang_tiles", "run_width", "sharding_of", "with_run_fit_width"]
+
+#: trainer types a gang trains (the others refuse before training)
+GANG_TRAINERS = ("SFT",)
+
+
+def run_width(spec: Any) -> int:
+    """The devices run ``spec`` trains on at once (``spec.num_gpus``, 1 when None)."""
+    return int(getattr(spec, "num_gpus", None) or 1)
+
+
+def sharding_of(spec: Any) -> str | None:
+    """``"fsdp"`` (width > 1 and ``fsdp`` set in the training args), ``"ddp"`` (width > 1 without it) or None."""
+    if run_width(spec) < 2:
+        return None
+    return "fsdp" if _fsdp_set(spec) else "ddp"
+
+
+def with_run_fit_width(specs: Iterable[Any], num_gpus: int | None) -> tuple[Any, ...]:
+    """The specs, each leaving ``num_gpus`` out given ``run_fit``'s (when above 1; ``num_gpus=1`` is the
+    default anyway and keeps the specs' fingerprints as recorded before gangs existed)."""
+    import dataclasses
+
+    out = tuple(specs)
+    if num_gpus is None or num_gpus < 2:
+        return out
+    return tuple(s if s.num_gpus is not None else dataclasses.replace(s, num_gpus=num_gpus) for s in out)
+
+
+def gang_tiles(names: Sequence[str], widths: Iterable[int]) -> list[tuple[str, tuple[int, ...]]]:
+    """The composite devices for the gang ``widths`` in use over devices ``names``: per width k > 1 (ascending),
+    consecutive non-overlapping groups of k devices; a remainder of fewer than k devices forms no gang.
+
+    Returns:
+        ``[(composite name, indices into names)]``, e.g. ``[("cpu:0+cpu:1", (0, 1)), ("cpu:2+cpu:3", (2, 3))]``.
+    """
+    out: list[tuple[str, tuple[int, ...]]] = []
+    for k in sorted({w for w in widths if w > 1}):
+        for start in range(0, len(names) - k + 1, k):
+            idx = tuple(range(start, start + k))
+            out.append(("+".join(names[i] for i in idx), idx))
+    return out
+
+
+def check_gangs(specs: Sequence[Any], names: Sequence[str], workers: bool, backend: str) -> tuple[str, ...]:
+    """Refuse what a gang cannot train, before anything is built; the lines to say about the gangs.
+
+    Args:
+        specs: the runs' specs (run i is ``specs[i - 1]``), ``num_gpus`` already resolved.
+        names: the plan's device names (``("device",)`` for the kernel process).
+        workers: True when the runs train in worker processes (a gang needs them).
+        backend: ``"kernel"``, ``"local"`` or ``"ray"``.
+
+    Raises:
+        ConfigError: naming the run and the field: ``num_gpus`` above the devices there are (or with one device in
+            the kernel process), a gang on ``backend="ray"``, a trainer other than SFT, FSDP over a
+            ``quantization_config`` base, or ``fsdp_config["offload_params"]`` on CPU devices.
+    """
+    notes: list[str] = []
+    devices = len(names) if workers else 1
+    for run_id, spec in enumerate(specs, start=1):
+        width = run_width(spec)
+        if width < 2:
+            if _fsdp_set(spec):
+                notes.append(
+                    f"run {run_id} sets fsdp but trains on one device: fsdp applies with num_gpus > 1 "
+                    "(RFModelConfig(num_gpus=k) or run_fit(num_gpus=k)); it trains unsharded"
+                )
+            continue
+        _refuse(run_id, spec, width, devices, names, backend)
+    gangs = [(i, s) for i, s in enumerate(specs, start=1) if run_width(s) > 1]
+    if gangs:
+        tiles = ", ".join(name for name, _ in gang_tiles(names, (run_width(s) for _, s in gangs)))
+        runs = ", ".join(f"{i} ({sharding_of(s)}, {run_width(s)} devices)" for i, s in gangs)
+        notes.append(f"runs over several devices: {runs}; gangs on {tiles}")
+    return tuple(notes)
+
+
+def _refuse(run_id: int, spec: Any, width: int, devices: int, names: Sequence[str], backend: str) -> None:
+    where = f"run {run_id}: num_gpus={width}"
+    if width > devices:
+        have = (
+            "one device in the kernel process" if devices == 1 else f"{devices} devices ({', '.join(names)})"
+        )
+        raise ConfigError(
+            f"{where} needs {width} devices but this run_fit trains on {have}; pass run_fit(devices={width}) or "
+            f"more (GPUs, or CPU workers on a machine without one), or num_gpus={devices} or fewer"
+        )
+    if backend == "ray":
+        raise ConfigError(f"{where}: a run over several Ray actors is not built yet; use backend='local'")
+    trainer = str(getattr(spec, "trainer_type", "")).upper()
+    if trainer not in GANG_TRAINERS:
+        raise ConfigError(
+            f"{where}: only SFT runs train over several devices so far ({trainer} does not: its generation or "
+            "reference model is not sharded yet); leave num_gpus out for this config"
+        )
+    model_kwargs = getattr(spec, "model_kwargs", None) or {}
+    if model_kwargs.get("quantization_config") is not None:
+        raise ConfigError(
+            f"{where} with model_kwargs.quantization_config: FSDP cannot shard a bitsandbytes-quantized base with "
+            "the installed torch; drop quantization_config (sharding already divides the weights over the "
+            "devices) or train it on one device"
+        )
+    offload = (_fsdp_config(spec) or {}).get("offload_params")
+    if offload and any(name.startswith("cpu") for name in names):
+        raise ConfigError(
+            f'{where}: fsdp_config["offload_params"]=True offloads to CPU memory, and these devices are CPU '
+            'workers already; set fsdp_config["offload_params"]=False (or leave it out)'
+        )
+
+
+def _fsdp_set(spec: Any) -> bool:
+    value = (getattr(spec, "training", None) or {}).get("fsdp")
+    return bool(value) and value not in ("", [], False)
+
+
+def _fsdp_config(spec: Any) -> dict[str, Any] | None:
+    value = (getattr(spec, "training", None) or {}).get("fsdp_config")
+    return value if isinstance(value, dict) else None
