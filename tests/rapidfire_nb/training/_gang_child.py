@@ -8,7 +8,8 @@ Usage: ``python _gang_child.py <mode> <out_dir>``, modes:
   final folder (``<out>/<kind>/exp/runs/1/final``); then a plain TRL ``trainer.train()`` of the same config, sharded
   the same way (``shard_model`` + ``skip_ddp_wrap``), saves its gathered weights (``<out>/<kind>/plain``). Each
   rank writes ``<out>/<kind>/rank<r>.json``: its parameter bytes (local, whole), whether every parameter is a
-  DTensor, the executor's and the plain run's logged losses.
+  DTensor, the executor's and the plain run's logged losses. Then the LoRA run with ``num_gpus=2`` and no ``fsdp``
+  (DDP) through the executor (``<out>/ddp``).
 * ``crash``: under torchrun, LoRA: train 2 of 4 chunks, wait for the boundary checkpoints, then SIGKILL itself.
 * ``resume``: under torchrun: fresh processes resume the run from its latest checkpoint and finish it.
 * ``one``: no torchrun: both kinds trained by plain TRL in one process with the same global batch
@@ -32,7 +33,10 @@ ROWS = 32
 PER_DEVICE = 2  # x 2 ranks: a global batch of 4 (8 steps)
 
 
-def spec(kind: str, gang: bool) -> Any:
+def spec(kind: str, gang: bool, fsdp: bool = True) -> Any:
+    """The run's config: ``kind`` "lora" or "full"; over a gang of 2 (FSDP, or DDP without ``fsdp``) or not."""
+    import dataclasses
+
     from rapidfire_nb.spec import LeafConfig
 
     training: dict[str, Any] = {
@@ -42,16 +46,17 @@ def spec(kind: str, gang: bool) -> Any:
         "logging_steps": 1,
         "seed": 3,
     }
-    if gang:
+    if gang and fsdp:
         training["fsdp"] = "full_shard auto_wrap"
         training["fsdp_config"] = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
     lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
+    width = {"num_gpus": 2} if gang and "num_gpus" in {f.name for f in dataclasses.fields(LeafConfig)} else {}
     return LeafConfig(
         trainer_type="SFT",
         model_name="tiny",
         lora=lora if kind == "lora" else None,
         training=training,
-        num_gpus=2 if gang else None,
+        **width,
     )
 
 
@@ -76,13 +81,13 @@ def train_chunks(ex: Any, start: Any, stop_after: int | None = None) -> None:
         done += 1
 
 
-def gang_executor_run(kind: str, out: Path, rank: int) -> dict[str, Any]:
+def gang_executor_run(kind: str, out: Path, fsdp: bool = True) -> dict[str, Any]:
     from torch.distributed.tensor import DTensor
 
     from rapidfire_nb.training.sharding import local_parameter_bytes
 
     ex = executor(out)
-    start = ex.add_run(1, spec(kind, gang=True))
+    start = ex.add_run(1, spec(kind, gang=True, fsdp=fsdp))
     model = ex.runs[1].worker.trainer.model
     local, whole = local_parameter_bytes(model)
     train_chunks(ex, start)
@@ -92,6 +97,7 @@ def gang_executor_run(kind: str, out: Path, rank: int) -> dict[str, Any]:
         "local_bytes": local,
         "whole_bytes": whole,
         "all_dtensor": all(isinstance(p, DTensor) for p in model.parameters()),
+        "any_dtensor": any(isinstance(p, DTensor) for p in model.parameters()),
         "segments": start.plan.num_segments,
         "executor_losses": losses(ex.runs[1].worker.trainer),
         "final_dir": str(ex.final_dir(1)),
@@ -150,9 +156,11 @@ def main() -> None:
     rank = gang.rank
     if mode == "gang":
         for kind in ("lora", "full"):
-            record = gang_executor_run(kind, out / kind, rank)
+            record = gang_executor_run(kind, out / kind)
             record["plain_losses"] = plain_run(kind, out / kind, gang=True)
             (out / kind / f"rank{rank}.json").write_text(json.dumps(record))
+        record = gang_executor_run("lora", out / "ddp", fsdp=False)  # num_gpus=2 without fsdp: DDP
+        (out / "ddp" / f"rank{rank}.json").write_text(json.dumps(record))
     elif mode == "crash":
         ex = executor(out)
         start = ex.add_run(1, spec("lora", gang=True))

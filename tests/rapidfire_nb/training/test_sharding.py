@@ -7,6 +7,7 @@ of a gang rank: ``RANK``, ``WORLD_SIZE``, ``MASTER_*``, ``RF_GANG_TIMEOUT_S``). 
 * a LoRA run and a full fine-tuning run trained in 4 chunks end bit-identical (0.0) to a plain TRL
   ``trainer.train()`` sharded the same way, with identical losses, and within float tolerance of one process with
   the same global batch (measured: LoRA 2.2e-8, full 1.2e-7 max abs);
+* ``num_gpus=2`` without ``fsdp`` trains DDP replicas, within float tolerance of one process;
 * both ranks killed (SIGKILL) after 2 chunks, fresh processes resume from the boundary checkpoint and end equal to
   the undisturbed run.
 """
@@ -89,6 +90,16 @@ def test_chunked_gang_run_equals_plain_sharded_trl_and_one_process(trained: Path
     )  # data parallel vs one process, same global batch (float sums reordered)
     one_losses = json.loads((trained / kind / "one.json").read_text())["one_losses"]
     assert r0["executor_losses"] == pytest.approx(one_losses, abs=1e-5)
+
+
+def test_num_gpus_without_fsdp_trains_data_parallel(trained: Path) -> None:
+    from safetensors.torch import load_file
+
+    r0, r1 = (json.loads((trained / "ddp" / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert not r0["any_dtensor"] and r0["local_bytes"] == r0["whole_bytes"]  # a full replica per rank
+    assert r0["executor_losses"] == r1["executor_losses"]
+    ours = load_file(str(Path(r0["final_dir"]) / WEIGHTS["lora"]))
+    assert _max_diff(ours, load_file(str(trained / "lora" / "one" / WEIGHTS["lora"]))) < 1e-5
 
 
 def test_final_adapter_loads_without_fsdp(trained: Path) -> None:
