@@ -194,14 +194,14 @@ def shard_model(model: Any, plan: ShardingPlan) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-    if not dist.is_initialized():
-        raise RuntimeError("shard_model needs the process group: call join_gang() first")
     cuda = torch.cuda.is_available()
     if plan.offload_params and not cuda:
         raise ConfigError(
             "training_args.fsdp_config offload_params (or fsdp 'offload') moves sharded parameters to the CPU, "
             "but this gang trains on the CPU already: remove offload_params / 'offload'"
         )
+    if not dist.is_initialized():
+        raise RuntimeError("shard_model needs the process group: call join_gang() first")
     mesh = init_device_mesh("cuda" if cuda else "cpu", (dist.get_world_size(),))
     offload = CPUOffloadPolicy() if plan.offload_params else OffloadPolicy()
     kwargs = {"mesh": mesh, "reshard_after_forward": plan.reshard_after_forward, "offload_policy": offload}
