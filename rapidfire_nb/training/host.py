@@ -78,11 +78,11 @@ class WorkerHost:
         # a gang's rank (RANK / WORLD_SIZE / MASTER_* set by the device layer) joins its process group first; only
         # rank 0's events reach the kernel, so the other ranks write their checkpoint shares without an order token
         gang = join_gang()
-        in_order = self._in_order if gang is None or gang.rank == 0 else _at_once
+        self._order = self._in_order if gang is None or gang.rank == 0 else _at_once
         train = load_from_disk(settings.train_path)  # memory-mapped Arrow, shared with the other workers
         evald = load_from_disk(settings.eval_path) if settings.eval_path else None
         self.executor = TorchExecutor(
-            settings.group, train, evald, Path(settings.exp_dir), emitting_callbacks(emit, in_order)
+            settings.group, train, evald, Path(settings.exp_dir), emitting_callbacks(emit, self._order)
         )
 
     # ------------------------------------------------------------------ the executor's calls
@@ -142,7 +142,7 @@ class WorkerHost:
         if snap is None:
             raise RuntimeError(f"run {run_id} has no chunk boundary to export")
         recorded = threading.Event()
-        self._in_order(recorded.set)
+        self._order(recorded.set)
         if not recorded.wait(ORDER_TIMEOUT_S):
             raise RuntimeError(f"run {run_id}: the kernel did not record the events before its export")
         self.executor.flush()  # the writer's checkpoint of this step, if it was due, is on disk now

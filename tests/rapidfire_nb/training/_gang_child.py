@@ -11,7 +11,8 @@ Usage: ``python _gang_child.py <mode> <out_dir>``, modes:
   DTensor, the executor's and the plain run's logged losses. Then the LoRA run with ``num_gpus=2`` and no ``fsdp``
   (DDP) through the executor (``<out>/ddp``).
 * ``crash``: under torchrun, LoRA: train 2 of 4 chunks, wait for the boundary checkpoints, then SIGKILL itself.
-* ``resume``: under torchrun: fresh processes resume the run from its latest checkpoint and finish it.
+* ``resume``: under torchrun: fresh processes resume the run from its latest checkpoint through ``WorkerHost`` and
+  finish it.
 * ``one``: no torchrun: both kinds trained by plain TRL in one process with the same global batch
   (``<out>/<kind>/one``).
 """
@@ -171,18 +172,52 @@ def main() -> None:
         dist.barrier()
         os.kill(os.getpid(), signal.SIGKILL)
     elif mode == "resume":
-        from rapidfire_nb.run_folder import latest_checkpoint
+        resume_through_host(out, rank)
 
-        ex = executor(out)
-        ckpt = latest_checkpoint(out / "exp" / "runs" / "1")
-        assert ckpt is not None
-        start = ex.add_run(1, spec("lora", gang=True), resume_from=ckpt)
-        train_chunks(ex, start)
-        ex.on_status(1, "COMPLETED")
-        ex.flush()
-        record = {"resumed_from": ckpt.name, "segments_done": start.segments_done}
-        (out / f"resume{rank}.json").write_text(json.dumps(record))
-        ex.close()
+
+def resume_through_host(out: Path, rank: int) -> None:
+    """Fresh ranks resume the killed run through ``WorkerHost`` (the worker process' object, which joined the gang
+    at its start), as the device layer drives it: the same calls on every rank; rank 0's order tokens answered."""
+    from rapidfire_nb.devices.settings import WorkerSettings
+    from rapidfire_nb.run_folder import latest_checkpoint
+    from rapidfire_nb.spec.bundles import GroupSettings
+    from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
+    from rapidfire_nb.training.host import WorkerHost
+
+    data = out / f"rows{rank}"
+    tiny_sft_dataset(ROWS).save_to_disk(str(data))
+    group = GroupSettings("SFT", tiny_create_model, num_chunks=CHUNKS, seed=0)
+    settings = WorkerSettings(f"cpu:{rank}", group, str(data), None, str(out / "exp"))
+    events: list[Any] = []
+    holder: list[WorkerHost] = []
+
+    def emit(event: tuple[Any, ...]) -> None:
+        events.append(event[0])
+        if event[0] == "order":
+            holder[0].ordered(event[1])  # the kernel recorded what came before
+
+    host = WorkerHost(settings, emit)
+    holder.append(host)
+    ckpt = latest_checkpoint(out / "exp" / "runs" / "1")
+    assert ckpt is not None
+    start = host.add_run(1, spec("lora", gang=True), resume_from=str(ckpt))
+    done = start.segments_done
+    while done < start.plan.num_segments:
+        result = host.run_segment(1, start.plan.boundary(done))
+        assert result.error is None, result.error
+        done += 1
+    host.on_status(1, "COMPLETED")
+    exported = host.export_boundary(1)  # every rank answers (rank 1 without an order token)
+    host.flush()
+    record = {
+        "resumed_from": ckpt.name,
+        "segments_done": start.segments_done,
+        "exported": exported.name,
+        "final_events": events.count("final"),
+        "orders": events.count("order"),
+    }
+    (out / f"resume{rank}.json").write_text(json.dumps(record))
+    host.close()
 
 
 if __name__ == "__main__":
