@@ -127,16 +127,17 @@ def leave_gang() -> None:
 def run_plan(spec: Any) -> ShardingPlan:
     """The run's :class:`ShardingPlan`: its ``training`` fields and its ``num_gpus``.
 
-    ``num_gpus`` is read from the spec (``LeafConfig.num_gpus`` where it has one); a spec without it counts this
-    process's gang (``WORLD_SIZE``: a gang's worker holds only the gang's run), 1 elsewhere.
+    ``num_gpus`` is read from the spec (``LeafConfig.num_gpus``; ``None`` is one device); a spec type without the
+    field counts this process's gang (``WORLD_SIZE``: a gang's worker holds only the gang's run), 1 elsewhere.
 
     Raises:
         ConfigError: a bad ``fsdp`` / ``fsdp_config`` / ``num_gpus`` (:func:`~rapidfire_nb.spec.fsdp.sharding_plan`),
             or ``num_gpus`` other than this process's gang size.
     """
-    num_gpus = getattr(spec, "num_gpus", None)
     gang = gang_env()
-    if num_gpus is None:
+    if hasattr(spec, "num_gpus"):
+        num_gpus = spec.num_gpus  # None: one device (also in a process started under torchrun)
+    else:
         num_gpus = gang.world_size if gang is not None else None
     plan = sharding_plan(spec.training, num_gpus)
     if plan.sharding is not None and (gang is None or gang.world_size != plan.num_gpus):

@@ -71,7 +71,12 @@ def test_a_gang_run_outside_its_gang_is_refused(no_gang: None, monkeypatch: pyte
     with pytest.raises(ConfigError, match="a rank of a gang of 4"):
         run_plan(Wide())
     Wide.num_gpus = None  # type: ignore[assignment]
-    assert run_plan(Wide()).num_gpus == 4  # no num_gpus on the spec: the gang counts
+    assert run_plan(Wide()).sharding is None  # None: one device, even in a process with gang variables
+
+    class Older:  # a spec type without the num_gpus field: the gang counts
+        training = FSDP
+
+    assert run_plan(Older()).num_gpus == 4
 
 
 def test_the_trl_config_is_built_without_the_fsdp_fields() -> None:
