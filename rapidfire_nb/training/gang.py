@@ -92,7 +92,7 @@ def setup_trainer(trainer: Any, adapter: str | None) -> OwnParameters | None:
     gang, plan = found
     if plan.sharding == "fsdp":
         skip_ddp_wrap(trainer)
-    install_gang_resume(trainer, gang, adapter is not None)
+    install_gang_resume(trainer, gang, adapter)
     return None
 
 

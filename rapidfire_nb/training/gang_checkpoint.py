@@ -11,8 +11,8 @@ Layout (``k`` ranks, step ``s``)::
         COMPLETE
     <run_dir>/gang-rank<r>/checkpoint-<s>/      rank r >= 1: the same three share files (rng_state_<r>.pth) + COMPLETE
 
-Parameters are saved as each rank's local tensors (``DTensor.to_local()``; a DDP replica saves its full copy)
-under their model names; a resume loads them back into the same sharding (the same ``num_gpus`` and plan), so a
+Trainable parameters are saved as each rank's local tensors (``DTensor.to_local()``; a DDP replica saves its full
+copy) under their names (a LoRA run's as PEFT names them, without the adapter's name: :func:`trainable`); a resume loads them back into the same sharding (the same ``num_gpus`` and plan), so a
 resumed run continues exactly. Rank ``r`` writes its share at once; rank 0 writes its folder after the kernel
 recorded the metrics before it (the writer's order token) and marks it complete only when every other rank's
 share of that step is complete. A rank keeps its older shares until rank 0 completes a newer step, so a crash at
@@ -39,7 +39,7 @@ from .checkpoint import COUNTERS_FILE, TRAINER_COUNTERS, BoundarySnapshot, _with
 from .rng import rng_for_checkpoint
 from .sharding import Gang
 
-__all__ = ["GangLayout", "GangSnapshotter", "install_gang_resume", "share_folder"]
+__all__ = ["GangLayout", "GangSnapshotter", "install_gang_resume", "share_folder", "trainable"]
 
 _LOCAL_KEYS = "rf_local_state"  # optimizer.pt: the (param index, key) pairs that were DTensors
 
@@ -93,7 +93,7 @@ class GangSnapshotter:
         self.layout = GangLayout(gang, adapter_name is not None)
         self.reused = 0
         model = trainer.model
-        self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._params = trainable(model, adapter_name)
         adapter_config = copy.deepcopy(model.peft_config[adapter_name]) if adapter_name is not None else None
         model_config = copy.deepcopy(model.config) if adapter_name is None else None
         self._fixed = (adapter_config, model_config, _without_secrets(copy.deepcopy(trainer.args)))
@@ -233,7 +233,18 @@ def _newest_step(folder: Path) -> int:
     return _step(latest) if latest is not None else -1
 
 
-def install_gang_resume(trainer: Any, gang: Gang, lora: bool) -> None:
+def trainable(model: Any, adapter: str | None) -> list[tuple[str, Any]]:
+    """The model's trainable parameters by the names a share stores: a LoRA run's as PEFT saves them (without the
+    adapter's name: ``...q_proj.lora_A.weight``), so a share fits any adapter name; full fine-tuning's as named."""
+    infix = f".{adapter}." if adapter is not None else None
+    return [
+        (n.replace(infix, ".") if infix is not None else n, p)
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    ]
+
+
+def install_gang_resume(trainer: Any, gang: Gang, adapter: str | None) -> None:
     """Make ``trainer.train(resume_from_checkpoint=<run_dir>/checkpoint-<s>)`` load this rank's share.
 
     Replaces (on this trainer only) transformers' ``_load_from_checkpoint`` (this rank's local parameter shards,
@@ -242,13 +253,13 @@ def install_gang_resume(trainer: Any, gang: Gang, lora: bool) -> None:
     ``rng_state_<rank>.pth``). The trainer state (``trainer_state.json``: global step, data position) is read
     by transformers from rank 0's folder as for any run.
     """
-    weights_file = "adapter_model.safetensors" if lora else "model.safetensors"
+    weights_file = "adapter_model.safetensors" if adapter is not None else "model.safetensors"
     original_rng = trainer._load_rng_state
 
     def load_model(checkpoint: str, model: Any = None) -> None:
         saved = load_file(str(share_folder(Path(checkpoint), gang.rank) / weights_file))
-        params = dict(trainer.model.named_parameters())
-        missing = [n for n, p in params.items() if p.requires_grad and n not in saved]
+        params = dict(trainable(trainer.model, adapter))
+        missing = [n for n in params if n not in saved]
         if missing or set(saved) - set(params):
             raise RuntimeError(
                 f"checkpoint {checkpoint} does not fit the run's model (missing: {missing[:3]})"

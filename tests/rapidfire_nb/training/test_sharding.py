@@ -117,6 +117,7 @@ def test_final_adapter_loads_without_fsdp(trained: Path) -> None:
 
 
 def test_killed_gang_resumes_from_its_boundary_checkpoint_exactly(trained: Path, tmp_path: Path) -> None:
+    import torch
     from safetensors.torch import load_file
 
     crashed = _spawn("crash", tmp_path)
@@ -134,3 +135,9 @@ def test_killed_gang_resumes_from_its_boundary_checkpoint_exactly(trained: Path,
     resumed = load_file(str(run_dir / "final" / WEIGHTS["lora"]))
     undisturbed = load_file(str(Path(_ranks(trained, "lora")[0]["final_dir"]) / WEIGHTS["lora"]))
     assert _max_diff(resumed, undisturbed) == 0.0
+    shares = [load_file(str(run_dir / sub / "checkpoint-8" / WEIGHTS["lora"])) for sub in (".", "gang-rank1")]
+    for share in shares:  # each rank's half of every adapter tensor (dim 0), under PEFT's names
+        assert set(share) == set(resumed)
+        assert all(share[k].shape[0] * 2 == resumed[k].shape[0] for k in share)
+    halves = {k: torch.cat([shares[0][k], shares[1][k]]) for k in resumed}
+    assert _max_diff(halves, resumed) == 0.0
