@@ -10,6 +10,7 @@ Usage: ``python _gang_child.py <mode> <out_dir>``, modes:
   rank writes ``<out>/<kind>/rank<r>.json``: its parameter bytes (local, whole), whether every parameter is a
   DTensor, the executor's and the plain run's logged losses. Then the LoRA run with ``num_gpus=2`` and no ``fsdp``
   (DDP) through the executor (``<out>/ddp``).
+* ``plain``: under torchrun: the LoRA run's plain sharded TRL reference only (``<out>/lora/plain``).
 * ``crash``: under torchrun, LoRA: train 2 of 4 chunks, wait for the boundary checkpoints, then SIGKILL itself.
 * ``resume``: under torchrun: fresh processes resume the run from its latest checkpoint through ``WorkerHost`` and
   finish it.
@@ -162,6 +163,9 @@ def main() -> None:
             (out / kind / f"rank{rank}.json").write_text(json.dumps(record))
         record = gang_executor_run("lora", out / "ddp", fsdp=False)  # num_gpus=2 without fsdp: DDP
         (out / "ddp" / f"rank{rank}.json").write_text(json.dumps(record))
+    elif mode == "plain":  # the LoRA reference alone (test_sharding_fit.py)
+        (out / "lora").mkdir(parents=True, exist_ok=True)
+        plain_run("lora", out / "lora", gang=True)
     elif mode == "crash":
         ex = executor(out)
         start = ex.add_run(1, spec("lora", gang=True))
