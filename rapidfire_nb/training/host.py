@@ -33,6 +33,7 @@ from rapidfire_nb.spec.bundles import TrainingCallbacks
 from .checkpoint import write_snapshot
 from .executor import TorchExecutor
 from .sharding import join_gang, leave_gang
+from .warm_start import saved_state
 
 __all__ = ["Emit", "WorkerHost", "emitting_callbacks"]
 
@@ -131,13 +132,22 @@ class WorkerHost:
         For moving a parked run to another device (``add_run(resume_from=...)`` there). First waits until the
         kernel recorded every event emitted so far (an order token), so the folder is never ahead of the
         metrics in the store; then reuses the writer's folder of that step, or writes it now from the in-memory
-        snapshot (atomically, on the calling thread: another run may train on the device thread meanwhile).
+        snapshot (atomically, on the calling thread: another run may train on the device thread meanwhile). A run
+        this process did not build (a fresh worker, e.g. a gang revived after a rank died) answers with its latest
+        readable checkpoint on disk (what :meth:`has_boundary` found).
 
         Raises:
-            KeyError: unknown run. RuntimeError: the run has no boundary yet, or the kernel did not answer the
+            KeyError: unknown run (no checkpoint on disk either). RuntimeError: the run has no boundary yet, or the kernel did not answer the
                 order token within ``ORDER_TIMEOUT_S`` seconds. OSError: the write failed.
         """
-        run = self.executor.runs[run_id]
+        run = self.executor.runs.get(run_id)
+        if (
+            run is None
+        ):  # not built in this process (a fresh worker, e.g. a revived gang): as has_boundary says
+            saved = saved_state(self.executor.run_dir(run_id))
+            if saved is None:
+                raise KeyError(run_id)
+            return saved
         snap = run.last
         if snap is None:
             raise RuntimeError(f"run {run_id} has no chunk boundary to export")
