@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 CHUNKS = 4
-ROWS = 32
+ROWS = int(os.environ.get("RF_TEST_GANG_ROWS", "32"))  # test_sharding_fit.py trains on more
 PER_DEVICE = 2  # x 2 ranks: a global batch of 4 (8 steps)
 
 

@@ -34,8 +34,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _spawn(mode: str, out: Path, gang: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RF_GANG_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1"}
+def _spawn(mode: str, out: Path, gang: bool = True, rows: int = 32) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RF_GANG_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1", "RF_TEST_GANG_ROWS": str(rows)}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     launch = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]

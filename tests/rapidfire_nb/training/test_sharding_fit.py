@@ -1,13 +1,25 @@
 """``run_fit(devices=2)`` with a config of ``num_gpus=2`` and ``fsdp``: the whole path (the gang's two worker
-processes started by the device layer, each a ``WorkerHost`` that joined the gang, the scheduler's chunks) ends
-bit-identical to a plain TRL ``trainer.train()`` sharded the same way under ``torch.distributed.run``."""
+processes started by the device layer, each a ``WorkerHost`` that joined the gang, the scheduler's chunks).
+
+* It ends bit-identical to a plain TRL ``trainer.train()`` sharded the same way under ``torch.distributed.run``;
+  ``load_model`` gives the gathered adapter on a fresh base, without FSDP.
+* ``kill -9`` of one rank after the first chunk: the gang is restarted on new workers, the run continues from its
+  latest checkpoint and ends equal to the undisturbed run.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.rapidfire_nb.training.test_sharding import WEIGHTS, _check, _max_diff, _spawn
+
+ROWS = 96  # 24 steps in 4 chunks of 6: the kill lands inside the second chunk
 
 
 def _group() -> Any:
@@ -30,26 +42,89 @@ def _group() -> Any:
     return RFGridSearch(configs=List([config]), trainer_type="SFT")
 
 
-def test_run_fit_trains_a_sharded_gang_exactly(tmp_path: Path) -> None:
-    from safetensors.torch import load_file
+def _children() -> set[int]:
+    """Pids of this process' live child processes (Linux /proc)."""
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                out.add(int(entry))
+    return out
 
+
+def _fit(root: Path, name: str, kill: bool) -> dict[str, Any]:
     from rapidfire_nb import Experiment
     from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
 
-    exp = Experiment("gang", experiment_path=tmp_path / "exp")
+    before = _children()
+    exp = Experiment(name, experiment_path=root)
     notes: list[str] = []
     exp.on_message(notes.append)
     exp.progress_lines = False
-    exp.run_fit(_group(), tiny_create_model, tiny_sft_dataset(32), None, num_chunks=4, seed=0, devices=2)
+    exp.run_fit(
+        _group(),
+        tiny_create_model,
+        tiny_sft_dataset(ROWS),
+        None,
+        num_chunks=4,
+        seed=0,
+        devices=2,
+        background=True,
+    )
+    killed = None
+    if kill:  # one rank, once the first boundary checkpoint is complete (every rank's share on disk)
+        run_dir = root / name / "runs" / "1"
+        deadline = time.monotonic() + 120
+        while not list(run_dir.glob("checkpoint-*/COMPLETE")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        killed = max(_children() - before)
+        os.kill(killed, signal.SIGKILL)
+    assert exp.wait(timeout=300)
     info = exp.get_runs_info().set_index("run_id")
-    model, _tok = exp.load_model(1)  # the gathered adapter on a fresh base, no FSDP
+    model = exp.load_model(1)[0] if not kill else None
     exp.end()
+    return {"info": info, "notes": notes, "model": model, "killed": killed, "left": _children() - before}
+
+
+@pytest.fixture(scope="module")
+def calm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("gangfit")
+    return {"root": root, **_fit(root, "calm", kill=False)}
+
+
+def _final(result: dict[str, Any]) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(result["info"].loc[1, "checkpoint_dir"]) / WEIGHTS["lora"]))
+
+
+def test_run_fit_trains_a_sharded_gang_exactly(calm: dict[str, Any]) -> None:
+    from safetensors.torch import load_file
+
+    info = calm["info"]
     assert info.loc[1, "status"] == "COMPLETED" and info.loc[1, "chunks_done"] == 4
+    assert info.loc[1, "completed_steps"] == 24
     assert info.loc[1, "device"] == "cpu:0+cpu:1" and info.loc[1, "sharding"] == "fsdp"
-    assert any("gangs on cpu:0+cpu:1" in n for n in notes)
-    final = Path(info.loc[1, "checkpoint_dir"])
-    ours = load_file(str(final / WEIGHTS["lora"]))
-    loaded = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert any("gangs on cpu:0+cpu:1" in n for n in calm["notes"])
+    assert not calm["left"]  # end() leaves no rank behind
+    ours = _final(calm)
+    loaded = {n: p for n, p in calm["model"].named_parameters() if "lora_" in n}
     assert len(loaded) == len(ours) == 8 and not any("DTensor" in type(p).__name__ for p in loaded.values())
-    _check(_spawn("plain", tmp_path / "ref"))
-    assert _max_diff(ours, load_file(str(tmp_path / "ref" / "lora" / "plain" / WEIGHTS["lora"]))) == 0.0
+    ref = calm["root"] / "ref"
+    _check(_spawn("plain", ref, rows=ROWS))
+    assert _max_diff(ours, load_file(str(ref / "lora" / "plain" / WEIGHTS["lora"]))) == 0.0
+
+
+def test_a_killed_rank_takes_its_gang_down_and_the_run_resumes_exactly(calm: dict[str, Any]) -> None:
+    killed = _fit(calm["root"], "killed", kill=True)
+    assert killed["killed"] is not None and not killed["left"]
+    info = killed["info"]
+    assert info.loc[1, "status"] == "COMPLETED" and info.loc[1, "completed_steps"] == 24, info.loc[1, "error"]
+    assert any("its gang was restarted" in n for n in killed["notes"]), killed["notes"]
+    assert any("run 1 moved from cpu:0+cpu:1 to cpu:0+cpu:1" in n for n in killed["notes"]), killed["notes"]
+    assert _max_diff(_final(killed), _final(calm)) == 0.0
