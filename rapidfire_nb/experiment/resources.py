@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import ConfigError, free_bytes
 from ..spec.footprint import BaseShapes, Footprint, estimate, format_bytes, smallest_rank_target
+from ..spec.gangs import run_width, sharding_of
 
 __all__ = [
     "DISK_MARGIN_BYTES",
@@ -101,10 +102,17 @@ def check_group_fits(specs: Sequence[Any], exp_dir: Path | None, devices: Any) -
         _check_disk(exp_dir, need, sized, what, credit=_folder_bytes(Path(exp_dir) / "runs"))
     found = free_memory(devices)
     on_gpu = found is not None and found[1].startswith("cuda")
-    lora = [fp.memory_bytes for spec, fp in sized if spec.lora is not None]
-    full = [fp.memory_bytes for spec, fp in sized if spec.lora is None]
+    lora = [_per_device(spec, fp) for spec, fp in sized if spec.lora is not None]
+    full = [_per_device(spec, fp) for spec, fp in sized if spec.lora is None]
     memory = sum(lora) + (max(full, default=0) if on_gpu else sum(full))
     _check_memory(found, memory, sized, what)
+
+
+def _per_device(spec: Any, fp: Footprint) -> int:
+    """A run's training state on each of its devices (bytes): FSDP over a gang of k devices holds 1/k of it per
+    device (weights, gradients and optimizer state sharded; activations are a run's own in the estimate too, a
+    slight undercount), DDP and one device all of it."""
+    return fp.memory_bytes // run_width(spec) if sharding_of(spec) == "fsdp" else fp.memory_bytes
 
 
 def _estimate(spec: Any) -> tuple[BaseShapes, Footprint] | None:
@@ -192,10 +200,18 @@ def _check_memory(
     spec, fp = max(sized, key=lambda item: item[1].memory_bytes)
     raise ConfigError(
         f"{what} does not fit the memory of {where}: {_who(spec)} needs ~{format_bytes(fp.memory_bytes)} "
-        f"for its trainable weights, their gradients and the optimizer state ({_parts(fp)}); in all "
+        f"for its trainable weights, their gradients and the optimizer state ({_parts(fp)}"
+        f"{_shared(spec, fp)}); in all on one device "
         f"~{format_bytes(need)}, but {where} has {format_bytes(free)} free (keeping "
         f"{format_bytes(MEMORY_MARGIN_BYTES)} spare). {_fix(spec)}, or free memory (stop or delete other runs)"
     )
+
+
+def _shared(spec: Any, fp: Footprint) -> str:
+    """``", sharded over 2 devices: ~1.1 MB on each"`` for an FSDP run, else ``""``."""
+    if sharding_of(spec) != "fsdp":
+        return ""
+    return f", sharded over {run_width(spec)} devices: ~{format_bytes(_per_device(spec, fp))} on each"
 
 
 def _who(spec: Any) -> str:

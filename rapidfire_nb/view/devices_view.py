@@ -119,7 +119,8 @@ def device_list(
         states: the kernel's device -> ``"training"`` / ``"idle"`` / ``"lost"`` (in its device order); empty on
             the server page or with one device.
         running: device -> id of the run training there (a device in it is ``"training"``).
-        stored: device names the store knows (meta ``devices``): added, in natural order, with state ``"—"``.
+        stored: device names the store knows (meta ``devices``): added, in natural order, with state ``"—"``; a
+            gang's (``"cpu:0+cpu:1"``) as its parts.
 
     Returns:
         A list (empty with one device: the header shows its single "run N on device" chip then).
@@ -129,6 +130,7 @@ def device_list(
         rid = running.get(name)
         st = "training" if rid is not None else state if state in ("idle", "lost") else "idle"
         out.append({"name": name, "state": st, "run_id": rid})
-    for name in sorted(set(stored) - set(states), key=_natural):
+    parts = {part for name in stored for part in name.split("+")}  # a gang's devices, each once
+    for name in sorted(parts - set(states), key=_natural):
         out.append({"name": name, "state": "—", "run_id": None})
     return out
