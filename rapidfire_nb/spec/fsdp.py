@@ -61,6 +61,9 @@ _FSDP1_ONLY_KEYS = (
     "sync_module_states",
     "limit_all_gathers",
 )
+_XLA_KEYS = ("xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings")
+"""Keys transformers' ``TrainingArguments`` writes into the ``fsdp_config`` dict it was given (in place, ``False`` /
+absent): accepted off, refused on (TPU only)."""
 _STRATEGIES = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}  # strategy -> reshard_after_forward (FSDP2)
 _WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "NO_WRAP")
 _STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
@@ -204,6 +207,12 @@ def _fsdp_config(raw: Any) -> dict[str, Any]:
                 f"training_args.fsdp_config[{key!r}] is an FSDP1 setting (deprecated, not used by FSDP2, which "
                 "shards here): remove it"
             )
+        if name in _XLA_KEYS:
+            if value:
+                raise ConfigError(
+                    f"training_args.fsdp_config[{key!r}]={value!r}: XLA (TPU) FSDP is not supported here; remove it"
+                )
+            continue
         if name not in FSDP_CONFIG_KEYS:
             hint = closest_name(str(name), FSDP_CONFIG_KEYS)
             raise ConfigError(
