@@ -3,6 +3,7 @@ processes started by the device layer, each a ``WorkerHost`` that joined the gan
 
 * It ends bit-identical to a plain TRL ``trainer.train()`` sharded the same way under ``torch.distributed.run``;
   ``load_model`` gives the gathered adapter on a fresh base, without FSDP.
+* Stop and resume, and a warm clone with equal settings, end as the undisturbed run.
 * ``kill -9`` of one rank after the first chunk: the gang is restarted on new workers, the run continues from its
   latest checkpoint and ends equal to the undisturbed run.
 """
@@ -128,3 +129,47 @@ def test_a_killed_rank_takes_its_gang_down_and_the_run_resumes_exactly(calm: dic
     assert any("its gang was restarted" in n for n in killed["notes"]), killed["notes"]
     assert any("run 1 moved from cpu:0+cpu:1 to cpu:0+cpu:1" in n for n in killed["notes"]), killed["notes"]
     assert _max_diff(_final(killed), _final(calm)) == 0.0
+
+
+def test_stop_resume_and_a_warm_clone_of_a_sharded_run_are_exact(calm: dict[str, Any]) -> None:
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
+
+    exp = Experiment("ops", experiment_path=calm["root"])
+    exp.progress_lines = False
+    exp.run_fit(
+        _group(),
+        tiny_create_model,
+        tiny_sft_dataset(ROWS),
+        None,
+        num_chunks=4,
+        seed=0,
+        devices=2,
+        background=True,
+    )
+    assert exp.wait(timeout=120, chunks=1)
+    exp.stop(1)
+    deadline = time.monotonic() + 60
+    while exp.run_snapshot(1).status.name != "STOPPED" and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.02)
+    assert exp.run_snapshot(1).status.name == "STOPPED"  # type: ignore[union-attr]
+    twin = exp.clone_modify(1, {"run_name": "twin"}, warm_start=True)  # the same hyperparameters, warm
+    exp.resume(1)
+    assert exp.wait(timeout=300)
+    info = exp.get_runs_info().set_index("run_id")
+    exp.end()
+    assert list(info["status"]) == ["COMPLETED", "COMPLETED"] and list(info["sharding"]) == ["fsdp", "fsdp"]
+    stopped = {"info": info}
+    assert _max_diff(_final(stopped), _final(calm)) == 0.0  # stopped and resumed: as undisturbed
+    clone_dir = calm["root"] / "ops" / "runs" / str(twin)
+    warm = sorted(p.name for p in clone_dir.glob("warm-start-from-run-1-step-*"))  # it started warm, mid-way
+    assert len(warm) == 1 and int(warm[0].rsplit("-", 1)[1]) >= 6, warm
+    assert (clone_dir / "gang-rank1" / warm[0] / "COMPLETE").is_file()  # rank 1's share of the warm start
+    clone = load_final(Path(info.loc[twin, "checkpoint_dir"]))
+    assert _max_diff(clone, _final(calm)) == 0.0  # from the parent's boundary with its own (equal) settings
+
+
+def load_final(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / WEIGHTS["lora"]))
