@@ -11,6 +11,7 @@ on top and reported as human-readable notes, never silently.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import numbers
 import re
@@ -176,7 +177,9 @@ def build_training_args(
     cls = schema.trainer_config_class(leaf.trainer_type)
     user = dict(leaf.training)
     _check_user_values(cls, user)
-    a = _Args(cls, user, dict(user))
+    # containers copied: transformers fills a dict it is given in place (fsdp_config gains xla, min_num_params,
+    # ...), which would change the frozen spec and its fingerprint
+    a = _Args(cls, user, {k: copy.deepcopy(v) if isinstance(v, (dict, list)) else v for k, v in user.items()})
     a.kwargs["seed"] = user["seed"] if "seed" in user else int(default_seed)
     _none_meanings(a)
     if cuda_available is None:

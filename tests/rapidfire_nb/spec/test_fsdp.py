@@ -133,19 +133,23 @@ def test_bad_settings_are_refused_naming_the_field(
 
 
 def test_the_keys_transformers_writes_into_fsdp_config_are_accepted_off() -> None:
-    """TrainingArguments fills the user's fsdp_config dict in place (validating a spec builds one): a clone's spec
-    then carries them."""
-    from rapidfire_nb.spec import LeafConfig, build_training_args
-
-    leaf = LeafConfig(trainer_type="SFT", model_name="tiny", training={**SEEDS_CONFIG})
-    build_training_args(leaf, output_dir="unused", default_seed=0, cuda_available=False)
-    config = leaf.training["fsdp_config"]
+    """TrainingArguments fills an fsdp_config dict it is given in place (a spec's from an older build)."""
+    config = SEEDS_CONFIG["fsdp_config"]
     plan = sharding_plan(
         {"fsdp": SEEDS_CONFIG["fsdp"], "fsdp_config": {**config, "xla": False, "xla_fsdp_v2": False}}, 2
     )
     assert plan == sharding_plan(SEEDS_CONFIG, 2)
     with pytest.raises(ConfigError, match="XLA"):
         sharding_plan({"fsdp": True, "fsdp_config": {"xla": True}}, 2)
+
+
+def test_validating_a_spec_leaves_its_fsdp_config_and_fingerprint_as_they_were() -> None:
+    from rapidfire_nb.spec import LeafConfig
+
+    leaf = LeafConfig(trainer_type="SFT", model_name="tiny", lora={"r": 4}, training={**SEEDS_CONFIG})
+    before = leaf.fingerprint()
+    leaf.validate()
+    assert leaf.training["fsdp_config"] == SEEDS_CONFIG["fsdp_config"] and leaf.fingerprint() == before
 
 
 def test_without_fsdp_fields_leaves_the_rest() -> None:
