@@ -5,8 +5,9 @@ builds its sharding from the same plan (``rapidfire_nb.training.sharding``). The
 ``TrainingArguments``' own (``fsdp="full_shard auto_wrap"``, ``fsdp_config={"auto_wrap_policy":
 "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap": [...], ...}``, transformers 5.x
 ``TrainingArguments._process_fsdp_args``); the sharding is PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``),
-so only what FSDP2 does is accepted: FSDP1-only options (``hybrid_shard``, prefetch settings, ...) and size-based
-wrapping are refused, each naming the field and the fix.
+so only what FSDP2 does is accepted: FSDP1-only strategies (``hybrid_shard``, ``no_shard``) and size-based wrapping
+are refused, each naming the field and the fix; the FSDP1 tuning keys of the seeds' recipe (prefetching,
+``use_orig_params``, ``sync_module_states``, ``limit_all_gathers``) are accepted and named in a note.
 
 ``num_gpus=k`` (k >= 2) without ``fsdp`` trains with DDP (every rank a full copy, gradients all-reduced).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rapidfire_nb.errors import ConfigError, closest_name
@@ -117,8 +118,9 @@ def sharding_plan(training: Mapping[str, Any], num_gpus: Any = None) -> Sharding
 
     Raises:
         ConfigError: ``num_gpus`` not a positive int; an ``fsdp`` option that is
-            unknown or FSDP1-only (``hybrid_shard``); ``fsdp_config`` not a dict, with an unknown or FSDP1-only
-            key, size-based wrapping, ``version`` other than 2, activation checkpointing, or a value of the wrong
+            unknown or FSDP1-only (``hybrid_shard``); ``fsdp_config`` not a dict, with an unknown key (the
+            FSDP1-only keys of the seeds' recipe, ``backward_prefetch``, ``forward_prefetch``, ``use_orig_params``,
+            ``sync_module_states``, ``limit_all_gathers``, are accepted and named in a note), size-based wrapping, ``version`` other than 2, activation checkpointing, or a value of the wrong
             type. Each message names the field and the fix.
     """
     k = _check_num_gpus(num_gpus)
@@ -131,7 +133,10 @@ def sharding_plan(training: Mapping[str, Any], num_gpus: Any = None) -> Sharding
                 "fsdp=True) to shard the run, or remove fsdp_config"
             )
         return ShardingPlan(sharding="ddp" if k > 1 else None, num_gpus=k)
-    plan = _plan(options, _fsdp_config(raw), k)  # checked with one device too: a typo is named either way
+    config, ignored = _fsdp_config(raw)
+    plan = _plan(options, config, k)  # checked with one device too: a typo is named either way
+    if ignored:
+        plan = dataclasses.replace(plan, notes=(*plan.notes, _fsdp1_note(ignored)))
     if k < 2:
         note = (
             f"training_args.fsdp={training.get('fsdp')!r} applies with num_gpus > 1 (RFModelConfig(num_gpus=k) or "
@@ -190,23 +195,31 @@ def _fsdp_options(value: Any) -> frozenset[str] | None:
     return options
 
 
-def _fsdp_config(raw: Any) -> dict[str, Any]:
-    """``fsdp_config`` as a dict of known keys (``fsdp_`` prefixes dropped)."""
+def _fsdp1_note(keys: Sequence[str]) -> str:
+    return (
+        f"training_args.fsdp_config {', '.join(keys)}: FSDP1 settings, ignored by FSDP2 (which shards here: it "
+        "prefetches the next unit's all-gather and limits them on its own, keeps the parameters as they are, and "
+        "every rank builds the same weights)"
+    )
+
+
+def _fsdp_config(raw: Any) -> tuple[dict[str, Any], list[str]]:
+    """``fsdp_config`` as a dict of known keys (``fsdp_`` prefixes dropped), and the FSDP1-only keys it held
+    (accepted, as the seeds' recipe writes them, and named in a note: FSDP2 has no such settings)."""
     if raw is None:
-        return {}
+        return {}, []
     if not isinstance(raw, Mapping):
         raise ConfigError(
             f"training_args.fsdp_config must be a dict, got {type(raw).__name__} {raw!r}; a JSON file path is "
             "not read here: pass json.load(open(path)) instead"
         )
     config: dict[str, Any] = {}
+    ignored: list[str] = []
     for key, value in raw.items():
         name = key[5:] if isinstance(key, str) and key.startswith("fsdp_") else key
         if name in _FSDP1_ONLY_KEYS:
-            raise ConfigError(
-                f"training_args.fsdp_config[{key!r}] is an FSDP1 setting (deprecated, not used by FSDP2, which "
-                "shards here): remove it"
-            )
+            ignored.append(str(key))
+            continue
         if name in _XLA_KEYS:
             if value:
                 raise ConfigError(
@@ -220,7 +233,7 @@ def _fsdp_config(raw: Any) -> dict[str, Any]:
                 f"{list(FSDP_CONFIG_KEYS)}" + (f" (did you mean {hint!r}?)" if hint else "")
             )
         config[name] = value
-    return config
+    return config, ignored
 
 
 def _flag(config: Mapping[str, Any], name: str, default: bool) -> bool:

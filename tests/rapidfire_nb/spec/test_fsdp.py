@@ -89,11 +89,6 @@ def test_wrap_policies_and_offload() -> None:
         ({"fsdp": 3}, 2, ["training_args.fsdp must be"]),
         ({"fsdp_config": {"auto_wrap_policy": "NO_WRAP"}}, 2, ["fsdp_config is set but fsdp is not"]),
         ({"fsdp": True, "fsdp_config": "fsdp.json"}, 2, ["must be a dict", "json.load"]),
-        (
-            {"fsdp": True, "fsdp_config": {"backward_prefetch": "BACKWARD_PRE"}},
-            2,
-            ["backward_prefetch", "FSDP1"],
-        ),
         ({"fsdp": True, "fsdp_config": {"offload_param": True}}, 2, ["offload_param", "offload_params"]),
         ({"fsdp": True, "fsdp_config": {"sharding_strategy": "HYBRID_SHARD"}}, 2, ["sharding_strategy"]),
         ({"fsdp": "full_shard", "fsdp_config": {"sharding_strategy": "SHARD_GRAD_OP"}}, 2, ["agree"]),
@@ -156,3 +151,31 @@ def test_without_fsdp_fields_leaves_the_rest() -> None:
     training = {"learning_rate": 1e-4, **SEEDS_CONFIG}
     assert without_fsdp_fields(training) == {"learning_rate": 1e-4}
     assert "fsdp" in training  # not changed
+
+
+def test_the_seeds_recipe_is_accepted_its_fsdp1_keys_named_in_a_note() -> None:
+    """The TRL page's FSDP example (the seeds) as written: its FSDP1 tuning keys have no FSDP2 counterpart."""
+    config = {
+        "sharding_strategy": "FULL_SHARD",
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "backward_prefetch": "backward_pre",
+        "forward_prefetch": True,
+        "use_orig_params": False,
+        "cpu_ram_efficient_loading": True,
+        "offload_params": True,
+        "sync_module_states": True,
+        "limit_all_gathers": True,
+    }
+    plan = sharding_plan({"fsdp": "full_shard auto_wrap", "fsdp_config": config}, 2)
+    assert (plan.sharding, plan.num_gpus, plan.reshard_after_forward, plan.offload_params) == (
+        "fsdp",
+        2,
+        True,
+        True,
+    )
+    assert plan.notes[-1:] == (
+        "training_args.fsdp_config backward_prefetch, forward_prefetch, use_orig_params, sync_module_states, "
+        "limit_all_gathers: FSDP1 settings, ignored by FSDP2 (which shards here: it prefetches the next unit's "
+        "all-gather and limits them on its own, keeps the parameters as they are, and every rank builds the same "
+        "weights)",
+    )
