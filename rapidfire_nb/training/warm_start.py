@@ -110,12 +110,18 @@ def warm_start_from_disk(
         ``(warm-start folder, step it starts at)``.
 
     Raises:
-        ConfigError: no readable checkpoint, another kind of training (LoRA or full), no step left to train, or
-            another batch size.
+        ConfigError: no readable checkpoint, a parent's sharded checkpoint (a gang's: ``gang.json``), another kind
+            of training (LoRA or full), no step left to train, or another batch size.
     """
     ckpt = saved_state(parent_dir)
     if ckpt is None:
         raise ConfigError(f"run {parent_id} has no checkpoint on disk to warm-start from")
+    if (ckpt / "gang.json").is_file():  # rank 0's share of a sharded state (training/gang_checkpoint.py)
+        raise ConfigError(
+            f"run {parent_id} trained over several devices (num_gpus > 1) and its state on disk is sharded: a warm "
+            "clone starts from it only while the parent is in this run_fit, on the parent's gang (same num_gpus); "
+            "clone it cold, or warm-clone it before it ends"
+        )
     step = checkpoint_step(ckpt)
     if (ckpt / "adapter_model.safetensors").is_file() != (adapter is not None):
         raise ConfigError("a warm start needs the same kind of training (LoRA or full) as the parent")
