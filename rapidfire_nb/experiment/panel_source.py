@@ -13,6 +13,8 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from kernel_scheduler import single_devices
+
 from .. import view
 from ..view import KernelState, StoreRows, kernel_snapshot, reopened_snapshot
 
@@ -50,7 +52,7 @@ def panel_snapshot(state: ExperimentState) -> dict[str, Any]:
     scheduler = session.scheduler
     snaps = scheduler.snapshot()
     running = scheduler.training()  # read once: the header's chips and the runs' devices agree
-    several = len(scheduler.devices) > 1
+    several = len(single_devices(scheduler.devices)) > 1  # a gang's devices count each (cpu:0+cpu:1: two)
     kernel = KernelState(
         started_at=session.started_at,
         num_chunks=session.num_chunks,

@@ -88,8 +88,32 @@ def _fit(root: Path, name: str, kill: bool) -> dict[str, Any]:
     assert exp.wait(timeout=300)
     info = exp.get_runs_info().set_index("run_id")
     model = exp.load_model(1)[0] if not kill else None
+    views = None if kill else _views(exp, name)
     exp.end()
-    return {"info": info, "notes": notes, "model": model, "killed": killed, "left": _children() - before}
+    return {
+        "info": info,
+        "notes": notes,
+        "model": model,
+        "killed": killed,
+        "left": _children() - before,
+        "views": views,
+    }
+
+
+def _views(exp: Any, name: str) -> dict[str, Any]:
+    """What a user sees of the finished gang run: the panel's snapshot, the static copy, %rapidfire status and the
+    server page (from the store)."""
+    from rapidfire_nb import magic
+    from rapidfire_nb.panel.static import static_bundle
+    from rapidfire_nb.view import StoreRows, store_snapshot
+
+    snap = exp.panel_snapshot()
+    return {
+        "panel": snap,
+        "static": static_bundle(snap, exp.metrics_since(0)[0])["text/html"],
+        "status": magic._status(exp),
+        "page": store_snapshot(name, StoreRows.read(exp.store), writer_alive=True),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +143,22 @@ def test_run_fit_trains_a_sharded_gang_exactly(calm: dict[str, Any]) -> None:
     ref = calm["root"] / "ref"
     _check(_spawn("plain", ref, rows=ROWS))
     assert _max_diff(ours, load_file(str(ref / "lora" / "plain" / WEIGHTS["lora"]))) == 0.0
+
+
+def test_every_view_names_the_gang_s_devices_and_its_sharding(calm: dict[str, Any]) -> None:
+    views = calm["views"]
+    panel, page = views["panel"]["runs"][0], views["page"]["runs"][0]
+    assert (panel["device"], panel["sharding"]) == ("cpu:0+cpu:1", "fsdp")  # the live panel's row
+    assert (page["device"], page["sharding"]) == ("cpu:0+cpu:1", "fsdp")  # the server page, from the store
+    assert [d["name"] for d in views["panel"]["devices"]] == [
+        "cpu:0",
+        "cpu:1",
+    ]  # the header: the gang's parts
+    assert [d["name"] for d in views["page"]["devices"]] == ["cpu:0", "cpu:1"]
+    assert "cpu:0+cpu:1 · fsdp" in views["static"]  # the static copy's Device cell
+    status = views["status"]  # %rapidfire status
+    assert list(status.columns[:3]) == ["status", "device", "sharding"]
+    assert (status.loc[1, "device"], status.loc[1, "sharding"]) == ("cpu:0+cpu:1", "fsdp")
 
 
 def test_a_killed_rank_takes_its_gang_down_and_the_run_resumes_exactly(calm: dict[str, Any]) -> None:
