@@ -62,15 +62,13 @@ def run_model(
         ConfigError: bad ``fsdp`` / ``num_gpus`` settings, a run with ``num_gpus`` >= 2 outside its gang, or what
             ``attach_run_model`` refuses.
     """
-    plan = run_plan(spec)  # fsdp on one device: run_fit already said so (spec.gangs.check_gangs)
+    plan = run_plan(spec)  # its notes were said by run_fit (spec.gangs.check_gangs), before training
     if plan.sharding is None:
         base = models.base_for(spec, args, run_id)
         model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
         return base, model, adapter
     gang = join_gang()
     assert gang is not None  # run_plan checked it
-    for note in plan.notes:
-        models.note(note)
     created, tokenizer = models.create(spec.model_config_dict())
     base = SharedBase(key=f"gang-run-{run_id}", model=created, tokenizer=tokenizer)
     model, adapter = attach_run_model(base, run_id, spec, lora, args.seed)
