@@ -29,6 +29,11 @@ prints its error and the next one runs; the report is written to ``--out`` after
    section drives :class:`rapidfire_nb.devices.WorkerExecutor` directly: two worker processes that both see GPU 0
    (``CUDA_VISIBLE_DEVICES=0``), one run each, trained at the same time, against one worker training both runs
    one after the other. Times, and the adapters of the two ways compared (no deterministic kernels in workers).
+4c. **FSDP2 gang** (issue 36; needs >= 2 GPUs, else one line says it is skipped): one SmolLM2 run, LoRA and full
+   fine-tuning, sharded over 2 GPUs (``num_gpus=2``, ``fsdp="full_shard auto_wrap"``, NCCL; each rank a
+   ``TorchExecutor`` under ``torch.distributed.run``) against plain TRL on one GPU with the same global batch:
+   ``max_memory_allocated``, held bytes (parameters + gradients + optimizer state) and seconds per step per rank,
+   the ratios to one GPU, and max |final weights gang - one GPU|. The core of ``benchmarks/fsdp.py``.
 5. **the main job** (``examples/sft_customer_support.py``) on CUDA with ``bf16=True`` (instead of its ``fp16=True``),
    with its GPU sizes if the budget left allows, else shortened (the report says which).
 
@@ -70,6 +75,7 @@ SECTIONS: dict[str, tuple[str, float]] = {
     "packed": ("(3d) packed steps: 4 LoRA runs time-sliced vs packed, vs plain TRL", 90.0),
     "workers": ("(4) two workers on one GPU", 60.0),
     "offload": ("(4b) parked full fine-tuning off the GPU (the GPU-only tests)", 40.0),
+    "fsdp": ("(4c) FSDP2 gang: one run sharded over 2 GPUs vs one GPU", 60.0),
     "main": ("(5) the main job on CUDA in bf16", 0.0),
 }
 #: the main job's GPU sizes (its docstring) and the shortened ones
@@ -698,6 +704,43 @@ def section_offload(a: argparse.Namespace, lines: list[str]) -> None:
     lines.append(f"pytest exit status {done.returncode}")
 
 
+def section_fsdp(a: argparse.Namespace, lines: list[str]) -> None:
+    """One run over a gang of 2 GPUs (FSDP2, NCCL) against one GPU: ``benchmarks/fsdp.py``'s :func:`measure`, both
+    kinds in one process per side (two start-ups in all); ``--cpu-smoke``: the tiny model on 2 CPU ranks (gloo)."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    import fsdp as bench
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2 and not a.cpu_smoke:
+        lines.append(f"SKIPPED: {gpus} CUDA GPU(s) here; a gang of 2 needs 2 GPUs (nothing was run)")
+        return
+    t0 = time.time()
+    if a.cpu_smoke:
+        sizes = {"model": "tiny", "name": "tiny Llama", "steps": 2, "batch": 2, "max_length": 32, "chunks": 2}
+    else:
+        sizes = {
+            "model": "smollm2",
+            "name": "SmolLM2-135M-Instruct",
+            "steps": 8,
+            "batch": 8,
+            "max_length": 128,
+        }
+        sizes["chunks"] = 2
+    sizes.update(cores=len(os.sched_getaffinity(0)), cpu_only=a.cpu_smoke)
+    kinds = ["lora", "full"]
+    with tempfile.TemporaryDirectory(prefix="rf-gpu-fsdp-") as tmp:
+        got = bench.measure(kinds, sizes, Path(tmp), together=True, deadline=t0 + a.cap_s - 5.0)
+    for kind in kinds:
+        lines += bench.report_kind(kind, got[kind], sizes)
+    walls = ", ".join(f"{k} {v:.0f} s" for k, v in got["_wall"].items())
+    lines.append(f"processes (start-up, NCCL/gloo join, both kinds, final saves): {walls}")
+    lines.append(
+        "peak RSS: one process per side ran both kinds, so full fine-tuning's is the maximum of both"
+    )
+
+
 FUNCS = {
     "env": section_env,
     "exact": section_exact,
@@ -707,6 +750,7 @@ FUNCS = {
     "packed": section_packed,
     "workers": section_workers,
     "offload": section_offload,
+    "fsdp": section_fsdp,
     "main": section_main,
 }
 
@@ -854,6 +898,7 @@ def parent_main(a: argparse.Namespace) -> int:
             continue
         if a.cpu_smoke:
             cap = max(cap, 900.0)
+        cmd += ["--cap-s", f"{cap:.0f}"]  # a section that starts processes of its own ends them in time
         print(f"-- {title} (up to {cap:.0f} s)", flush=True)
         log = work / f"{s}.log"
         t = time.time()
@@ -908,6 +953,7 @@ def main() -> None:
     ap.add_argument("--section", choices=tuple(SECTIONS), help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--main-args", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--cap-s", type=float, default=60.0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.section:
         child_main(a)
