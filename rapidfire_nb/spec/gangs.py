@@ -8,7 +8,9 @@ parts with ``+`` (:func:`gang_tiles`: 4 devices, width 2 -> ``cpu:0+cpu:1`` and 
 scheduler never trains at once with a device they share (:mod:`kernel_scheduler.gangs`).
 
 Refused before anything is built (:func:`check_gangs`), each naming the field and the fix: a gang wider than the
-devices, a gang on Ray actors or with a trainer other than SFT (not built yet), FSDP over a quantized base, and
+devices, a gang on Ray actors or with a trainer other than SFT or DPO (GRPO's generation across ranks is not built
+yet), DPO with a reference model of its own (full fine-tuning, ``ref_model_name``: that model is not sharded yet;
+DPO LoRA's reference is the base with the adapter disabled), FSDP over a quantized base, and
 ``fsdp_config.offload_params`` on CPU devices.
 """
 
@@ -19,10 +21,17 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["check_gangs", "gang_tiles", "run_width", "sharding_of", "with_run_fit_width"]
+__all__ = [
+    "check_gangs",
+    "gang_tiles",
+    "refuse_dpo_reference",
+    "run_width",
+    "sharding_of",
+    "with_run_fit_width",
+]
 
 #: trainer types a gang trains (the others refuse before training)
-GANG_TRAINERS = ("SFT",)
+GANG_TRAINERS = ("SFT", "DPO")
 
 
 def run_width(spec: Any) -> int:
@@ -74,8 +83,9 @@ def check_gangs(specs: Sequence[Any], names: Sequence[str], workers: bool, backe
 
     Raises:
         ConfigError: naming the run and the field: ``num_gpus`` above the devices there are (or with one device in
-            the kernel process), a gang on ``backend="ray"``, a trainer other than SFT, FSDP over a
-            ``quantization_config`` base, or ``fsdp_config["offload_params"]`` on CPU devices.
+            the kernel process), a gang on ``backend="ray"``, a trainer other than SFT or DPO, DPO full fine-tuning
+            or ``ref_model_name`` / ``ref_model_kwargs``, FSDP over a ``quantization_config`` base, or
+            ``fsdp_config["offload_params"]`` on CPU devices.
     """
     notes: list[str] = []
     devices = len(names) if workers else 1
@@ -112,9 +122,11 @@ def _refuse(run_id: int, spec: Any, width: int, devices: int, names: Sequence[st
     trainer = str(getattr(spec, "trainer_type", "")).upper()
     if trainer not in GANG_TRAINERS:
         raise ConfigError(
-            f"{where}: only SFT runs train over several devices so far ({trainer} does not: its generation or "
-            "reference model is not sharded yet); leave num_gpus out for this config"
+            f"{where}: only SFT and DPO runs train over several devices so far ({trainer} does not: its generation "
+            "across ranks is not built yet); leave num_gpus out for this config"
         )
+    if trainer == "DPO":
+        refuse_dpo_reference(where, spec)
     model_kwargs = getattr(spec, "model_kwargs", None) or {}
     if model_kwargs.get("quantization_config") is not None:
         raise ConfigError(
@@ -127,6 +139,26 @@ def _refuse(run_id: int, spec: Any, width: int, devices: int, names: Sequence[st
         raise ConfigError(
             f'{where}: fsdp_config["offload_params"]=True offloads to CPU memory, and these devices are CPU '
             'workers already; set fsdp_config["offload_params"]=False (or leave it out)'
+        )
+
+
+def refuse_dpo_reference(where: str, spec: Any) -> None:
+    """DPO over a gang: LoRA only, its reference the base with the adapter disabled (sharded with the run).
+
+    Raises:
+        ConfigError: ``spec`` is full fine-tuning or sets ``ref_model_name`` / ``ref_model_kwargs`` (a reference
+            model of its own, which is not sharded yet); the message starts with ``where``.
+    """
+    if getattr(spec, "lora", None) is None:
+        raise ConfigError(
+            f"{where}: DPO full fine-tuning over several devices: the reference model is not sharded yet; use LoRA "
+            "(peft_config: the reference is then the sharded base with the adapter disabled) or leave num_gpus out"
+        )
+    if getattr(spec, "ref_model_name", None) is not None or getattr(spec, "ref_model_kwargs", None):
+        raise ConfigError(
+            f"{where} with ref_model_name / ref_model_kwargs: DPO's separate reference model is not sharded over "
+            "several devices yet; leave them out (with LoRA the reference is the base with the adapter disabled) "
+            "or leave num_gpus out"
         )
 
 

@@ -5,8 +5,11 @@
 * Full fine-tuning: one frozen reference per distinct base (a copy of the pristine base, shared by the runs
   on it) instead of TRL loading one per run from the model's path; ``ref_model_name``/``ref_model_kwargs``
   load another one through ``create_model_fn`` (one per distinct name and keywords).
+* Over several devices (``num_gpus`` >= 2): LoRA only, the reference being the sharded base with the adapter
+  disabled (a reference model of its own is not sharded yet: refused, ``spec.gangs.refuse_dpo_reference``).
 * Either way the reference log-probs of a micro-batch are computed once and shared by the runs that train on
-  it (:mod:`.dpo_reference`), bit-identical to each run's own computation.
+  it (:mod:`.dpo_reference`), bit-identical to each run's own computation (one device: a gang rank computes
+  its own, as plain TRL).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from rapidfire_nb.spec import LeafConfig
+from rapidfire_nb.spec.gangs import refuse_dpo_reference, run_width
 
 from ..models import ModelProvider
 from . import dpo_reference, hooks
@@ -34,6 +38,9 @@ class DPOKind(TrainerKind):
     def trainer_kwargs(
         self, spec: LeafConfig, model: Any, args: Any, models: ModelProvider
     ) -> dict[str, Any]:
+        # run_fit refused it before training (spec.gangs.check_gangs); a TorchExecutor driven alone is refused here
+        if run_width(spec) > 1:
+            refuse_dpo_reference(f"num_gpus={run_width(spec)}", spec)
         ref = reference_model(spec, model, args, models)
         return {"ref_model": ref} if ref is not None else {}
 

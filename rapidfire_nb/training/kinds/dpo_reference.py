@@ -27,6 +27,11 @@ states (CPU and CUDA) before and after, and on a change puts them back, drops th
 in its own order. Each refusal is said once in a note. ``RAPIDFIRE_DPO_SHARED_REFERENCE=0`` switches sharing off
 (benchmarks compare both).
 
+A run over several devices (a gang rank, ``accelerator.num_processes > 1``) never uses the cache: each rank sees only
+its own rows, and its reference forward through the sharded model is a collective every rank must join (a hit on
+one rank and a miss on another would pair different all-gathers). Its process holds no other run to share with, so
+nothing is lost: each rank computes its reference as plain TRL under ``torchrun`` does.
+
 No torch import at module level.
 """
 
@@ -180,7 +185,8 @@ def install(trainer: Any, models: Any) -> bool:
     """Make a built ``DPOTrainer`` take its reference log-probs from the provider's shared cache.
 
     Nothing is installed when sharing is switched off, when TRL precomputes them itself
-    (``precompute_ref_log_probs``), or when the reference is not a frozen model shared as such
+    (``precompute_ref_log_probs``), for a run over several devices (each rank computes its own), or when the
+    reference is not a frozen model shared as such
     (``sync_ref_model``, a ``"ref"`` adapter): then the run computes its own, as plain TRL (with a note).
 
     Args:
@@ -193,6 +199,8 @@ def install(trainer: Any, models: Any) -> bool:
     args = trainer.args
     if not sharing_enabled() or getattr(args, "precompute_ref_log_probs", False):
         return False
+    if int(getattr(trainer.accelerator, "num_processes", 1)) > 1:
+        return False  # a gang rank: its own rows, a collective forward, no other run here (module docstring)
     cache = cache_of(models)
     reason = _build_reason(trainer)
     if reason is not None:
