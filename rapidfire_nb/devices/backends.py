@@ -3,12 +3,13 @@
 * :class:`LocalTransport` (``backend="local"``, the default): a spawned worker process per device on this machine
   (:class:`~rapidfire_nb.devices.local.WorkerExecutor`); one device trains in the kernel process instead.
 * :class:`RayTransport` (``backend="ray"``): a Ray actor per device on one placement group
-  (:class:`~rapidfire_nb.devices.ray_backend.RayWorkerExecutor`), even for one device.
+  (:class:`~rapidfire_nb.devices.ray_backend.RayWorkerExecutor`), even for one device; a gang's ranks on a
+  ``STRICT_PACK`` group of their own (:mod:`~rapidfire_nb.devices.ray_gangs`).
 
 A transport answers what the rest of ``devices`` asks: whether one device still gets a worker
 (:func:`~rapidfire_nb.devices.resolve.resolve_devices`), whether it can run here at all (``run_fit``'s input checks),
 where its workers go and how many torch threads they get, and how one worker starts
-(:func:`~rapidfire_nb.devices.build.make_pool`). Torch-free; Ray is imported only by :class:`RayTransport`'s
+(:func:`~rapidfire_nb.devices.build.make_pool`), and a gang's ranks (:meth:`Transport.start_gang`). Torch-free; Ray is imported only by :class:`RayTransport`'s
 ``place``/``start``.
 
 Adding a transport (e.g. SSH workers): a :class:`Transport` subclass here and its instance in ``_TRANSPORTS``;
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -38,7 +39,8 @@ class Placement:
 
     Attributes:
         threads: torch threads per worker (the plan's, or fewer where the transport has fewer CPUs to give).
-        handle: what :meth:`Transport.start` needs to place a worker (Ray: the placement group); None if nothing.
+        handle: what :meth:`Transport.start` needs to place a worker (Ray: the single devices' placement group,
+            :class:`~rapidfire_nb.devices.ray_gangs.DeviceGroup`, made on first use); None if nothing.
         on_closed: called once after every worker closed (Ray: removes the placement group); None if nothing.
     """
 
@@ -101,6 +103,37 @@ class Transport(abc.ABC):
             ConfigError: ``create_model_fn`` or the group's functions cannot be sent to the worker.
         """
 
+    def start_gang(
+        self,
+        indices: Sequence[int],
+        ranks: Sequence[tuple[WorkerSettings, TrainingCallbacks]],
+        placement: Placement,
+    ) -> list[RemoteDevice]:
+        """Start a gang's rank workers, rank 0 first (called again for each revive).
+
+        Args:
+            indices: the devices of the gang (positions in the plan), rank order.
+            ranks: per rank, its settings (its environment holds :func:`~rapidfire_nb.devices.gang.rank_env`'s
+                variables) and the callbacks its events reach.
+            placement: what :meth:`place` reserved.
+
+        Returns:
+            One worker per rank, each with a ``kill()`` method. By default :meth:`start` per rank; the workers
+            started are closed again when one fails to start.
+
+        Raises:
+            ConfigError: as :meth:`start`, or the gang does not fit where this transport puts it.
+        """
+        started: list[RemoteDevice] = []
+        try:
+            for index, (settings, callbacks) in zip(indices, ranks, strict=True):
+                started.append(self.start(index, settings, callbacks, placement))
+        except BaseException:
+            for worker in started:
+                worker.close()
+            raise
+        return started
+
 
 class LocalTransport(Transport):
     """Spawned worker processes on this machine (``backend="local"``)."""
@@ -131,23 +164,34 @@ class RayTransport(Transport):
 
     def place(self, gpus: tuple[int | None, ...], threads: int) -> Placement:
         """One bundle per device (as many CPUs as torch threads: at most the cluster's CPUs divided among the
-        devices); the placement's ``on_closed`` removes the group."""
-        from .ray_backend import fit_threads, placement_group_for, remove_placement_group
+        devices) in one group, reserved when the first single-device actor starts (never when every run is a
+        gang's); the placement's ``on_closed`` removes it."""
+        from .ray_backend import fit_threads
+        from .ray_gangs import DeviceGroup
 
         threads = fit_threads(len(gpus), threads)
-        group = placement_group_for([gpu is not None for gpu in gpus], threads)
-
-        def on_closed() -> None:  # after the actors were killed: their bundles go back to the cluster
-            remove_placement_group(group)
-
-        return Placement(threads, group, on_closed)
+        group = DeviceGroup([gpu is not None for gpu in gpus], threads)
+        return Placement(threads, group, group.remove)
 
     def start(
         self, index: int, settings: WorkerSettings, callbacks: TrainingCallbacks, placement: Placement
     ) -> RemoteDevice:
         from .ray_backend import RayWorkerExecutor
 
-        return RayWorkerExecutor(settings, placement.handle, index, callbacks)
+        return RayWorkerExecutor(settings, placement.handle.get(), index, callbacks)
+
+    def start_gang(
+        self,
+        indices: Sequence[int],
+        ranks: Sequence[tuple[WorkerSettings, TrainingCallbacks]],
+        placement: Placement,
+    ) -> list[RemoteDevice]:
+        """The ranks as actors on a ``STRICT_PACK`` placement group of their own, ``k`` bundles (one node, so
+        ``MASTER_ADDR=127.0.0.1`` holds), removed when the last rank closed: a revive gets a fresh group."""
+        from .ray_gangs import start_gang
+
+        gpus = [placement.handle.gpus[i] for i in indices]
+        return start_gang(ranks, gpus, placement.threads)
 
 
 _TRANSPORTS: Mapping[str, Transport] = {t.name: t for t in (LocalTransport(), RayTransport())}

@@ -109,18 +109,12 @@ def _rank_starter(
 
     def start() -> list[RemoteDevice]:
         port = free_port()
-        ranks: list[RemoteDevice] = []
-        try:
-            for rank, index in enumerate(indices):
-                env = {**plan.env(index), **rank_env(rank, len(indices), port, gpus)}
-                settings = dataclasses.replace(shared, device=f"{name} rank {rank}", env=env)
-                said = callbacks if rank == 0 else TrainingCallbacks()
-                ranks.append(transport.start(index, settings, said, placement))
-        except BaseException:
-            for started in ranks:
-                started.close()
-            raise
-        return ranks
+        ranks: list[tuple[WorkerSettings, TrainingCallbacks]] = []
+        for rank, index in enumerate(indices):
+            env = {**plan.env(index), **rank_env(rank, len(indices), port, gpus)}
+            settings = dataclasses.replace(shared, device=f"{name} rank {rank}", env=env)
+            ranks.append((settings, callbacks if rank == 0 else TrainingCallbacks()))
+        return transport.start_gang(indices, ranks, placement)  # Ray: a placement group of its own
 
     return start
 

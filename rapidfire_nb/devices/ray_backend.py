@@ -34,7 +34,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -48,7 +48,14 @@ from .errors import WorkerLost
 from .settings import WorkerSettings
 from .shipping import ship
 
-__all__ = ["RayWorkerExecutor", "actor_env", "fit_threads", "placement_group_for", "remove_placement_group"]
+__all__ = [
+    "RayWorkerExecutor",
+    "actor_env",
+    "check_room",
+    "fit_threads",
+    "placement_group_for",
+    "remove_placement_group",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,24 +111,21 @@ def fit_threads(devices: int, threads: int) -> int:
     return max(1, min(int(threads), cpus // devices))
 
 
-def placement_group_for(gpus: list[bool], threads: int, timeout_s: float = 120.0) -> Any:
-    """One placement group with a bundle per device (``{"GPU": 1, "CPU": threads}`` or ``{"CPU": threads}``),
-    strategy ``PACK``, ready (its resources reserved) when returned. Remove it with
-    :func:`remove_placement_group`.
+def _bundles(gpus: list[bool] | tuple[bool, ...], threads: int) -> list[dict[str, float]]:
+    return [{"GPU": 1, "CPU": threads} if gpu else {"CPU": threads} for gpu in gpus]
+
+
+def check_room(gpus: list[bool] | tuple[bool, ...], threads: int) -> None:
+    """Refuse devices the whole Ray cluster could never hold (reserves nothing).
 
     Args:
-        gpus: one entry per device, True for a GPU device.
-        threads: CPUs per bundle (the device's torch threads: :func:`fit_threads`).
-        timeout_s: seconds to wait for the cluster to reserve the bundles.
+        gpus: one entry per device, True for a GPU device. threads: CPUs per device.
 
     Raises:
-        ConfigError: the cluster has fewer GPUs than asked for, or cannot reserve the bundles within
-            ``timeout_s`` seconds (other jobs hold the resources); the group is removed again.
+        ConfigError: the cluster has fewer GPUs or CPUs in all than the devices' bundles ask for.
     """
     ray = _ensure_ray()
-    from ray.util.placement_group import placement_group
-
-    bundles = [{"GPU": 1, "CPU": threads} if gpu else {"CPU": threads} for gpu in gpus]
+    bundles = _bundles(gpus, threads)
     have = ray.cluster_resources()
     wanted = {"GPU": float(sum(gpus)), "CPU": float(threads * len(gpus))}
     short = [k for k, v in wanted.items() if v > float(have.get(k, 0))]
@@ -130,13 +134,39 @@ def placement_group_for(gpus: list[bool], threads: int, timeout_s: float = 120.0
             f"the Ray cluster cannot hold {len(bundles)} device(s) of {bundles[0]}: it has "
             f"{', '.join(f'{float(have.get(k, 0)):g} {k}' for k in short)}; use fewer devices"
         )
-    group = placement_group(bundles, strategy="PACK")
+
+
+def placement_group_for(
+    gpus: list[bool], threads: int, timeout_s: float = 120.0, strategy: str = "PACK"
+) -> Any:
+    """One placement group with a bundle per device (``{"GPU": 1, "CPU": threads}`` or ``{"CPU": threads}``),
+    ready (its resources reserved) when returned. Remove it with :func:`remove_placement_group`.
+
+    Args:
+        gpus: one entry per device, True for a GPU device.
+        threads: CPUs per bundle (the device's torch threads: :func:`fit_threads`).
+        timeout_s: seconds to wait for the cluster to reserve the bundles.
+        strategy: Ray's placement strategy: ``"PACK"`` (the single devices: any nodes with room) or
+            ``"STRICT_PACK"`` (a gang: every bundle on one node).
+
+    Raises:
+        ConfigError: the cluster has fewer GPUs than asked for, or cannot reserve the bundles within
+            ``timeout_s`` seconds (other jobs hold the resources, or no node holds a STRICT_PACK group); the
+            group is removed again.
+    """
+    check_room(gpus, threads)
+    ray = _ensure_ray()
+    from ray.util.placement_group import placement_group
+
+    bundles = _bundles(gpus, threads)
+    group = placement_group(bundles, strategy=strategy)
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except Exception as exc:
         remove_placement_group(group)
         raise ConfigError(
-            f"the Ray cluster could not reserve {len(bundles)} device(s) of {bundles[0]} within {timeout_s:g} s "
+            f"the Ray cluster could not reserve {len(bundles)} device(s) of {bundles[0]} ({strategy}) within "
+            f"{timeout_s:g} s "
             f"(available now: {ray.available_resources()}); use fewer devices or free the cluster"
         ) from exc
     return group
@@ -175,6 +205,8 @@ class RayWorkerExecutor(RemoteDevice):
         start_timeout_s: seconds the actor may take to start (a Ray worker process, torch and TRL imported, the
             datasets opened) before the first call gives up (WorkerLost).
         call_timeout_s: seconds :meth:`close` waits for the actor to write its queued checkpoints.
+        on_closed: called once after :meth:`close` killed the actor (a gang's rank: the last one removes the
+            gang's placement group, :mod:`~rapidfire_nb.devices.ray_gangs`); None: nothing.
 
     Raises:
         ConfigError: ``create_model_fn`` cannot be shipped.
@@ -188,6 +220,7 @@ class RayWorkerExecutor(RemoteDevice):
         callbacks: TrainingCallbacks,
         start_timeout_s: float = 300.0,
         call_timeout_s: float = 60.0,
+        on_closed: Callable[[], None] | None = None,
     ) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -199,6 +232,7 @@ class RayWorkerExecutor(RemoteDevice):
         self._call_timeout_s = call_timeout_s
         self._death: str | None = None
         self._closing = False
+        self._on_closed = on_closed
         self._stop = threading.Event()
         self._positions: dict[int, tuple[int, int]] = {}
         self._segments: dict[int, tuple[Future[SegmentResult], int]] = {}  # key -> (Future, run id)
@@ -229,6 +263,16 @@ class RayWorkerExecutor(RemoteDevice):
     def actor(self) -> Any:
         """The Ray actor handle (tests: ``ray.kill(executor.actor)`` is a lost device)."""
         return self._actor
+
+    @property
+    def pid(self) -> int:
+        """The actor's worker process id (waits for the actor to start; WorkerLost if it did not)."""
+        return self.wait_ready()
+
+    def kill(self) -> None:
+        """Kill the actor now (``ray.kill``): a gang's other ranks when one died
+        (:class:`~rapidfire_nb.devices.gang.GangExecutor`). Its pending calls then resolve as for any death."""
+        self._kill()
 
     def wait_ready(self) -> int:
         """Block until the actor started; its worker process' pid.
@@ -270,14 +314,21 @@ class RayWorkerExecutor(RemoteDevice):
         def died(fut: Future[Any]) -> None:
             exc = fut.exception()
             if exc is not None:  # the actor died (RayActorError): the result event will never come
-                self._settle(key, None, self._died(exc))
+                # not on Ray's callback thread: what the Future's callbacks do (a gang kills its other ranks with
+                # ray.kill) would wait for that very thread
+                threading.Thread(
+                    target=lambda: self._settle(key, None, self._died(exc)),
+                    name=f"rapidfire-ray-lost-{self.device}",
+                    daemon=True,
+                ).start()
 
         ref.future().add_done_callback(died)
         return out
 
     def close(self) -> None:
         """Close the host (queued checkpoints written; waits up to ``call_timeout_s`` seconds), hand its last
-        events to the callbacks, then kill the actor (its bundle stays: the pool's owner removes the group).
+        events to the callbacks, then kill the actor, then call ``on_closed`` (the bundle stays: the pool's owner
+        removes a single device's group; a gang's group goes with its last rank).
 
         Waits up to 10 s first for order tokens the kernel has not answered (their checkpoints are written only
         once answered). Never raises; a second call does nothing.
@@ -306,6 +357,9 @@ class RayWorkerExecutor(RemoteDevice):
         self._died_with(f"Ray worker {self.device} was closed")
         self._kill()  # a drain thread still waiting for the start sees the actor die and ends
         self._drainer.join(10.0)
+        hook, self._on_closed = self._on_closed, None
+        if hook is not None:
+            hook()
 
     # ------------------------------------------------------------------ internals
     def _invoke(self, method: str, payload: bytes, timeout_s: float | None = None) -> Any:

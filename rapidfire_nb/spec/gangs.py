@@ -8,10 +8,10 @@ parts with ``+`` (:func:`gang_tiles`: 4 devices, width 2 -> ``cpu:0+cpu:1`` and 
 scheduler never trains at once with a device they share (:mod:`kernel_scheduler.gangs`).
 
 Refused before anything is built (:func:`check_gangs`), each naming the field and the fix: a gang wider than the
-devices, a gang on Ray actors or with a trainer other than SFT or DPO (GRPO's generation across ranks is not built
-yet), DPO with a reference model of its own (full fine-tuning, ``ref_model_name``: that model is not sharded yet;
-DPO LoRA's reference is the base with the adapter disabled), FSDP over a quantized base, and
-``fsdp_config.offload_params`` on CPU devices.
+devices, a gang with a trainer other than SFT or DPO (GRPO's generation across ranks is not built yet), DPO with a
+reference model of its own (full fine-tuning, ``ref_model_name``: that model is not sharded yet; DPO LoRA's
+reference is the base with the adapter disabled), FSDP over a quantized base, and ``fsdp_config.offload_params`` on
+CPU devices.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def check_gangs(specs: Sequence[Any], names: Sequence[str], workers: bool, backe
 
     Raises:
         ConfigError: naming the run and the field: ``num_gpus`` above the devices there are (or with one device in
-            the kernel process), a gang on ``backend="ray"``, a trainer other than SFT or DPO, DPO full fine-tuning
+            the kernel process), a trainer other than SFT or DPO, DPO full fine-tuning
             or ``ref_model_name`` / ``ref_model_kwargs``, FSDP over a ``quantization_config`` base, or
             ``fsdp_config["offload_params"]`` on CPU devices.
     """
@@ -98,7 +98,7 @@ def check_gangs(specs: Sequence[Any], names: Sequence[str], workers: bool, backe
                     "(RFModelConfig(num_gpus=k) or run_fit(num_gpus=k)); it trains unsharded"
                 )
             continue
-        _refuse(run_id, spec, width, devices, names, backend)
+        _refuse(run_id, spec, width, devices, names)
     gangs = [(i, s) for i, s in enumerate(specs, start=1) if run_width(s) > 1]
     if gangs:
         tiles = ", ".join(name for name, _ in gang_tiles(names, (run_width(s) for _, s in gangs)))
@@ -107,7 +107,7 @@ def check_gangs(specs: Sequence[Any], names: Sequence[str], workers: bool, backe
     return tuple(notes)
 
 
-def _refuse(run_id: int, spec: Any, width: int, devices: int, names: Sequence[str], backend: str) -> None:
+def _refuse(run_id: int, spec: Any, width: int, devices: int, names: Sequence[str]) -> None:
     where = f"run {run_id}: num_gpus={width}"
     if width > devices:
         have = (
@@ -117,8 +117,6 @@ def _refuse(run_id: int, spec: Any, width: int, devices: int, names: Sequence[st
             f"{where} needs {width} devices but this run_fit trains on {have}; pass run_fit(devices={width}) or "
             f"more (GPUs, or CPU workers on a machine without one), or num_gpus={devices} or fewer"
         )
-    if backend == "ray":
-        raise ConfigError(f"{where}: a run over several Ray actors is not built yet; use backend='local'")
     trainer = str(getattr(spec, "trainer_type", "")).upper()
     if trainer not in GANG_TRAINERS:
         raise ConfigError(

@@ -79,6 +79,13 @@ def _reward(completions: list[object], **kwargs: object) -> list[float]:
     return [0.0] * len(completions)
 
 
+def test_a_gang_on_ray_actors_is_accepted() -> None:
+    """Ray trains gangs (a placement group of k bundles: tests/rapidfire_nb/devices/test_ray_gang.py)."""
+    assert check_gangs([_spec(2, **FSDP)], CPUS, True, "ray") == (
+        "runs over several devices: 1 (fsdp, 2 devices); gangs on cpu:0+cpu:1",
+    )
+
+
 def test_check_gangs_says_which_runs_shard_and_where() -> None:
     notes = check_gangs([_spec(), _spec(2, **FSDP), _spec(2)], CPUS, True, "local")
     assert notes == (
@@ -109,7 +116,6 @@ def test_check_gangs_says_which_runs_shard_and_where() -> None:
             "local",
             r"needs 3 devices but this run_fit trains on 2 devices \(cpu:0, cpu:1\)",
         ),
-        (_spec(2), CPUS, True, "ray", "a run over several Ray actors is not built yet; use backend='local'"),
         (
             LeafConfig(
                 trainer_type="GRPO",
