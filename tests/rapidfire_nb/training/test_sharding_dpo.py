@@ -9,6 +9,7 @@ What is proved:
   sharded the same way, with identical losses and reward margins on both ranks, and within float tolerance of one
   process with the same global batch (measured: adapter 2.7e-8 max abs, losses 1.2e-7);
 * ``num_gpus=2`` without ``fsdp`` trains DDP replicas, within float tolerance of one process;
+* end to end, ``run_fit(devices=2)`` (the device layer's gang workers, the scheduler's chunks) ends equal (0.0);
 * DPO full fine-tuning and ``ref_model_name`` over a gang are refused by the executor itself too (the reference
   model is not sharded yet), before a model is touched.
 """
@@ -87,6 +88,45 @@ def test_dpo_num_gpus_without_fsdp_trains_data_parallel(trained: Path) -> None:
     assert r0["executor_losses"] == r1["executor_losses"] and r0["shared_cache"] is False
     ours = load_file(str(Path(r0["final_dir"]) / ADAPTER))
     assert _max_diff(ours, load_file(str(trained / "one" / ADAPTER))) < 1e-5
+
+
+def test_run_fit_trains_the_dpo_gang_end_to_end_exactly(trained: Path, tmp_path: Path) -> None:
+    """``run_fit(devices=2)``: check_gangs accepts it, the device layer starts the gang's two workers, the
+    scheduler's 4 chunks; the gathered final adapter equals the plain sharded ``DPOTrainer``'s (0.0)."""
+    from safetensors.torch import load_file
+
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.automl import List, RFDPOConfig, RFGridSearch, RFLoraConfig, RFModelConfig
+    from rapidfire_nb.testing import tiny_create_model, tiny_dpo_dataset
+
+    config = RFModelConfig(  # the config of _gang_dpo_child.spec(gang=True)
+        model_name="tiny",
+        num_gpus=2,
+        peft_config=RFLoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+        training_args=RFDPOConfig(
+            learning_rate=1e-3,
+            beta=0.1,
+            per_device_train_batch_size=2,
+            num_train_epochs=1,
+            logging_steps=1,
+            seed=3,
+            fsdp="full_shard auto_wrap",
+            fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+        ),
+    )
+    exp = Experiment("dpo_gang", experiment_path=tmp_path)
+    exp.progress_lines = False
+    try:
+        group = RFGridSearch(configs=List([config]), trainer_type="DPO")
+        exp.run_fit(group, tiny_create_model, tiny_dpo_dataset(32), None, num_chunks=4, seed=0, devices=2)
+        info = exp.get_runs_info().set_index("run_id")
+    finally:
+        exp.end()
+    assert info.loc[1, "status"] == "COMPLETED" and info.loc[1, "chunks_done"] == 4
+    assert (info.loc[1, "device"], info.loc[1, "sharding"]) == ("cpu:0+cpu:1", "fsdp")
+    assert info.loc[1, "loss"] == _ranks(trained)[0]["plain_losses"][-1]
+    ours = load_file(str(Path(info.loc[1, "checkpoint_dir"]) / ADAPTER))
+    assert _max_diff(ours, load_file(str(trained / "plain" / ADAPTER))) == 0.0
 
 
 @pytest.mark.parametrize(
