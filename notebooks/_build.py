@@ -885,7 +885,272 @@ print(experiment.path)""",
     ),
 ]
 
-NOTEBOOKS: dict[str, list[tuple[str, str]]] = {SFT: SFT_CELLS, DPO: DPO_CELLS, GRPO: GRPO_CELLS}
+# ------------------------------------------------------------------------------------------ 04 FSDP
+FSDP = "04_fsdp_two_devices.ipynb"
+FSDP_CELLS: list[tuple[str, str]] = [
+    (
+        "md",
+        f"""\
+# FSDP: one LoRA run sharded over two devices, beside the same run on one
+
+{badge(FSDP)}
+
+A model too large for one device trains **sharded** over several: each device holds a share of the weights,
+gradients and optimizer state (PyTorch's FSDP2, `fully_shard`). rapidfire_nb takes the fields of the seeds'
+recipe as they are: `fsdp` and `fsdp_config` in the training args, and `num_gpus`, the devices per run. This
+notebook trains **SmolLM2-135M-Instruct** with LoRA on the construction FAQ of the SFT notebook, with two configs
+that differ only in where they train:
+
+1. one run sharded over **two devices** (`num_gpus=2`, the seeds' FSDP recipe), and
+2. the same config on **one device**, with the same global batch;
+
+then watches both in the live panel, reads which devices each run used (`get_runs_info()`), compares the two
+chunk by chunk, and loads the sharded run as a plain model to answer a customer question. SmolLM2 fits one device
+easily: here sharding only shows how it works; it pays for models that do not fit.
+
+It runs anywhere: on a machine with two GPUs the runs train on them; elsewhere (Colab's single T4, a laptop) on
+two CPU worker processes, which shard the same way.
+
+*Data: "Swedish Construction FAQ" by Zaragoza AB (`zaragoza-construction-faq`), licensed
+[CC BY 4.0](https://creativecommons.org/licenses/by/4.0/).*""",
+    ),
+    ("md", INSTALL_MD),
+    ("code", INSTALL_CODE),
+    (
+        "md",
+        """\
+## 2. Settings, chosen for this machine
+
+With **two or more GPUs** the runs train on the first two (`devices=2`), in mixed precision (bf16 on Ampere or
+newer, fp16 otherwise), with the full sizes below. Otherwise they train on **two CPU worker processes**
+(`devices=2` without a GPU; `devices=["cpu", "cpu"]` beside a single GPU, where `devices=2` would ask for two
+GPUs), in fp32 with small sizes. `RF_SMOKE=1` (set by the test suite) shrinks them further; the code is
+the same.""",
+    ),
+    (
+        "code",
+        SETTINGS_COMMON
+        + """
+TWO_GPUS = torch.cuda.device_count() >= 2
+if TWO_GPUS:
+    DEVICES = 2  # the first two GPUs
+else:
+    # Two CPU workers. Beside a single GPU, name them: there devices=2 would ask for two GPUs.
+    DEVICES = ["cpu", "cpu"] if GPU else 2
+    if GPU:
+        print("one GPU: a run over two devices needs two, so both runs train on two CPU workers")
+    GPU, BF16, FP16, DEVICE = False, False, False, "cpu"  # the runs train on CPUs: CPU sizes, fp32
+
+if SMOKE:
+    N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH, BATCH_SIZE, NUM_CHUNKS = 8, 4, 2, 64, 4, 2
+elif GPU:
+    N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH, BATCH_SIZE, NUM_CHUNKS = 400, 48, 50, 192, 8, 5
+else:
+    N_TRAIN, N_EVAL, MAX_STEPS, MAX_LENGTH, BATCH_SIZE, NUM_CHUNKS = 64, 16, 8, 128, 4, 4
+"""
+        + SETTINGS_PRINT
+        + """
+print(f"devices={DEVICES!r}; {N_TRAIN} training rows, {MAX_STEPS} steps of {BATCH_SIZE} rows per run "
+      f"in {NUM_CHUNKS} chunks")""",
+    ),
+    (
+        "md",
+        """\
+## 3. The data
+
+The FAQ rows of the SFT notebook: `load_construction_faq` splits the question/answer pairs by question (the eval
+rows ask questions the runs never train on) and `faq_to_chat` turns a row into TRL's conversational format.""",
+    ),
+    (
+        "code",
+        """\
+from rapidfire_nb.data import faq_to_chat, load_construction_faq
+
+train_ds, eval_ds = load_construction_faq(n_train=N_TRAIN, n_eval=N_EVAL, seed=42)
+print(f"train: {len(train_ds)} rows; eval: {len(eval_ds)} rows, e.g. {eval_ds[0]['question']!r}")""",
+    ),
+    (
+        "md",
+        """\
+## 4. Two configs: sharded over two devices, and on one
+
+`num_gpus=2` trains a run on a **gang** of two devices: two worker processes of its own in one
+`torch.distributed` process group (NCCL on GPUs, gloo on CPUs). `fsdp="full_shard auto_wrap"` shards each decoder
+layer and then the whole model over them. The `fsdp_config` is the seeds' recipe; its FSDP1 tuning keys
+(`backward_prefetch`, `forward_prefetch`, `use_orig_params`, `sync_module_states`, `limit_all_gathers`) are
+accepted with a note, since FSDP2 prefetches and synchronises on its own. `offload_params` keeps the shards in host
+memory between uses: it is set on GPUs only (CPU workers hold them in host memory already, and it is refused
+there).
+
+Each rank takes its own share of every batch, so the sharded run's global batch is 2 × `per_device_train_batch_size`:
+with `BATCH_SIZE // 2` per device it sees the same batches as the one-device run with `BATCH_SIZE`. The LoRA
+dropout is 0, so neither run draws random masks and the two can be compared number for number. `run_name`
+labels the runs in the panel and the tables.""",
+    ),
+    (
+        "code",
+        """\
+from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+
+FSDP_CONFIG = {
+    "sharding_strategy": "FULL_SHARD",
+    "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    "backward_prefetch": "backward_pre",
+    "forward_prefetch": True,
+    "use_orig_params": False,
+    "cpu_ram_efficient_loading": True,
+    "sync_module_states": True,
+    "limit_all_gathers": True,
+}
+if TWO_GPUS:
+    FSDP_CONFIG["offload_params"] = True  # refused on CPU workers
+
+
+def faq_config(run_name, num_gpus, per_device_batch, **sharding):
+    return RFModelConfig(
+        model_name="SmolLM2-135M-Instruct",
+        run_name=run_name,
+        num_gpus=num_gpus,
+        peft_config=RFLoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        training_args=RFSFTConfig(learning_rate=5e-4, per_device_train_batch_size=per_device_batch,
+                                  max_steps=MAX_STEPS, max_length=MAX_LENGTH, per_device_eval_batch_size=8,
+                                  fp16=FP16, bf16=BF16, **sharding),
+        formatting_func=faq_to_chat,
+    )
+
+
+config_group = RFGridSearch(
+    configs=List([
+        faq_config("fsdp, 2 devices", 2, BATCH_SIZE // 2, fsdp="full_shard auto_wrap", fsdp_config=FSDP_CONFIG),
+        faq_config("1 device", 1, BATCH_SIZE),
+    ]),
+    trainer_type="SFT",
+)""",
+    ),
+    (
+        "md",
+        """\
+## 5. Train, and watch the live panel
+
+`run_fit(..., devices=DEVICES)` starts the worker processes (one per device, and the gang's two ranks; each
+imports torch and loads the model, which takes a while on a CPU) and returns while the runs train; the panel
+below follows them. Its Device column names each run's devices and its sharding (`cpu:0+cpu:1 · fsdp`). The gang
+trains a chunk on both devices at once, and never while one of them trains the other run, so the two runs take
+turns chunk by chunk. The notes above the panel name what the recipe's FSDP1 keys become under FSDP2.""",
+    ),
+    (
+        "code",
+        """\
+from rapidfire_nb import Experiment
+from rapidfire_nb.data import create_smollm2
+
+experiment = Experiment("fsdp-two-devices", overwrite=True)
+experiment.run_fit(config_group, create_smollm2, train_ds, eval_ds, num_chunks=NUM_CHUNKS, seed=42,
+                   devices=DEVICES)""",
+    ),
+    (
+        "md",
+        """\
+## 6. Which devices each run used
+
+`experiment.wait()` blocks until both runs are done. `get_runs_info()` names each run's devices (`device`) and
+how it was split over them (`sharding`: `fsdp`, `ddp`, or None for one device).""",
+    ),
+    (
+        "code",
+        """\
+experiment.wait()
+runs = experiment.get_runs_info()
+runs[["run_id", "run_name", "status", "device", "sharding", "num_gpus", "per_device_train_batch_size",
+      "completed_steps", "loss", "eval_loss"]]""",
+    ),
+    (
+        "md",
+        """\
+## 7. Chunk by chunk
+
+Both runs are evaluated at the end of every chunk. With the same global batch they train on the same rows in the
+same order, so the sharded run follows the one-device run: their losses differ only by float rounding (the
+sharded run adds its gradients up across the two devices in another order), at every chunk.""",
+    ),
+    (
+        "code",
+        """\
+import matplotlib.pyplot as plt
+import pandas as pd
+
+%config InlineBackend.figure_formats = ["svg"]
+plt.rcParams["svg.fonttype"] = "none"  # vector plots with real text: sharp, and small in the saved notebook
+
+names = dict(zip(runs.run_id, runs.run_name))
+sharded_id, single_id = (int(runs.run_id[runs.num_gpus == k].iloc[0]) for k in (2, 1))
+results = experiment.get_results()
+evals = results.dropna(subset=["eval_loss"]).pivot(index="step", columns="run_id", values="eval_loss")
+comparison = pd.DataFrame({names[sharded_id]: evals[sharded_id], names[single_id]: evals[single_id]})
+comparison["difference"] = comparison.iloc[:, 0] - comparison.iloc[:, 1]
+comparison.index.name = "eval_loss at step"
+print(comparison.to_string(float_format=lambda x: f"{x:.3g}" if abs(x) < 1e-3 else f"{x:.6f}"))
+
+fig, ax = plt.subplots(figsize=(6, 3.2))
+for run_id, style in ((single_id, "o-"), (sharded_id, "x--")):
+    run = results[results.run_id == run_id]
+    train_points, eval_points = run.dropna(subset=["loss"]), run.dropna(subset=["eval_loss"])
+    (line,) = ax.plot(train_points.step, train_points.loss, style, alpha=0.5, label=f"{names[run_id]}: loss")
+    ax.plot(eval_points.step, eval_points.eval_loss, style, color=line.get_color(), linewidth=2,
+            label=f"{names[run_id]}: eval_loss")
+ax.set(title="the two runs, step by step", xlabel="optimizer step")
+ax.legend(fontsize=8)
+fig.tight_layout()
+plt.show()""",
+    ),
+    (
+        "md",
+        """\
+## 8. The sharded run as a plain model
+
+At its end, rank 0 gathers the sharded run into one plain `save_pretrained` folder (here its LoRA adapter).
+`experiment.load_model(run_id)` loads it in this kernel, without FSDP and without worker processes: a model like
+any other, ready for `generate`. It answers one of the held-out questions.""",
+    ),
+    (
+        "code",
+        """\
+from torch.distributed.tensor import DTensor
+
+from rapidfire_nb.data import faq_prompt, generate_replies
+
+model, tokenizer = experiment.load_model(sharded_id)
+sharded_params = [name for name, p in model.named_parameters() if isinstance(p, DTensor)]
+print(f"run {sharded_id} ({names[sharded_id]}): {type(model).__name__}, "
+      f"{sum(p.numel() for p in model.parameters()):,} parameters, {len(sharded_params)} of them sharded")
+question = eval_ds[0]["question"]
+reply = generate_replies(model.to(DEVICE), tokenizer, [question], max_new_tokens=48, prompt=faq_prompt)[question]
+print(f"Q: {question}\\nA: {reply}\\n(the FAQ's answer: {eval_ds[0]['answer']})")""",
+    ),
+    (
+        "md",
+        """\
+## 9. End the experiment
+
+`experiment.end()` closes the experiment and stops the worker processes (no rank is left behind); the live panel
+gives way to a static copy of the final state, which stays in the saved notebook.""",
+    ),
+    (
+        "code",
+        """\
+experiment.end()
+print(experiment.path)""",
+    ),
+]
+
+
+NOTEBOOKS: dict[str, list[tuple[str, str]]] = {
+    SFT: SFT_CELLS,
+    DPO: DPO_CELLS,
+    GRPO: GRPO_CELLS,
+    FSDP: FSDP_CELLS,
+}
 
 
 def build(filename: str) -> nbformat.NotebookNode:

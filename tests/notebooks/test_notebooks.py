@@ -28,7 +28,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = ROOT / "notebooks"
-NOTEBOOKS = ["01_sft_customer_support.ipynb", "02_dpo_preferences.ipynb", "03_grpo_math_reasoning.ipynb"]
+NOTEBOOKS = [
+    "01_sft_customer_support.ipynb",
+    "02_dpo_preferences.ipynb",
+    "03_grpo_math_reasoning.ipynb",
+    "04_fsdp_two_devices.ipynb",
+]
 EXECUTED_DIR = NOTEBOOKS_DIR / "executed"
 SAVED_EXECUTED = ["01_sft_customer_support.ipynb"]
 EXECUTED_SIZE_LIMIT = 200_000
@@ -59,6 +64,16 @@ EXPECTED_OUTPUTS = {
         "correctness: [2.0] format: [0.5]",
         "COMPLETED",
         "--- base model: reward",
+        "ended",
+    ],
+    "04_fsdp_two_devices.ipynb": [
+        "smoke test settings",
+        "devices=2",
+        "cpu:0+cpu:1",
+        "fsdp",
+        "COMPLETED",
+        "eval_loss at step",
+        "0 of them sharded",
         "ended",
     ],
 }
