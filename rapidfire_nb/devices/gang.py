@@ -201,7 +201,7 @@ class GangExecutor(Executor):
         if self._closed:
             return
         self._closed = True
-        list(self._threads.map(lambda r: r.close(), self._ranks))
+        wait([self._submit(lambda r: r.close(), r) for r in self._ranks])
         self._threads.shutdown(wait=False)
 
     # ------------------------------------------------------------------ internals
@@ -210,7 +210,7 @@ class GangExecutor(Executor):
         answered; a rank that died takes the gang down first (the others would wait in a collective)."""
         if self._death is not None:
             raise WorkerLost(self._death)
-        futures = [self._threads.submit(call, r) for r in self._ranks]
+        futures = [self._submit(call, r) for r in self._ranks]
         wait(futures, return_when=FIRST_EXCEPTION)
         for index, fut in enumerate(futures):
             if fut.done() and isinstance(fut.exception(), WorkerLost):
@@ -221,6 +221,23 @@ class GangExecutor(Executor):
             lost = [e for e in errors if isinstance(e, WorkerLost)]
             raise (lost or errors)[0]  # type: ignore[misc]
         return futures[0].result()
+
+    def _submit(self, call: Callable[[Any], T], rank: Any) -> Future[T]:
+        """``call(rank)`` on the gang's threads; on a thread of its own once no pool takes work (at interpreter
+        exit ``concurrent.futures`` refuses new work: a script's exit hook still parks and closes the gang)."""
+        try:
+            return self._threads.submit(call, rank)
+        except RuntimeError:
+            fut: Future[T] = Future()
+
+            def run() -> None:
+                try:
+                    fut.set_result(call(rank))
+                except BaseException as exc:
+                    fut.set_exception(exc)
+
+            threading.Thread(target=run, name=f"rapidfire-{self.device}-exit", daemon=True).start()
+            return fut
 
     def _lose(self, why: str) -> None:
         """One rank died: kill the others at once (never leave them waiting in a collective)."""

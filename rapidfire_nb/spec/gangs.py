@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from .fsdp import sharding_plan
 
 __all__ = [
     "check_gangs",
@@ -81,24 +82,28 @@ def check_gangs(specs: Sequence[Any], names: Sequence[str], workers: bool, backe
         workers: True when the runs train in worker processes (a gang needs them).
         backend: ``"kernel"``, ``"local"`` or ``"ray"``.
 
+    Returns:
+        Each run's sharding notes (:func:`~rapidfire_nb.spec.fsdp.sharding_plan`: FSDP1 keys ignored, ``fsdp`` on
+        one device), then which runs shard over which gangs.
+
     Raises:
-        ConfigError: naming the run and the field: ``num_gpus`` above the devices there are (or with one device in
-            the kernel process), a trainer other than SFT or DPO, DPO full fine-tuning
-            or ``ref_model_name`` / ``ref_model_kwargs``, FSDP over a ``quantization_config`` base, or
-            ``fsdp_config["offload_params"]`` on CPU devices.
+        ConfigError: naming the run and the field: a bad ``fsdp`` / ``fsdp_config`` (:func:`~.fsdp.sharding_plan`),
+            ``num_gpus`` above the devices there are (or with one device in the kernel process), a trainer
+            other than SFT or DPO, DPO full fine-tuning or ``ref_model_name`` / ``ref_model_kwargs``, FSDP over a
+            ``quantization_config`` base, or ``fsdp_config["offload_params"]`` on CPU devices.
     """
     notes: list[str] = []
     devices = len(names) if workers else 1
     for run_id, spec in enumerate(specs, start=1):
         width = run_width(spec)
-        if width < 2:
-            if _fsdp_set(spec):
-                notes.append(
-                    f"run {run_id} sets fsdp but trains on one device: fsdp applies with num_gpus > 1 "
-                    "(RFModelConfig(num_gpus=k) or run_fit(num_gpus=k)); it trains unsharded"
-                )
-            continue
-        _refuse(run_id, spec, width, devices, names)
+        if width > 1 or _fsdp_set(spec):
+            try:  # fsdp / fsdp_config checked now, before training, as each rank will read them
+                plan = sharding_plan(getattr(spec, "training", None) or {}, width)
+            except ConfigError as exc:
+                raise ConfigError(f"run {run_id}: {exc}") from None
+            notes += [f"run {run_id}: {note}" for note in plan.notes]
+        if width > 1:
+            _refuse(run_id, spec, width, devices, names)
     gangs = [(i, s) for i, s in enumerate(specs, start=1) if run_width(s) > 1]
     if gangs:
         tiles = ", ".join(name for name, _ in gang_tiles(names, (run_width(s) for _, s in gangs)))

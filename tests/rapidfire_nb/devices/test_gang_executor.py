@@ -140,3 +140,12 @@ def test_rank_env_is_torch_distributed_s_standard_variables() -> None:
     }
     assert int(env["RF_GANG_TIMEOUT_S"]) <= 600  # never gloo's 30-minute default
     assert rank_env(0, 2, 1, (2, 5))["CUDA_VISIBLE_DEVICES"] == "2,5"
+
+
+def test_calls_still_reach_every_rank_once_the_pool_takes_no_work(gang: Any) -> None:
+    """At interpreter exit concurrent.futures refuses new work; a script's exit hook still saves and closes."""
+    gang._threads.shutdown(wait=True)  # as the interpreter's exit does to every pool
+    assert str(gang.save_final(1)) == "/final/0"
+    assert [r.calls for r in gang.generations[0]] == [[("save_final", 1)], [("save_final", 1)]]
+    gang.close()
+    assert all(r.closed for r in gang.generations[0])

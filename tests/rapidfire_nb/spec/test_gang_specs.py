@@ -93,9 +93,21 @@ def test_check_gangs_says_which_runs_shard_and_where() -> None:
     )
     assert check_gangs([_spec()], CPUS, True, "local") == ()
     assert check_gangs([_spec(None, **FSDP)], CPUS, True, "local") == (
-        "run 1 sets fsdp but trains on one device: fsdp applies with num_gpus > 1 (RFModelConfig(num_gpus=k) "
-        "or run_fit(num_gpus=k)); it trains unsharded",
+        "run 1: training_args.fsdp='full_shard auto_wrap' applies with num_gpus > 1 (RFModelConfig(num_gpus=k) or "
+        "run_fit(num_gpus=k)): this run trains on one device, unsharded",
     )
+
+
+def test_fsdp_settings_are_checked_before_training_and_their_notes_said() -> None:
+    seeds = {"fsdp": "full_shard auto_wrap", "fsdp_config": {"backward_prefetch": "backward_pre"}}
+    notes = check_gangs([_spec(), _spec(2, **seeds)], CPUS, True, "local")
+    assert notes[0].startswith(
+        "run 2: training_args.fsdp_config backward_prefetch: FSDP1 settings, ignored by FSDP2"
+    )
+    assert notes[1] == "runs over several devices: 2 (fsdp, 2 devices); gangs on cpu:0+cpu:1"
+    bad = _spec(2, fsdp="full_shard", fsdp_config={"auto_wrap_policy": "SIZE_BASED_WRAP"})
+    with pytest.raises(ConfigError, match=r"^run 2: training_args.fsdp_config\['auto_wrap_policy'\]"):
+        check_gangs([_spec(), bad], CPUS, True, "local")
 
 
 @pytest.mark.parametrize(
