@@ -35,7 +35,8 @@ class _ReadableFrame(pd.DataFrame):
             if plain[col].dtype != object:
                 continue
             width = self._WIDTHS.get(str(col), _OTHER_WIDTH)
-            plain[col] = plain[col].map(lambda v, w=width: _cut(v, w))
+            # built as objects: Series.map would infer pandas' str dtype for texts beside None, printing NaN
+            plain[col] = pd.Series([_cut(v, width) for v in plain[col]], index=plain.index, dtype=object)
         return plain
 
     def __repr__(self) -> str:

@@ -139,3 +139,15 @@ def test_list_and_e_name_look_under_this_kernels_experiment_path(
         beta.end()
     finally:
         exp.end()
+
+
+def test_a_text_column_beside_none_prints_none_never_nan() -> None:
+    """pandas 3 infers its str dtype when mapping texts beside None, which prints NaN (a one-device run's
+    ``sharding`` beside a gang's ``fsdp``)."""
+    table = RunsFrame(
+        [{"run_id": 1, "sharding": "fsdp"}, {"run_id": 2, "sharding": None}], columns=["run_id", "sharding"]
+    )
+    table["sharding"] = table["sharding"].astype(object).where(table["sharding"].notna(), None)
+    assert "NaN" not in repr(table) and repr(table).splitlines()[-1].split() == ["1", "2", "None"]
+    assert "NaN" not in table._repr_html_() and "<td>None</td>" in table._repr_html_()
+    assert table["sharding"].tolist() == ["fsdp", None]  # the values themselves unchanged
