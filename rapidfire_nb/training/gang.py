@@ -128,7 +128,21 @@ def _full_state(model: Any, plan: ShardingPlan) -> dict[str, Any]:
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v for k, v in state.items() if k not in _tied_copies(model)}
+
+
+def _tied_copies(model: Any) -> set[str]:
+    """The names under which a parameter appears a second time (tied weights: ``lm_head.weight`` of a model with
+    tied embeddings). The gathered state holds them as separate tensors, which ``save_pretrained`` would write
+    twice (SmolLM2: +113 MB); it ties them again when the folder is loaded."""
+    seen: set[int] = set()
+    copies: set[str] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            copies.add(name)
+        seen.add(id(param))
+    return copies
 
 
 class _Saving:

@@ -1,5 +1,6 @@
-"""A warm clone of a gang run that is no longer in this process is refused, naming why (issue 36): its state on
-disk is each rank's share, and rank 0's folder alone would read as a half-size adapter."""
+"""A gang run's state on disk (issue 36): a warm clone of a gang run no longer in this process is refused (its
+state on disk is each rank's share; rank 0's folder alone would read as a half-size adapter), and its gathered
+final state holds a tied weight once."""
 
 from __future__ import annotations
 
@@ -40,3 +41,22 @@ def test_a_one_device_parent_gets_past_that_check(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="must exceed the parent's position"):
         warm_start_from_disk(1, tmp_path / "runs" / "1", object(), "default", Plan(), tmp_path / "runs" / "2")
+
+
+def test_a_gathered_full_state_leaves_out_the_second_name_of_a_tied_weight() -> None:
+    """A gang's final folder: the gathered state holds a tied weight twice (lm_head and the input embeddings of
+    a model with tied embeddings, as SmolLM2); save_pretrained would write it twice (+113 MB on SmolLM2)."""
+    import torch
+
+    from rapidfire_nb.training.gang import _tied_copies
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(5, 3)
+            self.other = torch.nn.Linear(3, 3)
+            self.lm_head = torch.nn.Linear(3, 5, bias=False)
+            self.lm_head.weight = self.embed.weight
+
+    assert _tied_copies(Tied()) == {"lm_head.weight"}
+    assert _tied_copies(torch.nn.Linear(2, 2)) == set()
