@@ -2,7 +2,8 @@
 processes started by the device layer, each a ``WorkerHost`` that joined the gang, the scheduler's chunks).
 
 * It ends bit-identical to a plain TRL ``trainer.train()`` sharded the same way under ``torch.distributed.run``;
-  ``load_model`` gives the gathered adapter on a fresh base, without FSDP.
+  ``load_model`` gives the gathered adapter on a fresh base, without FSDP. A one-device run trains beside it (the
+  gang and it take turns on the two devices) and ends equal to plain TRL; every view names the gang.
 * Stop and resume, and a warm clone with equal settings, end as the undisturbed run.
 * ``kill -9`` of one rank after the first chunk: the gang is restarted on new workers, the run continues from its
   latest checkpoint and ends equal to the undisturbed run.
@@ -23,7 +24,8 @@ from tests.rapidfire_nb.training.test_sharding import WEIGHTS, _check, _max_diff
 ROWS = 96  # 24 steps in 4 chunks of 6: the kill lands inside the second chunk
 
 
-def _group() -> Any:
+def _group(beside: bool = False) -> Any:
+    """Run 1: a LoRA run sharded over a gang of 2; with ``beside``, run 2: a LoRA run on one device."""
     from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
 
     config = RFModelConfig(  # the config of _gang_child.spec("lora", gang=True)
@@ -40,7 +42,12 @@ def _group() -> Any:
             fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
         ),
     )
-    return RFGridSearch(configs=List([config]), trainer_type="SFT")
+    one_device = RFModelConfig(
+        model_name="tiny",
+        peft_config=RFLoraConfig(r=2, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+        training_args=RFSFTConfig(learning_rate=5e-4, per_device_train_batch_size=4, logging_steps=1, seed=3),
+    )
+    return RFGridSearch(configs=List([config, *([one_device] if beside else [])]), trainer_type="SFT")
 
 
 def _children() -> set[int]:
@@ -58,7 +65,7 @@ def _children() -> set[int]:
     return out
 
 
-def _fit(root: Path, name: str, kill: bool) -> dict[str, Any]:
+def _fit(root: Path, name: str, kill: bool, beside: bool = False) -> dict[str, Any]:
     from rapidfire_nb import Experiment
     from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
 
@@ -68,7 +75,7 @@ def _fit(root: Path, name: str, kill: bool) -> dict[str, Any]:
     exp.on_message(notes.append)
     exp.progress_lines = False
     exp.run_fit(
-        _group(),
+        _group(beside),
         tiny_create_model,
         tiny_sft_dataset(ROWS),
         None,
@@ -119,7 +126,7 @@ def _views(exp: Any, name: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def calm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("gangfit")
-    return {"root": root, **_fit(root, "calm", kill=False)}
+    return {"root": root, **_fit(root, "calm", kill=False, beside=True)}
 
 
 def _final(result: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +150,18 @@ def test_run_fit_trains_a_sharded_gang_exactly(calm: dict[str, Any]) -> None:
     ref = calm["root"] / "ref"
     _check(_spawn("plain", ref, rows=ROWS))
     assert _max_diff(ours, load_file(str(ref / "lora" / "plain" / WEIGHTS["lora"]))) == 0.0
+
+
+def test_a_one_device_run_trains_beside_the_gang_and_equals_plain_trl(calm: dict[str, Any]) -> None:
+    from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
+    from tests.helpers import adapter_from_folder, max_abs_diff, train_plain_trl
+
+    info = calm["info"]
+    assert info.loc[2, "status"] == "COMPLETED" and info.loc[2, "chunks_done"] == 4
+    assert info.loc[2, "device"] in ("cpu:0", "cpu:1") and info.loc[2, "sharding"] is None
+    leaf = _group(beside=True).expand(0)[1]
+    ref = train_plain_trl(leaf, tiny_create_model, tiny_sft_dataset(ROWS), None, 0, calm["root"] / "plain-2")
+    assert max_abs_diff(adapter_from_folder(info.loc[2, "checkpoint_dir"]), ref.final) == 0.0
 
 
 def test_every_view_names_the_gang_s_devices_and_its_sharding(calm: dict[str, Any]) -> None:
