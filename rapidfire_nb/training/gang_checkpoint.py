@@ -32,14 +32,23 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from rapidfire_nb._atomic import atomic_dir, is_complete_dir
+from rapidfire_nb._atomic import COMPLETE_MARKER, atomic_dir, is_complete_dir
+from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.run_folder import CHECKPOINT_PREFIX, latest_checkpoint
 
 from .checkpoint import COUNTERS_FILE, TRAINER_COUNTERS, BoundarySnapshot, _without_secrets, frozen_state
 from .rng import rng_for_checkpoint
 from .sharding import Gang
 
-__all__ = ["GangLayout", "GangSnapshotter", "install_gang_resume", "share_folder", "trainable"]
+__all__ = [
+    "GangLayout",
+    "GangSnapshotter",
+    "check_share_width",
+    "copy_shares",
+    "install_gang_resume",
+    "share_folder",
+    "trainable",
+]
 
 _LOCAL_KEYS = "rf_local_state"  # optimizer.pt: the (param index, key) pairs that were DTensors
 
@@ -300,3 +309,101 @@ def _as_dtensors(state: dict[str, Any], optimizer: Any) -> dict[str, Any]:
             stride=p.stride(),
         )
     return state
+
+
+def _width(checkpoint: Path) -> int:
+    """How many ranks' shares make up ``checkpoint``: its ``gang.json``'s ``world_size``; 1 without one (a
+    one-device run's whole state)."""
+    gang_file = Path(checkpoint) / "gang.json"
+    return int(json.loads(gang_file.read_text())["world_size"]) if gang_file.is_file() else 1
+
+
+def check_share_width(parent_id: int, checkpoint: Path, width: int) -> None:
+    """Refuse a warm start from ``checkpoint`` (run ``parent_id``'s state on disk) by a clone of another width, or
+    from a sharded state with a rank's share missing. The same answer on every rank of the clone's gang.
+
+    Args:
+        parent_id: the parent's run id (named in the messages).
+        checkpoint: the parent's ``<run_dir>/checkpoint-<s>`` (rank 0's folder for a gang).
+        width: the clone's ``num_gpus`` (its gang's world size; 1 for one device).
+
+    Raises:
+        ConfigError: the widths differ (a state sharded ``k`` ways is read back only by ``k`` ranks sharded the same
+            way; a whole state is not split), or a rank's share is not complete on disk.
+    """
+    saved = _width(checkpoint)
+    if saved != width and saved > 1:
+        raise ConfigError(
+            f"run {parent_id} trained over {saved} devices (num_gpus={saved}) and its state on disk is sharded "
+            f"{saved} ways: a warm clone of it from disk trains over {saved} devices too (this one: num_gpus="
+            f"{width}); clone it cold, or with num_gpus={saved}"
+        )
+    if saved != width:
+        raise ConfigError(
+            f"run {parent_id} trained on one device: a warm clone of it from its state on disk trains on one "
+            f"device too (this one: num_gpus={width}); clone it cold, or with num_gpus=1"
+        )
+    for rank in range(1, saved):
+        if not is_complete_dir(share_folder(checkpoint, rank)):
+            raise ConfigError(
+                f"run {parent_id}'s state on disk lacks rank {rank}'s share ({share_folder(checkpoint, rank)}); "
+                "clone it cold"
+            )
+
+
+def copy_shares(
+    parent_id: int, checkpoint: Path, target: Path, gang: Gang, model: Any, adapter: str | None
+) -> None:
+    """Copy this rank's share of a parent's sharded ``checkpoint`` into its share of ``target`` (a clone's
+    ``<run_dir>/warm-start-from-run-<parent>-step-<s>``), the layout :func:`install_gang_resume` reads.
+
+    Rank 0 copies its folder (shared files included) with the clone's own adapter config written over the
+    parent's, and completes it only once every other rank's copy is complete (as :class:`GangLayout` does).
+
+    Args:
+        parent_id: the parent's run id; ``checkpoint`` its ``checkpoint-<s>`` (checked by
+            :func:`check_share_width`).
+        target: the clone's warm-start folder (rank 0's); ``gang``: this process's place in the clone's gang.
+        model: the clone's sharded model; ``adapter`` its adapter name (None: full fine-tuning).
+
+    Raises:
+        ConfigError: the share does not fit the clone's model (another sharding, e.g. DDP's whole replicas into
+            FSDP shards, or another adapter shape). TimeoutError: another rank's copy did not appear in time
+            (rank 0). OSError: a copy failed.
+    """
+    source = share_folder(checkpoint, gang.rank)
+    _check_share_fits(parent_id, source, model, adapter)
+    with atomic_dir(share_folder(target, gang.rank)) as tmp:
+        for item in source.iterdir():
+            if item.is_file() and item.name != COMPLETE_MARKER:  # atomic_dir writes its own, last
+                shutil.copy2(item, Path(tmp) / item.name)
+        if gang.rank == 0:
+            if adapter is not None:  # the clone's own lora_alpha / lora_dropout
+                model.peft_config[adapter].save_pretrained(str(tmp))
+            _wait_for_shares(target, gang)
+
+
+def _check_share_fits(parent_id: int, share: Path, model: Any, adapter: str | None) -> None:
+    from safetensors import safe_open
+
+    weights = share / ("adapter_model.safetensors" if adapter is not None else "model.safetensors")
+    with safe_open(str(weights), framework="pt") as f:
+        saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 - not a dict
+    own = {name: tuple(_local(p).shape) for name, p in trainable(model, adapter)}
+    if saved != own:
+        wrong = sorted(n for n in set(saved) | set(own) if saved.get(n) != own.get(n))
+        raise ConfigError(
+            f"run {parent_id}'s checkpoint share {share} does not fit the clone's model ({wrong[0]}: saved "
+            f"{saved.get(wrong[0])}, the clone's {own.get(wrong[0])}): a warm clone from disk needs the parent's "
+            "sharding (fsdp settings) and adapter shape; clone it cold"
+        )
+
+
+def _wait_for_shares(target: Path, gang: Gang) -> None:
+    """Wait until every other rank's share of ``target`` is complete (rank 0, before completing its own)."""
+    deadline = time.monotonic() + max(gang.timeout_s, 60.0)
+    for rank in range(1, gang.world_size):
+        while not is_complete_dir(share_folder(target, rank)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {rank}'s share of {target.name} did not appear in {target.parent}")
+            time.sleep(0.02)

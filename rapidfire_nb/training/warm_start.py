@@ -8,7 +8,9 @@ as a resumable checkpoint and the clone's trainer resumes from it with TRL/trans
 A parent that finished before this process (``end()``, a restart) is continued from its final state on disk: the
 executor writes a finished run's final snapshot as its ``checkpoint-<final step>`` (the one checkpoint a run keeps),
 and :func:`warm_start_from_disk` copies that folder as the clone's warm start, with the clone's own LoRA settings:
-the same files the parent's snapshot in memory would have given, so the continuation is the same.
+the same files the parent's snapshot in memory would have given, so the continuation is the same. A gang parent's
+state is each rank's share (:mod:`~rapidfire_nb.training.gang_checkpoint`): each rank of a clone of the same width
+copies its own share, as the parent's gang would have written its snapshot in memory.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.run_folder import WARM_START_PREFIX, latest_checkpoint, readable_checkpoint
 
 from .checkpoint import BoundarySnapshot
+from .gang import gang_of
+from .gang_checkpoint import check_share_width, copy_shares
 
 __all__ = [
     "checkpoint_step",
@@ -101,6 +105,10 @@ def warm_start_from_disk(
     """The warm start of a clone whose parent is not in this process: its latest checkpoint (a finished run's final
     state) copied into ``run_dir/warm-start-from-run-<parent>-step-<s>`` with the clone's own LoRA settings.
 
+    A gang parent's checkpoint (``gang.json``: ``k`` ranks' shares) is warm-started by a clone over ``k`` devices
+    only: each of its ranks (this process one of them) copies its own share
+    (:func:`~rapidfire_nb.training.gang_checkpoint.copy_shares`); the gang's resume reads them back.
+
     Args:
         parent_id: the parent's run id; ``parent_dir`` its run folder.
         trainer: the clone's built trainer; ``adapter`` its adapter name (None: full fine-tuning).
@@ -110,18 +118,16 @@ def warm_start_from_disk(
         ``(warm-start folder, step it starts at)``.
 
     Raises:
-        ConfigError: no readable checkpoint, a parent's sharded checkpoint (a gang's: ``gang.json``), another kind
-            of training (LoRA or full), no step left to train, or another batch size.
+        ConfigError: no readable checkpoint, a parent of another width than the clone's (``num_gpus``) or a share
+            of it missing, another kind of training (LoRA or full), no step left to train, another batch size,
+            or (a gang) a share that does not fit the clone's sharded model.
     """
     ckpt = saved_state(parent_dir)
     if ckpt is None:
         raise ConfigError(f"run {parent_id} has no checkpoint on disk to warm-start from")
-    if (ckpt / "gang.json").is_file():  # rank 0's share of a sharded state (training/gang_checkpoint.py)
-        raise ConfigError(
-            f"run {parent_id} trained over several devices (num_gpus > 1) and its state on disk is sharded: a warm "
-            "clone starts from it only while the parent is in this run_fit, on the parent's gang (same num_gpus); "
-            "clone it cold, or warm-clone it before it ends"
-        )
+    found = gang_of(trainer.model)  # the clone's gang (this process one of its ranks), or None: one device
+    gang = found[0] if found is not None else None
+    check_share_width(parent_id, ckpt, gang.world_size if gang is not None else 1)
     step = checkpoint_step(ckpt)
     if (ckpt / "adapter_model.safetensors").is_file() != (adapter is not None):
         raise ConfigError("a warm start needs the same kind of training (LoRA or full) as the parent")
@@ -135,6 +141,9 @@ def warm_start_from_disk(
         raise ConfigError("the clone batches data differently from its parent; use a cold clone")
     target = Path(run_dir) / f"{WARM_START_PREFIX}{parent_id}-step-{step}"
     Path(run_dir).mkdir(parents=True, exist_ok=True)
+    if gang is not None:  # each rank its share (rank 0 also the shared files), as the gang resume reads them
+        copy_shares(parent_id, ckpt, target, gang, trainer.model, adapter)
+        return target, step
     with atomic_dir(target) as tmp:
         for item in ckpt.iterdir():
             if item.is_file() and item.name != COMPLETE_MARKER:  # atomic_dir writes its own, last

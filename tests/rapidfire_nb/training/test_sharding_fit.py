@@ -5,6 +5,9 @@ processes started by the device layer, each a ``WorkerHost`` that joined the gan
   ``load_model`` gives the gathered adapter on a fresh base, without FSDP. A one-device run trains beside it (the
   gang and it take turns on the two devices) and ends equal to plain TRL; every view names the gang.
 * Stop and resume, and a warm clone with equal settings, end as the undisturbed run.
+* A warm clone of a gang run that finished before this ``run_fit`` (``end()``, the experiment continued) starts
+  from its final state on disk, each rank its own share, and ends equal to the run trained undisturbed for the
+  longer budget.
 * ``kill -9`` of one rank after the first chunk: the gang is restarted on new workers, the run continues from its
   latest checkpoint and ends equal to the undisturbed run.
 """
@@ -232,3 +235,76 @@ def load_final(folder: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return load_file(str(folder / WEIGHTS["lora"]))
+
+
+PARENT_STEPS, LONGER = 12, 24  # a constant learning rate: the first 12 steps of both runs are the same
+
+
+def _continued_group() -> Any:
+    """Run 1: the gang run of ``_group`` with a constant learning rate, ``max_steps=PARENT_STEPS``; run 2: the same
+    with ``max_steps=LONGER`` (what a continuation of run 1 to ``LONGER`` steps must equal)."""
+    from rapidfire_nb.automl import List, RFGridSearch, RFLoraConfig, RFModelConfig, RFSFTConfig
+
+    def config(steps: int) -> Any:
+        return RFModelConfig(
+            model_name="tiny",
+            num_gpus=2,
+            peft_config=RFLoraConfig(
+                r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0
+            ),
+            training_args=RFSFTConfig(
+                learning_rate=1e-3,
+                lr_scheduler_type="constant",
+                per_device_train_batch_size=2,
+                max_steps=steps,
+                logging_steps=1,
+                seed=3,
+                fsdp="full_shard auto_wrap",
+                fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+            ),
+        )
+
+    return RFGridSearch(configs=List([config(PARENT_STEPS), config(LONGER)]), trainer_type="SFT")
+
+
+def _open(root: Path) -> Any:
+    """``Experiment("disk")`` on ``root`` and its ``run_fit`` of ``_continued_group`` (a restart's: the same group)."""
+    from rapidfire_nb import Experiment
+    from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
+
+    exp = Experiment("disk", experiment_path=root)
+    exp.progress_lines = False
+    group, rows = _continued_group(), tiny_sft_dataset(ROWS)
+    exp.run_fit(group, tiny_create_model, rows, None, num_chunks=4, seed=0, devices=2, background=True)
+    return exp
+
+
+def test_a_warm_clone_of_a_gang_run_finished_before_this_run_fit_continues_it_exactly(tmp_path: Path) -> None:
+    """The parent finished in an earlier ``run_fit`` (``end()``, then the experiment continued): each rank of the
+    clone's gang copies its own share of the parent's final state from disk; the clone ends equal to the run
+    trained undisturbed for the longer budget."""
+    from tests.helpers import result_series
+
+    first = _open(tmp_path)
+    assert first.wait(timeout=300)
+    first.end()
+    again = _open(tmp_path)  # runs 1 and 2 are COMPLETED from the store: no trainer built for them
+    twin = again.clone_modify(1, {"max_steps": LONGER}, warm_start=True)
+    assert again.wait(timeout=300)
+    info = again.get_runs_info().set_index("run_id")
+    loss = {rid: dict(result_series(again.get_results(), rid, "loss")) for rid in (2, twin)}
+    again.end()
+    assert info.loc[twin, "status"] == "COMPLETED", info.loc[twin, "error"]
+    assert (info.loc[twin, "completed_steps"], info.loc[twin, "sharding"]) == (LONGER, "fsdp")
+    clone_dir = tmp_path / "disk" / "runs" / str(twin)
+    warm = f"warm-start-from-run-1-step-{PARENT_STEPS}"  # from the parent's final step, each rank its share
+    assert (clone_dir / warm / "COMPLETE").is_file() and (
+        clone_dir / "gang-rank1" / warm / "COMPLETE"
+    ).is_file()
+    assert sorted(loss[twin]) == list(range(PARENT_STEPS + 1, LONGER + 1))  # it trained on from step 13
+    assert loss[twin] == {s: v for s, v in loss[2].items() if s > PARENT_STEPS}
+    clone, longer = (
+        load_final(Path(info.loc[twin, "checkpoint_dir"])),
+        load_final(Path(info.loc[2, "checkpoint_dir"])),
+    )
+    assert _max_diff(clone, longer) == 0.0
