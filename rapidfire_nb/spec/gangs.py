@@ -8,10 +8,11 @@ parts with ``+`` (:func:`gang_tiles`: 4 devices, width 2 -> ``cpu:0+cpu:1`` and 
 scheduler never trains at once with a device they share (:mod:`kernel_scheduler.gangs`).
 
 Refused before anything is built (:func:`check_gangs`), each naming the field and the fix: a gang wider than the
-devices, a gang with a trainer other than SFT or DPO (GRPO's generation across ranks is not built yet), DPO with a
-reference model of its own (full fine-tuning, ``ref_model_name``: that model is not sharded yet; DPO LoRA's
-reference is the base with the adapter disabled), FSDP over a quantized base, and ``fsdp_config.offload_params`` on
-CPU devices.
+devices, a gang with a trainer other than SFT, DPO or GRPO, DPO with a reference model of its own (full
+fine-tuning, ``ref_model_name``: that model is not sharded yet; DPO LoRA's reference is the base with the adapter
+disabled), GRPO full fine-tuning (proved over a gang for LoRA only: TRL would build its ``beta`` reference model
+unsharded), FSDP over a quantized base, and ``fsdp_config.offload_params`` on CPU devices. A GRPO gang's ranks
+generate in step (``generate(synced_gpus=True)``, :func:`rapidfire_nb.training.sharding.shard_model`).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ __all__ = [
     "check_gangs",
     "gang_tiles",
     "refuse_dpo_reference",
+    "refuse_grpo_full",
     "run_width",
     "sharding_of",
     "with_run_fit_width",
 ]
 
 #: trainer types a gang trains (the others refuse before training)
-GANG_TRAINERS = ("SFT", "DPO")
+GANG_TRAINERS = ("SFT", "DPO", "GRPO")
 
 
 def run_width(spec: Any) -> int:
@@ -89,8 +91,9 @@ def check_gangs(specs: Sequence[Any], names: Sequence[str], workers: bool, backe
     Raises:
         ConfigError: naming the run and the field: a bad ``fsdp`` / ``fsdp_config`` (:func:`~.fsdp.sharding_plan`),
             ``num_gpus`` above the devices there are (or with one device in the kernel process), a trainer
-            other than SFT or DPO, DPO full fine-tuning or ``ref_model_name`` / ``ref_model_kwargs``, FSDP over a
-            ``quantization_config`` base, or ``fsdp_config["offload_params"]`` on CPU devices.
+            other than SFT, DPO or GRPO, DPO full fine-tuning or ``ref_model_name`` / ``ref_model_kwargs``, GRPO
+            full fine-tuning, FSDP over a ``quantization_config`` base, or ``fsdp_config["offload_params"]`` on CPU
+            devices.
     """
     notes: list[str] = []
     devices = len(names) if workers else 1
@@ -125,11 +128,13 @@ def _refuse(run_id: int, spec: Any, width: int, devices: int, names: Sequence[st
     trainer = str(getattr(spec, "trainer_type", "")).upper()
     if trainer not in GANG_TRAINERS:
         raise ConfigError(
-            f"{where}: only SFT and DPO runs train over several devices so far ({trainer} does not: its generation "
-            "across ranks is not built yet); leave num_gpus out for this config"
+            f"{where}: only SFT, DPO and GRPO runs train over several devices ({trainer} does not); leave num_gpus "
+            "out for this config"
         )
     if trainer == "DPO":
         refuse_dpo_reference(where, spec)
+    if trainer == "GRPO":
+        refuse_grpo_full(where, spec)
     model_kwargs = getattr(spec, "model_kwargs", None) or {}
     if model_kwargs.get("quantization_config") is not None:
         raise ConfigError(
@@ -162,6 +167,19 @@ def refuse_dpo_reference(where: str, spec: Any) -> None:
             f"{where} with ref_model_name / ref_model_kwargs: DPO's separate reference model is not sharded over "
             "several devices yet; leave them out (with LoRA the reference is the base with the adapter disabled) "
             "or leave num_gpus out"
+        )
+
+
+def refuse_grpo_full(where: str, spec: Any) -> None:
+    """GRPO over a gang: LoRA only (proved exact; TRL would build full fine-tuning's ``beta`` reference unsharded).
+
+    Raises:
+        ConfigError: ``spec`` is full fine-tuning; the message starts with ``where``.
+    """
+    if getattr(spec, "lora", None) is None:
+        raise ConfigError(
+            f"{where}: GRPO full fine-tuning over several devices is not built yet (its beta reference model would "
+            "not be sharded); use LoRA (peft_config) or leave num_gpus out"
         )
 
 

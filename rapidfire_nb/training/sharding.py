@@ -175,16 +175,20 @@ def shard_model(model: Any, plan: ShardingPlan) -> Any:
     """Shard ``model``'s parameters over the gang with FSDP2, in place, before its optimizer exists.
 
     Each module whose class is in the plan's layer classes (or the model's ``_no_split_modules``) becomes an FSDP
-    unit (``fully_shard``), then the whole model: its parameters become ``DTensor``s sharded on dim 0 over a 1-D
-    mesh of all ranks (each rank keeps about 1/k of the parameter bytes). ``offload_params`` uses FSDP2's
-    ``CPUOffloadPolicy`` (CUDA only).
+    unit (``fully_shard``), then the transformers model (a ``PeftModel``'s base model: its ``forward`` and its
+    ``generate``, which bypasses ``PeftModel.forward``, both enter there, so the root unit gathers the embeddings
+    and head on either path): its parameters become ``DTensor``s sharded on dim 0 over a 1-D mesh of all ranks
+    (each rank keeps about 1/k of the parameter bytes). ``offload_params`` uses FSDP2's ``CPUOffloadPolicy``
+    (CUDA only). The root is marked FSDP-managed for transformers (``_is_fsdp_managed_module``, as its own FSDP2
+    integration does), so ``generate`` runs with ``synced_gpus=True``: every rank runs the same number of forward
+    passes (all-gathers) until all ranks' rows have ended, a rank done early discarding its extra forwards.
 
     Args:
         model: The run's model (a ``PeftModel`` with its adapter, or the full model), on the CPU.
         plan: Its plan (``sharding == "fsdp"``).
 
     Returns:
-        ``model`` (FSDP2 changes its class in place).
+        ``model`` (FSDP2 changes the root's class in place).
 
     Raises:
         ConfigError: ``offload_params`` on the CPU; layer classes that match no module.
@@ -208,7 +212,11 @@ def shard_model(model: Any, plan: ShardingPlan) -> Any:
     kwargs = {"mesh": mesh, "reshard_after_forward": plan.reshard_after_forward, "offload_policy": offload}
     for unit in _units(model, plan):
         fully_shard(unit, **kwargs)
-    fully_shard(model, **kwargs)
+    root = model.get_base_model() if hasattr(model, "get_base_model") else model
+    fully_shard(root, **kwargs)
+    # transformers' own FSDP2 integration (apply_fsdp2) marks its model so: generate() then defaults to
+    # synced_gpus=True over the gang (every rank runs forwards until all ranks' rows have ended)
+    root._is_fsdp_managed_module = True
     return model
 
 

@@ -5,6 +5,9 @@
 * The trainer gets the reward functions wrapped so that an exception names the function (``rewards``).
 * LoRA runs: ``"default"`` aliased while building, no ``"ref"`` adapter (``hooks.reference_free_build``).
 * Chunk boundaries end a generation round and an optimizer step (``grpo_plan``).
+* Over several devices (``num_gpus`` >= 2): LoRA only (``spec.gangs.refuse_grpo_full``); each rank generates for its
+  own share of the generation batch, the ranks' forwards kept in step by ``generate(synced_gpus=True)``
+  (``training.sharding.shard_model`` marks the sharded model for transformers).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, ClassVar
 from kernel_scheduler import ChunkPlan
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.spec import LeafConfig
+from rapidfire_nb.spec.gangs import refuse_grpo_full, run_width
 
 from ..data import prepare_dataset
 from ..models import ModelProvider
@@ -74,6 +78,9 @@ class GRPOKind(TrainerKind):
     def trainer_kwargs(
         self, spec: LeafConfig, model: Any, args: Any, models: ModelProvider
     ) -> dict[str, Any]:
+        # run_fit refused it before training (spec.gangs.check_gangs); a TorchExecutor driven alone is refused here
+        if run_width(spec) > 1:
+            refuse_grpo_full(f"num_gpus={run_width(spec)}", spec)
         return {"reward_funcs": wrap_reward_funcs(spec.reward_funcs)}
 
     def eval_metric_names(self, trainer: Any) -> list[str]:
@@ -101,9 +108,9 @@ class GRPOKind(TrainerKind):
 def check_generation_batch(spec: LeafConfig) -> None:
     """GRPO: each generation batch must hold whole groups of ``num_generations`` completions.
 
-    Mirrors ``GRPOConfig.__post_init__`` (one process): the generation batch is ``generation_batch_size``
-    when set, else ``per_device_train_batch_size x steps_per_generation`` (``steps_per_generation``
-    defaults to ``gradient_accumulation_steps``).
+    Mirrors ``GRPOConfig.__post_init__``: the generation batch is ``generation_batch_size`` when set, else
+    ``per_device_train_batch_size x num_gpus x steps_per_generation`` (``steps_per_generation`` defaults to
+    ``gradient_accumulation_steps``; ``num_gpus`` is the run's gang width, 1 on one device).
 
     Args:
         spec: A GRPO run spec.
@@ -119,6 +126,7 @@ def check_generation_batch(spec: LeafConfig) -> None:
     spg = spec.training.get("steps_per_generation")
     if gbs is not None and spg is not None:
         return  # TRL: "can not be both configured"
+    width = run_width(spec)  # a gang: each rank takes bs rows (TRL's num_processes)
     if isinstance(gbs, int):
         derived = f"generation_batch_size={gbs}"
     else:
@@ -129,10 +137,11 @@ def check_generation_batch(spec: LeafConfig) -> None:
             how = f"steps_per_generation={spg}"
         if not isinstance(spg, int):
             return
-        gbs = bs * spg
-        derived = f"per_device_train_batch_size={bs} x {how}"
+        gbs = bs * width * spg
+        ranks = f" x num_gpus={width}" if width > 1 else ""
+        derived = f"per_device_train_batch_size={bs}{ranks} x {how}"
     if gbs % g:
-        multiple = g // math.gcd(g, bs)
+        multiple = g // math.gcd(g, bs * width)
         raise ConfigError(
             f"GRPO: the generation batch of {gbs} completions ({derived}) is not divisible by num_generations={g}: "
             f"every prompt needs all its {g} completions in one generation batch. Make the generation batch a "

@@ -129,18 +129,12 @@ def test_fsdp_settings_are_checked_before_training_and_their_notes_said() -> Non
             r"needs 3 devices but this run_fit trains on 2 devices \(cpu:0, cpu:1\)",
         ),
         (
-            LeafConfig(
-                trainer_type="GRPO",
-                model_name="tiny",
-                lora={"r": 4},
-                reward_funcs=(_reward,),
-                num_gpus=2,
-            ),
+            LeafConfig(trainer_type="GRPO", model_name="tiny", reward_funcs=(_reward,), num_gpus=2),
             CPUS,
             True,
             "local",
-            r"run 1: num_gpus=2: only SFT and DPO runs train over several devices so far \(GRPO does not: its "
-            r"generation across ranks is not built yet\); leave num_gpus out",
+            r"run 1: num_gpus=2: GRPO full fine-tuning over several devices is not built yet \(its beta reference "
+            r"model would not be sharded\); use LoRA",
         ),
         (
             LeafConfig(trainer_type="DPO", model_name="tiny", num_gpus=2),
@@ -191,6 +185,19 @@ def test_refusals_name_the_run_and_the_field(
 
 def test_dpo_lora_trains_over_a_gang() -> None:
     spec = LeafConfig(trainer_type="DPO", model_name="tiny", lora={"r": 4}, training=dict(FSDP), num_gpus=2)
+    notes = check_gangs([spec], CPUS, True, "local")
+    assert notes[-1] == "runs over several devices: 1 (fsdp, 2 devices); gangs on cpu:0+cpu:1"
+
+
+def test_grpo_lora_trains_over_a_gang() -> None:
+    spec = LeafConfig(
+        trainer_type="GRPO",
+        model_name="tiny",
+        lora={"r": 4},
+        reward_funcs=(_reward,),
+        training=dict(FSDP),
+        num_gpus=2,
+    )
     notes = check_gangs([spec], CPUS, True, "local")
     assert notes[-1] == "runs over several devices: 1 (fsdp, 2 devices); gangs on cpu:0+cpu:1"
 
