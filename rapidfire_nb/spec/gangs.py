@@ -174,13 +174,22 @@ def refuse_grpo_full(where: str, spec: Any) -> None:
     """GRPO over a gang: LoRA only (proved exact; TRL would build full fine-tuning's ``beta`` reference unsharded).
 
     Raises:
-        ConfigError: ``spec`` is full fine-tuning; the message starts with ``where``.
+        ConfigError: ``spec`` is full fine-tuning, or generates with vLLM or transformers' continuous batching
+            (which ignores ``synced_gpus``: the ranks' uneven generation would hang in a collective); the
+            message starts with ``where``.
     """
     if getattr(spec, "lora", None) is None:
         raise ConfigError(
             f"{where}: GRPO full fine-tuning over several devices is not built yet (its beta reference model would "
             "not be sharded); use LoRA (peft_config) or leave num_gpus out"
         )
+    training = getattr(spec, "training", None) or {}
+    for field in ("use_vllm", "use_transformers_continuous_batching"):
+        if training.get(field):
+            raise ConfigError(
+                f"{where} with {field}=True: a gang generates with the sharded model's own generate (the ranks "
+                f"kept in step); set {field}=False or leave num_gpus out"
+            )
 
 
 def _fsdp_set(spec: Any) -> bool:

@@ -205,3 +205,17 @@ def test_grpo_lora_trains_over_a_gang() -> None:
 def test_offload_is_allowed_on_gpus() -> None:
     spec = _spec(2, fsdp="full_shard", fsdp_config={"offload_params": True})
     assert check_gangs([spec], ("cuda:0", "cuda:1"), True, "local")[0].startswith("runs over several devices")
+
+
+@pytest.mark.parametrize("field", ["use_vllm", "use_transformers_continuous_batching"])
+def test_grpo_generation_that_ignores_synced_gpus_is_refused_over_a_gang(field: str) -> None:
+    spec = LeafConfig(
+        trainer_type="GRPO",
+        model_name="tiny",
+        lora={"r": 4},
+        reward_funcs=(_reward,),
+        training={**FSDP, field: True},
+        num_gpus=2,
+    )
+    with pytest.raises(ConfigError, match=rf"^run 1: num_gpus=2 with {field}=True: a gang generates"):
+        check_gangs([spec], CPUS, True, "local")

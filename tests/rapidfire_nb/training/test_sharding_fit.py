@@ -48,7 +48,9 @@ def _group(beside: bool = False) -> Any:
     one_device = RFModelConfig(
         model_name="tiny",
         peft_config=RFLoraConfig(r=2, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
-        training_args=RFSFTConfig(learning_rate=5e-4, per_device_train_batch_size=4, logging_steps=1, seed=3),
+        training_args=RFSFTConfig(
+            learning_rate=5e-4, per_device_train_batch_size=4, num_train_epochs=1, logging_steps=1, seed=3
+        ),
     )
     return RFGridSearch(configs=List([config, *([one_device] if beside else [])]), trainer_type="SFT")
 
