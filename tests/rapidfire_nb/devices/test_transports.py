@@ -69,19 +69,22 @@ def test_local_workers_keep_the_plans_threads_and_reserve_nothing() -> None:
 def test_ray_placement_fits_the_threads_and_removes_its_group_once_closed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rapidfire_nb.devices import ray_backend
+    from rapidfire_nb.devices import ray_backend, ray_gangs
 
     calls: list[Any] = []
     monkeypatch.setattr(
         ray_backend, "fit_threads", lambda devices, threads: calls.append(("fit", devices, threads)) or 1
     )
+    monkeypatch.setattr(ray_gangs, "check_room", lambda gpus, threads: calls.append(("room", gpus, threads)))
     monkeypatch.setattr(
-        ray_backend, "placement_group_for", lambda gpus, threads: calls.append(("pg", gpus, threads)) or "PG"
+        ray_gangs, "placement_group_for", lambda gpus, threads: calls.append(("pg", gpus, threads)) or "PG"
     )
-    monkeypatch.setattr(ray_backend, "remove_placement_group", lambda group: calls.append(("remove", group)))
+    monkeypatch.setattr(ray_gangs, "remove_placement_group", lambda group: calls.append(("remove", group)))
     placement = RayTransport().place((0, None), 4)
-    assert (placement.threads, placement.handle) == (1, "PG")
-    assert calls == [("fit", 2, 4), ("pg", [True, False], 1)]
+    assert placement.threads == 1
+    assert calls == [("fit", 2, 4), ("room", (True, False), 1)]  # checked now, reserved on first use
+    assert placement.handle.get() == "PG" and placement.handle.get() == "PG"  # made once
+    assert calls[2:] == [("pg", [True, False], 1)]
     assert placement.on_closed is not None
     placement.on_closed()
     assert calls[-1] == ("remove", "PG")

@@ -60,11 +60,11 @@ def test_the_checkpoint_writer_keeps_one_waiting_snapshot_per_run(
 
     monkeypatch.setattr(checkpoint, "write_snapshot", slow_write)
     writer = checkpoint.CheckpointWriter()
-    writer.submit(SimpleNamespace(run_id=1, step=1), tmp_path / "1")  # type: ignore[arg-type]
+    writer.submit(SimpleNamespace(run_id=1, step=1, layout=None), tmp_path / "1")  # type: ignore[arg-type]
     assert started.wait(10)  # step 1 is being written: the disk is slower than the chunk switches
     for step in (2, 3, 4):
-        writer.submit(SimpleNamespace(run_id=1, step=step), tmp_path / "1")  # type: ignore[arg-type]
-    writer.submit(SimpleNamespace(run_id=2, step=2), tmp_path / "2")  # type: ignore[arg-type]
+        writer.submit(SimpleNamespace(run_id=1, step=step, layout=None), tmp_path / "1")  # type: ignore[arg-type]
+    writer.submit(SimpleNamespace(run_id=2, step=2, layout=None), tmp_path / "2")  # type: ignore[arg-type]
     release.set()
     writer.flush()
     writer.close()
