@@ -137,13 +137,12 @@ class WorkerHost:
         readable checkpoint on disk (what :meth:`has_boundary` found).
 
         Raises:
-            KeyError: unknown run (no checkpoint on disk either). RuntimeError: the run has no boundary yet, or the kernel did not answer the
-                order token within ``ORDER_TIMEOUT_S`` seconds. OSError: the write failed.
+            KeyError: unknown run (no checkpoint on disk either). RuntimeError: the run has no boundary yet, or
+                the kernel did not answer the order token within ``ORDER_TIMEOUT_S`` seconds. OSError: the write
+                failed.
         """
         run = self.executor.runs.get(run_id)
-        if (
-            run is None
-        ):  # not built in this process (a fresh worker, e.g. a revived gang): as has_boundary says
+        if run is None:  # not built here (a fresh worker: a revived gang): as has_boundary says
             saved = saved_state(self.executor.run_dir(run_id))
             if saved is None:
                 raise KeyError(run_id)
