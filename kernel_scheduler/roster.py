@@ -296,6 +296,9 @@ class DeviceRoster:
                 core.listener.on_rewound(snap, start.step)
             except Exception:
                 log.exception("listener.on_rewound failed")
-        core.note(f"run {run.run_id} moved from {source} to {device} at step {start.step}")
+        if source == device:  # its gang was revived: the same devices, new workers
+            core.note(f"run {run.run_id} resumed on {device} (new workers) at step {start.step}")
+        else:
+            core.note(f"run {run.run_id} moved from {source} to {device} at step {start.step}")
         core.emit(run)
         return True

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import ConfigError, free_bytes
 from ..spec.footprint import BaseShapes, Footprint, estimate, format_bytes, smallest_rank_target
-from ..spec.gangs import run_width, sharding_of
+from ..spec.gangs import check_clone_width, check_run_gang, run_width, sharding_of
 
 __all__ = [
     "DISK_MARGIN_BYTES",
@@ -61,11 +61,15 @@ def check_clone_fits(spec: Any, store: Any, devices: Any, parent_id: int) -> Non
         parent_id: for the message.
 
     Raises:
-        ConfigError: LoRA beyond full rank, or the run's checkpoints (two while one is replaced, and its final
+        ConfigError: a ``num_gpus`` no device of this run_fit has, or what a gang refuses
+            (:func:`~rapidfire_nb.spec.gangs.check_run_gang`); LoRA beyond full rank, or the run's checkpoints (two while one is replaced, and its final
             weights) do not fit the free disk, or its training state does not fit the device; the message gives
             the numbers, names the field and the fix.
     """
     what = f"the clone of run {parent_id}"
+    if devices is not None:  # its num_gpus: a device of that width here, and what a gang refuses
+        check_run_gang(what, spec, devices.names, devices.workers)
+        check_clone_width(what, spec, devices.names, devices.widths, devices.singles)
     found = _estimate(spec)
     if found is None:
         return

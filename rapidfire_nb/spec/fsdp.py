@@ -273,8 +273,9 @@ def _plan(options: frozenset[str], config: Mapping[str, Any], k: int) -> Shardin
     efficient = _flag(config, "cpu_ram_efficient_loading", False)
     if efficient:
         notes.append(
-            "fsdp_config cpu_ram_efficient_loading=True: each rank builds the model with create_model_fn on the "
-            "CPU and keeps only its shard on its device"
+            "fsdp_config cpu_ram_efficient_loading=True has no effect here yet: each rank builds the whole model "
+            "with create_model_fn on the CPU (nothing is broadcast from rank 0) and keeps only its shard on its "
+            "device, so host memory peaks at one whole model per rank"
         )
     return ShardingPlan(
         sharding="fsdp",

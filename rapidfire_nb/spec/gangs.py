@@ -24,7 +24,9 @@ from ..errors import ConfigError
 from .fsdp import sharding_plan
 
 __all__ = [
+    "check_clone_width",
     "check_gangs",
+    "check_run_gang",
     "gang_tiles",
     "refuse_dpo_reference",
     "refuse_grpo_full",
@@ -96,17 +98,8 @@ def check_gangs(specs: Sequence[Any], names: Sequence[str], workers: bool, backe
             devices.
     """
     notes: list[str] = []
-    devices = len(names) if workers else 1
     for run_id, spec in enumerate(specs, start=1):
-        width = run_width(spec)
-        if width > 1 or _fsdp_set(spec):
-            try:  # fsdp / fsdp_config checked now, before training, as each rank will read them
-                plan = sharding_plan(getattr(spec, "training", None) or {}, width)
-            except ConfigError as exc:
-                raise ConfigError(f"run {run_id}: {exc}") from None
-            notes += [f"run {run_id}: {note}" for note in plan.notes]
-        if width > 1:
-            _refuse(run_id, spec, width, devices, names)
+        notes += check_run_gang(f"run {run_id}", spec, names, workers)
     gangs = [(i, s) for i, s in enumerate(specs, start=1) if run_width(s) > 1]
     if gangs:
         tiles = ", ".join(name for name, _ in gang_tiles(names, (run_width(s) for _, s in gangs)))
@@ -115,8 +108,57 @@ def check_gangs(specs: Sequence[Any], names: Sequence[str], workers: bool, backe
     return tuple(notes)
 
 
-def _refuse(run_id: int, spec: Any, width: int, devices: int, names: Sequence[str]) -> None:
-    where = f"run {run_id}: num_gpus={width}"
+def check_run_gang(label: str, spec: Any, names: Sequence[str], workers: bool) -> list[str]:
+    """One run's part of :func:`check_gangs` (a ``run_fit``'s runs, a clone): its sharding notes, each starting
+    with ``label`` (``"run 3"``, ``"the clone of run 2"``).
+
+    Raises:
+        ConfigError: as :func:`check_gangs`, the message starting with ``label``.
+    """
+    width = run_width(spec)
+    notes: list[str] = []
+    if width > 1 or _fsdp_set(spec):
+        try:  # fsdp / fsdp_config checked now, before training, as each rank will read them
+            plan = sharding_plan(getattr(spec, "training", None) or {}, width)
+        except ConfigError as exc:
+            raise ConfigError(f"{label}: {exc}") from None
+        notes += [f"{label}: {note}" for note in plan.notes]
+        if width > 1:
+            _refuse(label, spec, width, len(names) if workers else 1, names)
+        if width > 1 and plan.offload_params and any(name.startswith("cpu") for name in names):
+            raise ConfigError(
+                f"{label}: num_gpus={width} with CPU offload (fsdp 'offload' or fsdp_config[\"offload_params\"]): "
+                "it moves the shards to CPU memory, and these devices are CPU workers already; drop 'offload' "
+                "from fsdp and offload_params from fsdp_config"
+            )
+    return notes
+
+
+def check_clone_width(
+    label: str, spec: Any, names: Sequence[str], widths: Sequence[int], singles: bool
+) -> None:
+    """Refuse a clone whose ``num_gpus`` no device of this ``run_fit`` has, before it is applied.
+
+    Args:
+        label: ``"the clone of run 2"``. spec: the clone's spec. names: the plan's device names.
+        widths: the plan's gang widths (``DevicePlan.widths``). singles: whether single-device workers exist.
+
+    Raises:
+        ConfigError: naming ``num_gpus`` and the widths there are.
+    """
+    width = run_width(spec)
+    have = sorted({*widths, *([1] if singles else [])})
+    if width in have or (width == 1 and not widths):
+        return
+    raise ConfigError(
+        f"{label}: num_gpus={width}, but this run_fit trains runs on {' or '.join(map(str, have))} device(s) at "
+        f"once ({', '.join(names)}{'; gangs: ' + ', '.join(n for n, _ in gang_tiles(names, widths)) if widths else ''}"
+        f"); clone with num_gpus={' or '.join(map(str, have))}, or run_fit again with a config of num_gpus={width}"
+    )
+
+
+def _refuse(label: str, spec: Any, width: int, devices: int, names: Sequence[str]) -> None:
+    where = f"{label}: num_gpus={width}"
     if width > devices:
         have = (
             "one device in the kernel process" if devices == 1 else f"{devices} devices ({', '.join(names)})"
@@ -141,12 +183,6 @@ def _refuse(run_id: int, spec: Any, width: int, devices: int, names: Sequence[st
             f"{where} with model_kwargs.quantization_config: FSDP cannot shard a bitsandbytes-quantized base with "
             "the installed torch; drop quantization_config (sharding already divides the weights over the "
             "devices) or train it on one device"
-        )
-    offload = (_fsdp_config(spec) or {}).get("offload_params")
-    if offload and any(name.startswith("cpu") for name in names):
-        raise ConfigError(
-            f'{where}: fsdp_config["offload_params"]=True offloads to CPU memory, and these devices are CPU '
-            'workers already; set fsdp_config["offload_params"]=False (or leave it out)'
         )
 
 
@@ -195,8 +231,3 @@ def refuse_grpo_full(where: str, spec: Any) -> None:
 def _fsdp_set(spec: Any) -> bool:
     value = (getattr(spec, "training", None) or {}).get("fsdp")
     return bool(value) and value not in ("", [], False)
-
-
-def _fsdp_config(spec: Any) -> dict[str, Any] | None:
-    value = (getattr(spec, "training", None) or {}).get("fsdp_config")
-    return value if isinstance(value, dict) else None

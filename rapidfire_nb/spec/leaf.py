@@ -24,6 +24,7 @@ from rapidfire_nb.redact import REDACTED, first_secret_key, omit_secrets, redact
 from rapidfire_nb.schema.trainer_kinds import TRAINER_KINDS, trainer_kind
 
 from .build import build_lora_config, build_training_args
+from .fsdp import FSDP_TRAINING_FIELDS, sharding_plan
 from .names import check_run_name, check_tags, clone_name, fill_run_name
 from .values import check_model_field, deep_copy, find_knob, jsonable
 
@@ -297,8 +298,12 @@ class LeafConfig:
             The adaptation notes ``build_training_args`` gives (e.g. fp16 switched off on CPU).
 
         Raises:
-            ConfigError: TRL or PEFT rejects a value; the message names the field and quotes the library.
+            ConfigError: TRL or PEFT rejects a value (the message names the field and quotes the library), or
+                ``fsdp`` / ``fsdp_config`` / ``num_gpus`` do not make a sharding plan
+                (:func:`~rapidfire_nb.spec.fsdp.sharding_plan`, checked first).
         """
+        if self.num_gpus is not None or any(f in self.training for f in FSDP_TRAINING_FIELDS):
+            sharding_plan(self.training, self.num_gpus)  # ours first: transformers' advice is FSDP1's
         _, notes = build_training_args(
             self, output_dir=os.path.join(tempfile.gettempdir(), "rapidfire_nb-validate"), default_seed=0
         )

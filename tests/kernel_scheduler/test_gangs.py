@@ -544,5 +544,6 @@ def test_a_dead_gang_is_revived_and_its_run_continues_there_from_its_checkpoint(
     assert sched.run_snapshot(1).device == G01
     assert [m[:3] for m in fake.moves if m[0] == 1] == [(1, G01, G01)]  # back onto the restarted gang
     assert any("its gang was restarted on new workers, and run(s) 1 continue there" in n for n in rec.notes)
+    assert any(n.startswith(f"run 1 resumed on {G01} (new workers) at step") for n in rec.notes), rec.notes
     assert not any("no live device of 2 parts" in n for n in rec.notes)
     assert _clashes(fake.schedule) == [] and [v for v in fake.violations if "dead" in v] == []

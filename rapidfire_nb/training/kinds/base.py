@@ -44,9 +44,14 @@ COMMON_WARM_FORBIDDEN: tuple[str, ...] = (
     "group_by_length",
     "data_seed",
     "num_train_epochs",
+    "num_gpus",
+    "fsdp",
+    "fsdp_config",
 )
 """Fields no warm clone of any kind may change: they change how data is batched or sampled, or the adapter's
-shape (``max_prompt_length``/``group_by_length`` are in no TRL 1.16 config but in older ones)."""
+shape (``max_prompt_length``/``group_by_length`` are in no TRL 1.16 config but in older ones), or how the run's
+state is sharded over its devices (``num_gpus``, ``fsdp``, ``fsdp_config``: a gang's boundary is each rank's
+share)."""
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def test_fsdp_settings_are_checked_before_training_and_their_notes_said() -> Non
             CPUS,
             True,
             "local",
-            r'fsdp_config\["offload_params"\]=True offloads to CPU memory',
+            r"^run 1: num_gpus=2 with CPU offload \(fsdp 'offload' or fsdp_config\[\"offload_params\"\]\)",
         ),
     ],
 )
@@ -202,6 +202,11 @@ def test_grpo_lora_trains_over_a_gang() -> None:
     assert notes[-1] == "runs over several devices: 1 (fsdp, 2 devices); gangs on cpu:0+cpu:1"
 
 
+def test_offload_in_the_fsdp_string_is_refused_on_cpu_workers_before_training() -> None:
+    with pytest.raises(ConfigError, match=r"^run 2: num_gpus=2 with CPU offload"):
+        check_gangs([_spec(), _spec(2, fsdp="full_shard auto_wrap offload")], CPUS, True, "local")
+
+
 def test_offload_is_allowed_on_gpus() -> None:
     spec = _spec(2, fsdp="full_shard", fsdp_config={"offload_params": True})
     assert check_gangs([spec], ("cuda:0", "cuda:1"), True, "local")[0].startswith("runs over several devices")
@@ -219,3 +224,41 @@ def test_grpo_generation_that_ignores_synced_gpus_is_refused_over_a_gang(field: 
     )
     with pytest.raises(ConfigError, match=rf"^run 1: num_gpus=2 with {field}=True: a gang generates"):
         check_gangs([spec], CPUS, True, "local")
+
+
+def test_a_clone_s_num_gpus_must_match_a_device_of_this_run_fit() -> None:
+    from rapidfire_nb.devices.resolve import DevicePlan
+    from rapidfire_nb.experiment.resources import check_clone_fits
+
+    plan = DevicePlan("local", CPUS, (None, None), 1, widths=(2,), singles=True)
+    check_clone_fits(_spec(2, **FSDP), None, plan, 1)  # the gang cpu:0+cpu:1
+    check_clone_fits(_spec(), None, plan, 1)  # a single device
+    with pytest.raises(ConfigError) as err:
+        check_clone_fits(_spec(3, **FSDP), None, plan, 1)
+    assert str(err.value).startswith(
+        "the clone of run 1: num_gpus=3 needs 3 devices but this run_fit trains on 2"
+    )
+    gangs_only = DevicePlan("local", CPUS, (None, None), 1, widths=(2,), singles=False)
+    with pytest.raises(ConfigError) as err:
+        check_clone_fits(_spec(), None, gangs_only, 1)
+    assert str(err.value) == (
+        "the clone of run 1: num_gpus=1, but this run_fit trains runs on 2 device(s) at once (cpu:0, cpu:1; gangs: "
+        "cpu:0+cpu:1); clone with num_gpus=2, or run_fit again with a config of num_gpus=1"
+    )
+    with pytest.raises(ConfigError, match=r"^the clone of run 1: num_gpus=2 with CPU offload"):
+        check_clone_fits(_spec(2, fsdp="full_shard auto_wrap offload"), None, plan, 1)
+
+
+def test_a_warm_clone_keeps_its_parent_s_sharding() -> None:
+    from rapidfire_nb.training.kinds import warm_start_violations
+
+    assert warm_start_violations({"num_gpus": 1, "fsdp_config": {}, "fsdp": "", "learning_rate": 1e-4}) == [
+        "num_gpus",
+        "fsdp_config",
+        "fsdp",
+    ]
+
+
+def test_our_fsdp_message_comes_before_transformers_fsdp1_advice() -> None:
+    with pytest.raises(ConfigError, match=r"^training_args.fsdp option 'hybrid_shard' exists only in FSDP1"):
+        _spec(2, **FSDP).with_changes({"fsdp": "hybrid_shard"})
