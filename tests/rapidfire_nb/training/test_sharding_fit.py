@@ -191,7 +191,9 @@ def test_a_killed_rank_takes_its_gang_down_and_the_run_resumes_exactly(calm: dic
     info = killed["info"]
     assert info.loc[1, "status"] == "COMPLETED" and info.loc[1, "completed_steps"] == 24, info.loc[1, "error"]
     assert any("its gang was restarted" in n for n in killed["notes"]), killed["notes"]
-    assert any("run 1 resumed on cpu:0+cpu:1 (new workers) at step" in n for n in killed["notes"]), killed["notes"]
+    assert any("run 1 resumed on cpu:0+cpu:1 (new workers) at step" in n for n in killed["notes"]), killed[
+        "notes"
+    ]
     assert _max_diff(_final(killed), _final(calm)) == 0.0
 
 
