@@ -103,6 +103,12 @@ def runs_table(
     table = RunsFrame(rows, columns=[*head, *cols, *tail, "config"])
     best = best_run(table.to_dict("records"), picked["best_by"]["metric"], picked["best_by"]["mode"])
     table.attrs["best_by"] = {**picked["best_by"], "run_id": best[0] if best else None}
+    for col in cols:  # a hyperparameter some runs leave out: None beside its ints, never 2.0 beside a NaN
+        values = [row.get(col) for row in rows]
+        if any(v is None for v in values) and any(v is not None for v in values):
+            import pandas as pd
+
+            table[col] = pd.Series(values, index=table.index, dtype=object)
     if packs:  # ints and None in an object column (from [1, None] pandas would make floats and a NaN)
         import pandas as pd
 

@@ -60,3 +60,32 @@ def test_an_fsdp_run_needs_its_share_of_memory_on_each_device(monkeypatch: pytes
             resources, "free_memory", lambda devices: (resources.MEMORY_MARGIN_BYTES, "CPU RAM")
         )
         resources.check_group_fits([spec(3, **FSDP)], None, None)
+
+
+def test_get_runs_info_shows_a_gang_s_num_gpus_and_sharding_beside_runs_that_leave_it_out(
+    tmp_path: object,
+) -> None:
+    """A hyperparameter some runs leave out (num_gpus of a gang beside one-device runs) reads None, its ints stay
+    ints (not 2.0 beside a NaN); sharding is None, never NaN, for the one-device runs."""
+    from pathlib import Path
+
+    from rapidfire_nb.experiment.tables import runs_table
+    from tests.rapidfire_nb.server._stores import make_experiment
+
+    store = make_experiment(Path(str(tmp_path)), "gangs")
+    try:
+        configs = {
+            1: LeafConfig(trainer_type="SFT", model_name="m", training=FSDP, num_gpus=2),
+            2: None,
+            3: None,
+        }
+        for rid, leaf in configs.items():
+            leaf = leaf or LeafConfig(trainer_type="SFT", model_name="m")
+            store.upsert_run(rid, config=leaf.to_json(), hparams=leaf.hparams())
+        store.update_meta({"hparam_columns": ["num_gpus"]})
+        table = runs_table(store, {}, [], False)
+        assert table["num_gpus"].tolist() == [2, None, None] and table["num_gpus"].dtype == object
+        assert table["sharding"].tolist() == ["fsdp", None, None]
+        assert "NaN" not in repr(table) and "2.0" not in repr(table)
+    finally:
+        store.close()
