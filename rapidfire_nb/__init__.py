@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from kernel_scheduler import OpAck, RunStatus
 
+from ._quiet_logs import hide_hub_kernel_line
 from ._version import __version__
 from .errors import ConfigError, ExperimentError, OpError
 from .experiment import Experiment
+
+hide_hub_kernel_line()  # before anything imports bitsandbytes (peft does): the kernel's and every worker's
 
 __all__ = [
     "Experiment",

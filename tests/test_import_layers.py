@@ -46,6 +46,7 @@ RANKS: dict[str, int] = {
     "rapidfire_nb.run_folder": 1,
     "rapidfire_nb.frontend": 0,
     "rapidfire_nb._priority": 0,
+    "rapidfire_nb._quiet_logs": 0,  # the bitsandbytes line hidden at import (stdlib only)
     "rapidfire_nb.tracking": 1,
     "rapidfire_nb.spec": 2,
     "rapidfire_nb.store": 2,

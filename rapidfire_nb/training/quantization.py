@@ -22,6 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from rapidfire_nb._quiet_logs import HUB_KERNEL_LINE
 from rapidfire_nb.errors import ConfigError
 from rapidfire_nb.spec import LeafConfig
 from rapidfire_nb.spec.values import jsonable
@@ -44,9 +45,6 @@ __all__ = [
 
 QUANTIZATION_FIELD = "model_kwargs.quantization_config"
 """The field of ``RFModelConfig`` that holds a ``BitsAndBytesConfig`` (hparam name)."""
-
-HUB_KERNEL_LINE = "Failed to load CPU gemm_4bit_forward from kernels-community"
-"""The start of the line bitsandbytes (0.50) logs on a CPU when its optional Hub kernel cannot be loaded."""
 
 
 def describe(quantization: Any) -> str | None:

@@ -8,7 +8,7 @@ import os
 import warnings
 from collections.abc import Iterator
 
-from .quantization import HUB_KERNEL_LINE
+from rapidfire_nb._quiet_logs import hide_hub_kernel_line
 
 __all__ = ["quiet_libraries", "silence_globally"]
 
@@ -25,20 +25,9 @@ def silence_globally() -> None:
     transformers.logging.disable_progress_bar()
     for name in ("trl", "peft", "accelerate"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    # bitsandbytes (when installed) logs at import, on a CPU with AVX512-BF16 and no Hub access, that its optional
-    # fused kernel could not be fetched: every script would print it. Its built-in kernels give the same results.
-    hub = logging.getLogger("bitsandbytes.backends.cpu.ops")
-    if not any(isinstance(f, _HubKernelLine) for f in hub.filters):
-        hub.addFilter(_HubKernelLine())
+    hide_hub_kernel_line()  # also done by ``import rapidfire_nb`` (rapidfire_nb/_quiet_logs.py)
     # transformers warns about its own internal call on every forward of a PEFT model during training
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-
-
-class _HubKernelLine(logging.Filter):
-    """Drops bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(HUB_KERNEL_LINE)
 
 
 @contextlib.contextmanager

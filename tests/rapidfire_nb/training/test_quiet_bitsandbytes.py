@@ -13,13 +13,15 @@ import sys
 
 import pytest
 
-from rapidfire_nb.training.quantization import HUB_KERNEL_LINE
+from rapidfire_nb._quiet_logs import HUB_KERNEL_LINE
 
 CODE = """
 import sys
 if sys.argv[1] == "quiet":
     from rapidfire_nb.training.quiet import silence_globally
     silence_globally()
+if sys.argv[1] == "imported":  # the kernel's first line, or a worker process's start: nothing else called
+    import rapidfire_nb
 import bitsandbytes
 """
 
@@ -34,3 +36,4 @@ def test_the_hub_kernel_line_is_hidden() -> None:
     if HUB_KERNEL_LINE not in stderr("plain"):
         pytest.skip("this CPU or this bitsandbytes logs no Hub-kernel line")
     assert HUB_KERNEL_LINE not in stderr("quiet")
+    assert HUB_KERNEL_LINE not in stderr("imported")  # every worker imports rapidfire_nb before peft
