@@ -7,6 +7,7 @@ through the run's ``formatting_func`` with ``Dataset.map``, and ``SFTTrainer(...
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -261,3 +262,18 @@ def worker_threads() -> set[str]:
     return {
         t.name for t in threading.enumerate() if t.name.startswith(("rapidfire-device", "rapidfire-run-"))
     }
+
+
+def child_pids() -> set[int]:
+    """Pids of this process' live child processes (Linux /proc): what a test checks ``end()`` leaves behind."""
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                out.add(int(entry))
+    return out

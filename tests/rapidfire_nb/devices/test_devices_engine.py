@@ -20,6 +20,7 @@ import pytest
 
 from tests.helpers import (
     adapter_from_folder,
+    child_pids,
     max_abs_diff,
     metric_points,
     qa_dataset,
@@ -58,21 +59,6 @@ def _group(batches: list[int], lrs: list[float], epochs: list[int] | None = None
     return RFGridSearch(configs=configs, trainer_type="SFT")
 
 
-def _children() -> set[int]:
-    """Pids of this process' live child processes (Linux /proc)."""
-    me, out = os.getpid(), set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me and fields[0] != "Z":
-                out.add(int(entry))
-    return out
-
-
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from rapidfire_nb import Experiment, magic
@@ -84,7 +70,7 @@ def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # runs 1, 3 (cpu:0) take 4 steps (24 rows); runs 2, 4 (cpu:1) 36 steps (3 epochs, 72 rows): cpu:0 runs
     # out of work and takes runs over
     group = _group([6, 2, 6, 2], [1e-3, 1e-3, 5e-4, 5e-4], [1, 3, 1, 3])
-    before = _children()
+    before = child_pids()
     exp = Experiment("two-devices", experiment_path=root)
     notes: list[str] = []
     exp.on_message(notes.append)  # the scheduler's notes ("run 4 moved from cpu:1 to cpu:0 at step 8")
@@ -115,7 +101,7 @@ def two_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "info": info,
         "refs": refs,
         "views": views,
-        "leftover": _children() - before,
+        "leftover": child_pids() - before,
         "notes": notes,
     }
 
@@ -198,7 +184,7 @@ def test_a_killed_worker_hands_its_runs_to_the_other_and_they_end_exact(tmp_path
 
     train, evald = qa_dataset(24, seed=0), qa_dataset(6, seed=1)
     group = _group([2, 2], [1e-3, 5e-4])  # 12 steps each, chunks of 4
-    before = _children()
+    before = child_pids()
     exp = Experiment("killed", experiment_path=tmp_path)
     exp.run_fit(group, slow_create_model, train, evald, num_chunks=3, seed=SEED, devices=2, background=True)
     pool = exp.session.executor
@@ -231,4 +217,4 @@ def test_a_killed_worker_hands_its_runs_to_the_other_and_they_end_exact(tmp_path
         assert max_abs_diff(adapter_from_folder(info.loc[rid, "checkpoint_dir"]), ref.final) == 0.0, (
             f"run {rid}"
         )
-    assert _children() - before == set()
+    assert child_pids() - before == set()

@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.rapidfire_nb.training.test_sharding import WEIGHTS, _check, _max_diff, _spawn
+from tests.rapidfire_nb.training._gang_launch import WEIGHTS
+from tests.rapidfire_nb.training._gang_launch import check as _check
+from tests.rapidfire_nb.training._gang_launch import max_diff as _max_diff
+from tests.rapidfire_nb.training._gang_launch import spawn as _spawn
 from tests.rapidfire_nb.training.test_sharding_fit import _group
 
 ray = pytest.importorskip(

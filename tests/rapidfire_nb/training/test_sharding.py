@@ -15,42 +15,15 @@ of a gang rank: ``RANK``, ``WORLD_SIZE``, ``MASTER_*``, ``RF_GANG_TIMEOUT_S``). 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-CHILD = Path(__file__).with_name("_gang_child.py")
-WEIGHTS = {"lora": "adapter_model.safetensors", "full": "model.safetensors"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _spawn(mode: str, out: Path, gang: bool = True, rows: int = 32) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RF_GANG_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1", "RF_TEST_GANG_ROWS": str(rows)}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    launch = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    launch += ["--master_port", str(_free_port())]
-    cmd = [sys.executable, *(launch if gang else []), str(CHILD), mode, str(out)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-
-
-def _check(proc: subprocess.CompletedProcess[str]) -> None:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-
-def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
-    assert set(a) == set(b) and a, (sorted(a)[:3], sorted(b)[:3])
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+from tests.rapidfire_nb.training._gang_launch import WEIGHTS
+from tests.rapidfire_nb.training._gang_launch import check as _check
+from tests.rapidfire_nb.training._gang_launch import max_diff as _max_diff
+from tests.rapidfire_nb.training._gang_launch import spawn as _spawn
 
 
 @pytest.fixture(scope="module")

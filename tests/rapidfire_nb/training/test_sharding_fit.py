@@ -22,7 +22,11 @@ from typing import Any
 
 import pytest
 
-from tests.rapidfire_nb.training.test_sharding import WEIGHTS, _check, _max_diff, _spawn
+from tests.helpers import child_pids
+from tests.rapidfire_nb.training._gang_launch import WEIGHTS
+from tests.rapidfire_nb.training._gang_launch import check as _check
+from tests.rapidfire_nb.training._gang_launch import max_diff as _max_diff
+from tests.rapidfire_nb.training._gang_launch import spawn as _spawn
 
 ROWS = 96  # 24 steps in 4 chunks of 6: the kill lands inside the second chunk
 
@@ -55,26 +59,11 @@ def _group(beside: bool = False) -> Any:
     return RFGridSearch(configs=List([config, *([one_device] if beside else [])]), trainer_type="SFT")
 
 
-def _children() -> set[int]:
-    """Pids of this process' live child processes (Linux /proc)."""
-    me, out = os.getpid(), set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me and fields[0] != "Z":
-                out.add(int(entry))
-    return out
-
-
 def _fit(root: Path, name: str, kill: bool, beside: bool = False) -> dict[str, Any]:
     from rapidfire_nb import Experiment
     from rapidfire_nb.testing import tiny_create_model, tiny_sft_dataset
 
-    before = _children()
+    before = child_pids()
     exp = Experiment(name, experiment_path=root)
     notes: list[str] = []
     exp.on_message(notes.append)
@@ -95,7 +84,7 @@ def _fit(root: Path, name: str, kill: bool, beside: bool = False) -> dict[str, A
         deadline = time.monotonic() + 120
         while not list(run_dir.glob("checkpoint-*/COMPLETE")) and time.monotonic() < deadline:
             time.sleep(0.01)
-        killed = max(_children() - before)
+        killed = max(child_pids() - before)
         os.kill(killed, signal.SIGKILL)
     assert exp.wait(timeout=300)
     info = exp.get_runs_info().set_index("run_id")
@@ -107,7 +96,7 @@ def _fit(root: Path, name: str, kill: bool, beside: bool = False) -> dict[str, A
         "notes": notes,
         "model": model,
         "killed": killed,
-        "left": _children() - before,
+        "left": child_pids() - before,
         "views": views,
     }
 

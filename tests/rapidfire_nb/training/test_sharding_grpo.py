@@ -20,28 +20,22 @@ What is proved:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.rapidfire_nb.training.test_sharding import _check, _free_port, _max_diff
+from tests.rapidfire_nb.training._gang_launch import check as _check
+from tests.rapidfire_nb.training._gang_launch import max_diff as _max_diff
+from tests.rapidfire_nb.training._gang_launch import spawn
 
 CHILD = Path(__file__).with_name("_gang_grpo_child.py")
 ADAPTER = "adapter_model.safetensors"
 
 
 def _spawn(mode: str, out: Path, gang: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RF_GANG_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    launch = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    launch += ["--master_port", str(_free_port())]
-    cmd = [sys.executable, *(launch if gang else []), str(CHILD), mode, str(out)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    return spawn(mode, out, gang, child=CHILD)
 
 
 @pytest.fixture(scope="module")
